@@ -1,0 +1,75 @@
+"""Input validation shared by the public kernel API (both backends see only clean arrays).
+
+Every check names the argument and what was expected, e.g.
+``TypeError: src_ids must be uint64, got float64``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+_UINT_LIKE = ("u", "i")
+
+
+def as_u64(x: Any, name: str, *, nonzero: bool = False) -> np.ndarray:
+    """A C-contiguous 1-D uint64 array from ``x`` (array, list, or scalar-free iterable).
+
+    Unsigned and non-negative signed integer input is converted; floats, bools, objects and
+    negative values are rejected. With ``nonzero``, 0 is rejected (0 is never a valid id).
+    """
+    arr = np.asarray(x)
+    if arr.ndim != 1:
+        if arr.ndim == 0:
+            raise TypeError(f"{name} must be a 1-D array of uint64, got a scalar")
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.dtype != np.uint64:
+        if arr.size == 0 and arr.dtype == np.float64:  # np.asarray([]) is float64
+            arr = np.empty(0, dtype=np.uint64)
+        elif arr.dtype.kind in _UINT_LIKE and arr.dtype != np.bool_:
+            if arr.dtype.kind == "i" and arr.size and int(arr.min()) < 0:
+                raise ValueError(f"{name} must be non-negative (uint64), got a negative value")
+            arr = arr.astype(np.uint64)
+        else:
+            raise TypeError(f"{name} must be uint64, got {arr.dtype}")
+    arr = np.ascontiguousarray(arr)
+    if nonzero and arr.size and not arr.all():
+        idx = int(np.flatnonzero(arr == 0)[0])
+        raise ValueError(f"{name} contains id 0 at position {idx}: 0 is never a valid id")
+    return arr
+
+
+def as_index(x: Any, name: str, *, upper: int) -> np.ndarray:
+    """A C-contiguous 1-D int64 array of indices in [0, upper)."""
+    arr = np.asarray(x)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.empty(0, dtype=np.int64)
+    if arr.dtype.kind not in _UINT_LIKE or arr.dtype == np.bool_:
+        raise TypeError(f"{name} must be an integer array, got {arr.dtype}")
+    arr = np.ascontiguousarray(arr, dtype=np.int64)
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= upper:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"{name} must be in [0, {upper}), got {bad}")
+    return arr
+
+
+def same_length(**arrays: np.ndarray) -> int:
+    """Check that all arrays have one length; return it."""
+    lengths = {k: len(v) for k, v in arrays.items()}
+    if len(set(lengths.values())) > 1:
+        desc = ", ".join(f"{k} has {n}" for k, n in lengths.items())
+        raise ValueError(f"length mismatch: {desc}")
+    return next(iter(lengths.values()), 0)
+
+
+def positive_int(x: Any, name: str) -> int:
+    """``x`` as a Python int > 0 (bools and floats rejected)."""
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(x).__name__}")
+    if x <= 0:
+        raise ValueError(f"{name} must be > 0, got {x}")
+    return int(x)
