@@ -1,0 +1,241 @@
+"""The ``xorack`` command (also ``python -m xorack``): ``demo``, ``serve``, ``bench``.
+
+Each subcommand imports what it needs only when it runs, so ``xorack serve`` never imports Spark.
+
+>>> from xorack.cli import build_parser
+>>> args = build_parser().parse_args(["serve", "--port", "0"])
+>>> args.command, args.host, args.port
+('serve', '127.0.0.1', 0)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from . import __version__
+
+_DELEGATED = {
+    "demo": ("xorack.demo", "run the reference pipeline on local Spark with failures injected"),
+    "bench": ("xorack.bench", "run the benchmarks and print the comparison report"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``xorack`` command."""
+    parser = argparse.ArgumentParser(
+        prog="xorack",
+        description="Record-level fault tolerance for PySpark with an XOR acker.",
+        epilog="Run 'xorack <command> --help' for the options of a command.",
+    )
+    parser.add_argument("--version", action="version", version=f"xorack {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="{demo,serve,bench}", required=True)
+
+    for name, (_module, text) in _DELEGATED.items():
+        # Options are parsed by the command itself ('xorack demo --help' shows them).
+        sub.add_parser(name, help=text, description=text, add_help=False)
+
+    serve = sub.add_parser(
+        "serve",
+        help="run the acker service (an Arrow Flight server hosting one FT layer)",
+        description=(
+            "Run the acker service standalone, so that several Spark jobs can report to one "
+            "acker. Prints 'xorack acker listening on grpc://HOST:PORT' once it accepts calls; "
+            "stops cleanly on SIGINT/SIGTERM (the FT layer is closed, durable storage flushed)."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on; a non-loopback address requires --token",
+    )
+    serve.add_argument(
+        "--port", type=_port, default=8815, help="TCP port to listen on (0 = any free port)"
+    )
+    serve.add_argument(
+        "--storage",
+        default="memory",
+        help="where records are persisted: 'memory' (lost with the process) or "
+        "'sqlite:///path/to/acker.db' (durable: unfinished records are replayed after a restart)",
+    )
+    serve.add_argument(
+        "--num-buckets",
+        type=_positive_int,
+        default=3,
+        help="timeout buckets: a record times out between (N-1)/N*T and T after its last "
+        "persist/touch, T = N * rotate interval",
+    )
+    serve.add_argument(
+        "--max-attempts",
+        type=_positive_int,
+        default=5,
+        help="attempts per source record before it goes to the dead-letter table",
+    )
+    serve.add_argument(
+        "--default-partitions",
+        type=_positive_int,
+        default=200,
+        help="partitions of the default replay partitioner (hash of the stored key hash); "
+        "match the job's spark.sql.shuffle.partitions / repartition count",
+    )
+    serve.add_argument(
+        "--replay-partitioner",
+        action="append",
+        default=[],
+        metavar="SOURCE=SPEC",
+        type=_partitioner_arg,
+        help="replay partitioner of one source index (repeatable), SPEC one of hash:N, "
+        "roundrobin:N[:START], forward[:N], single, broadcast:N, shuffle:N[:SEED]; "
+        "e.g. --replay-partitioner 0=hash:8",
+    )
+    serve.add_argument(
+        "--rotate-interval",
+        type=_non_negative_float,
+        default=10.0,
+        help="seconds between timeout rotations (0 = never rotate on a timer; clients call rotate)",
+    )
+    serve.add_argument(
+        "--token",
+        default=argparse.SUPPRESS,  # never show a token in --help
+        help="shared secret every call must present; required for a non-loopback --host. "
+        "Prefer the XORACK_TOKEN environment variable (used when --token is not given): "
+        "command lines are visible to other users",
+    )
+    return parser
+
+
+def _partitioner_arg(text: str) -> tuple[int, str]:
+    source, sep, spec = text.partition("=")
+    if not sep or not spec:
+        raise argparse.ArgumentTypeError(f"expected SOURCE=SPEC (e.g. 0=hash:8), got {text!r}")
+    index = _int(source)
+    if index < 0:
+        raise argparse.ArgumentTypeError(f"the source index must be >= 0, got {index}")
+    from .replay import replay_partitioner_from_spec
+
+    try:
+        replay_partitioner_from_spec(spec)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return index, spec
+
+
+def _port(text: str) -> int:
+    value = _int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be in [0, 65535], got {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = _int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``xorack`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if argv and argv[0] in _DELEGATED:
+        return _delegate(argv[0], argv[1:], parser)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return serve(args, parser)
+    parser.error(f"unknown command {args.command!r}")  # unreachable: argparse checks choices
+    return 2
+
+
+def _delegate(name: str, rest: list[str], parser: argparse.ArgumentParser) -> int:
+    module_name, _text = _DELEGATED[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        parser.exit(2, f"xorack {name} is not available: {exc}\n")
+    result: Any = module.main(rest)
+    return int(result or 0)
+
+
+def serve(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> int:
+    """Run the acker service until SIGINT/SIGTERM; returns 0 after a clean shutdown."""
+    from .errors import ServiceError, XorackError
+    from .ftlayer import FTLayer
+    from .service import AckerService, is_loopback
+
+    token = getattr(args, "token", None) or os.environ.get("XORACK_TOKEN") or None
+    if not is_loopback(args.host) and not token:
+        msg = (
+            f"--host {args.host} is not a loopback address: pass --token (or set XORACK_TOKEN) "
+            "so that only your jobs can report to this acker"
+        )
+        if parser is not None:
+            parser.error(msg)
+        raise ServiceError(msg)
+    try:
+        ft = FTLayer(
+            storage=args.storage,
+            num_buckets=args.num_buckets,
+            max_attempts=args.max_attempts,
+            replay_partitioners=dict(args.replay_partitioner) or None,
+            default_partitions=args.default_partitions,
+        )
+    except (XorackError, ValueError, TypeError, OSError) as exc:
+        print(f"xorack serve: error: cannot open the FT layer: {exc}", file=sys.stderr)
+        return 1
+    try:
+        service = AckerService(ft, args.host, args.port, token=token, close_ft=True)
+    except ServiceError as exc:
+        ft.close()
+        print(f"xorack serve: error: {exc}", file=sys.stderr)
+        return 1
+    except BaseException:
+        ft.close()
+        raise
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if args.rotate_interval > 0:
+            ft.start(args.rotate_interval)
+        service.start()
+        print(
+            f"xorack acker listening on {service.location} (storage={args.storage}, "
+            f"pending={ft.pending}, auth={'token' if token else 'none'})",
+            flush=True,
+        )
+        while not stop.wait(0.5):
+            pass
+        print("xorack acker: shutting down", flush=True)
+    finally:
+        service.shutdown()  # stops the rotation thread and closes the FT layer
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 0
