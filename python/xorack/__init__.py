@@ -30,6 +30,7 @@ _LAZY = {
     "anchor": "acker",
     "murmur3_hash": "hashing",
     "spark_partition_ids": "hashing",
+    "route_keys": "hashing",
     "ReplayPartitioner": "replay",
     "HashReplayPartitioner": "replay",
     "RoundRobinReplayPartitioner": "replay",

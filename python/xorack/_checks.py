@@ -73,3 +73,45 @@ def positive_int(x: Any, name: str) -> int:
     if x <= 0:
         raise ValueError(f"{name} must be > 0, got {x}")
     return int(x)
+
+
+def as_i32(x: Any, name: str, *, minimum: int = -(2**31)) -> np.ndarray:
+    """A C-contiguous 1-D int32 array from ``x`` (integer array or list), values >= ``minimum``.
+
+    Other integer dtypes are converted when every value fits in int32; floats, bools and
+    objects are rejected.
+    """
+    arr = np.asarray(x)
+    if arr.ndim != 1:
+        if arr.ndim == 0:
+            raise TypeError(f"{name} must be a 1-D array of int32, got a scalar")
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.empty(0, dtype=np.int32)
+    if arr.dtype.kind not in _UINT_LIKE or arr.dtype == np.bool_:
+        raise TypeError(f"{name} must be int32, got {arr.dtype}")
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < minimum or hi > 2**31 - 1:
+        bad = lo if lo < minimum else hi
+        raise ValueError(f"{name} must be in [{minimum}, {2**31 - 1}], got {bad}")
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+def exact_ints(x: Any, name: str) -> Any:
+    """``x`` itself, except that a list/tuple of Python ints holding a value >= 2**63 becomes an
+    exact uint64 array (``np.asarray`` would turn it into float64 and lose the low bits).
+
+    >>> exact_ints([1, 2**64 - 1], "ids").dtype.name
+    'uint64'
+    """
+    if not isinstance(x, (list, tuple)) or not x or not all(type(v) is int for v in x):
+        return x
+    hi = max(x)
+    if hi < 1 << 63:
+        return x
+    lo = min(x)
+    if lo < 0:
+        raise ValueError(f"{name} must be non-negative (uint64), got a negative value")
+    if hi >= 1 << 64:
+        raise ValueError(f"{name} must be < 2**64 (uint64), got {hi}")
+    return np.array(x, dtype=np.uint64)
