@@ -1,0 +1,768 @@
+"""The FT layer: persists source records, tracks them with the XOR acker, and replays the ones
+that fail or time out (the seed's FTLayer + TimeoutPersistenceLayer + RecordReplayer).
+
+A record's life in the FT layer::
+
+    persist ──► pending ──xor reaches 0──► completed (storage row deleted)
+                  │
+                  └─ fail / timeout ──► attempt < max_attempts ? replay (new src id, waiting
+                                        for take_replays, then pending again)
+                                                              : dead letter (last reason)
+
+Every step works on whole arrays; the decision logic is :meth:`FTLayer._retry` (one screen).
+
+>>> import pyarrow as pa
+>>> from xorack import FTLayer
+>>> with FTLayer("memory", default_partitions=4) as ft:
+...     src = ft.persist(pa.record_batch({"x": [1, 2]}), births=[11, 12])
+...     done = ft.xor(src, [11, 12])                 # both records were acked: complete
+...     new = ft.fail(ft.persist(pa.record_batch({"x": [3]}), births=[13]), reason="boom")
+...     [t.column("x").to_pylist() for t in ft.take_replays().values()], ft.pending
+([[3]], 1)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ._checks import as_u64, exact_ints, positive_int, same_length
+from .acker import AckTable, TimeoutWheel, new_ids
+from .clock import Clock, MonotonicClock
+from .replay import (
+    ForwardReplayPartitioner,
+    HashReplayPartitioner,
+    ReplayPartitioner,
+    replay_partitioner_from_spec,
+)
+from .storage import RecordMeta, Storage, open_storage
+
+__all__ = ["DEFAULT_PARTITIONS", "FTLayer", "FTStats"]
+
+log = logging.getLogger(__name__)
+
+#: Partitions of the default replay partitioner (hash of the stored key hash): Spark's default
+#: ``spark.sql.shuffle.partitions``, which a ``repartition(col)`` without a count uses.
+DEFAULT_PARTITIONS = 200
+NUM_BUCKETS = 3  # Storm's TIMEOUT_BUCKET_NUM
+MAX_ATTEMPTS = 5
+TIMEOUT = "timeout"
+RECOVERED = "recovered: the FT layer stopped before the record completed"
+FAILED = "failed"
+
+_U64 = np.uint64
+_EMPTY = np.empty(0, dtype=np.uint64)
+_RESERVED_PREFIX = "_ft_"
+_CLOCK_POLL = 0.05  # real seconds between the rotation thread's looks at the clock
+_LATENCY_KEEP = 100_000  # completion latencies kept for the percentiles
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_SAMPLE_SHIFT = np.uint64(60)  # 1 record in 16 is timed (ids are mixed first: unbiased) ...
+_TIME_ALL_BELOW = 1024  # ... of calls this big or more; every record of smaller calls
+
+
+def _timed(ids: np.ndarray) -> np.ndarray:
+    """The ids of a big call whose completion latency is measured (a fixed 1/16 sample)."""
+    with np.errstate(over="ignore"):
+        return ids[((ids * _GOLDEN) >> _SAMPLE_SHIFT) == 0]
+
+
+@dataclass
+class FTStats:
+    """Counters of an FT layer since it was opened (a snapshot; see :meth:`FTLayer.stats`).
+
+    ``persisted`` source records; ``completed``; ``failed`` explicitly (known records only;
+    ``unknown_failures`` counts fails of unknown/completed ids); ``timed_out`` (by rotate or
+    expire_all); ``replayed`` (replays created, ``replayed_by_source`` per source index);
+    ``dead_lettered``; ``orphans`` (entries of never-persisted ids that timed out);
+    ``recovered`` (records found in storage when the layer opened); ``pending`` (records neither
+    completed nor dead-lettered, including ``replays_waiting``, the replays not yet handed out by
+    ``take_replays``); ``rotations``; completion latency percentiles in seconds of the layer's
+    clock (None before any completion; every record persisted or replayed in a call of fewer
+    than 1024 records is timed, of bigger calls a fixed 1 in 16, so big batches cost nothing).
+
+    >>> FTStats().as_dict()["pending"]
+    0
+    """
+
+    persisted: int = 0
+    completed: int = 0
+    failed: int = 0
+    unknown_failures: int = 0
+    timed_out: int = 0
+    replayed: int = 0
+    dead_lettered: int = 0
+    orphans: int = 0
+    recovered: int = 0
+    pending: int = 0
+    replays_waiting: int = 0
+    rotations: int = 0
+    latency_p50: float | None = None
+    latency_p90: float | None = None
+    latency_p99: float | None = None
+    replayed_by_source: dict[int, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The stats as a plain dict (JSON-friendly)."""
+        return asdict(self)
+
+
+@dataclass
+class _Waiting:
+    """Replay rows of one source not handed out yet (row-aligned)."""
+
+    src: np.ndarray  # new source id (repeated for a broadcast)
+    rec: np.ndarray  # the row's record id (its birth, XORed into src's registered value)
+    partition: np.ndarray  # target partition
+
+
+# --------------------------------------------------------------------------------------------
+# argument checks
+
+
+def _ids(x: Any, name: str, *, nonzero: bool = True) -> np.ndarray:
+    """uint64 array (lists of ids >= 2**63 too: ``to_pylist()`` output is accepted)."""
+    return as_u64(exact_ints(x, name), name, nonzero=nonzero)
+
+
+def _as_batch(batch: Any) -> pa.RecordBatch:
+    if isinstance(batch, pa.Table):
+        table = batch.combine_chunks()
+        batches = table.to_batches()
+        batch = batches[0] if len(batches) == 1 else pa.RecordBatch.from_pylist([], table.schema)
+    elif not isinstance(batch, pa.RecordBatch):
+        raise TypeError(f"batch must be a pyarrow RecordBatch or Table, got {type(batch).__name__}")
+    cols = batch.schema.names
+    reserved = [c for c in cols if c.startswith(_RESERVED_PREFIX)]
+    if reserved:
+        raise ValueError(
+            f"batch has reserved column(s) {reserved}: persist the payload columns only "
+            f"(names starting with {_RESERVED_PREFIX!r} belong to the FT layer)"
+        )
+    return batch
+
+
+def _as_i32(x: Any, name: str, n: int, default: int, lo: int = -(2**31)) -> np.ndarray:
+    if x is None:
+        return np.full(n, default, np.int32)
+    if isinstance(x, (pa.Array, pa.ChunkedArray)):
+        if x.null_count:
+            raise ValueError(f"{name} must not contain nulls")
+        x = x.to_numpy(zero_copy_only=False)
+    arr = np.asarray(x)
+    if arr.ndim == 0:
+        if arr.dtype.kind not in "iu" or arr.dtype == np.bool_:
+            raise TypeError(f"{name} must be an int or an int32 array, got {type(x).__name__}")
+        arr = np.full(n, int(arr), np.int64)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    if len(arr) != n:
+        raise ValueError(f"{name} has {len(arr)} values but the batch has {n} rows")
+    if n == 0:
+        return np.empty(0, np.int32)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be int32, got {arr.dtype}")
+    if arr.dtype != np.int32:
+        lo_v, hi_v = int(arr.min()), int(arr.max())
+        if lo_v < lo or hi_v > 2**31 - 1:
+            raise ValueError(
+                f"{name} must fit int32 and be >= {lo}, got {lo_v if lo_v < lo else hi_v}"
+            )
+        arr = arr.astype(np.int32)
+    elif lo > -(2**31) and int(arr.min()) < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {int(arr.min())}")
+    return np.ascontiguousarray(arr)
+
+
+def _source_arg(source: Any) -> int:
+    if isinstance(source, bool) or not isinstance(source, (int, np.integer)):
+        raise TypeError(f"source must be an int (the source index), got {type(source).__name__}")
+    if not 0 <= int(source) < 2**31:
+        raise ValueError(f"source must be in [0, 2**31), got {source}")
+    return int(source)
+
+
+def _partitioner_arg(p: Any, where: str) -> ReplayPartitioner:
+    if isinstance(p, str):
+        return replay_partitioner_from_spec(p)
+    if not isinstance(p, ReplayPartitioner):
+        raise TypeError(
+            f"{where} must be a ReplayPartitioner or a spec string, got {type(p).__name__}"
+        )
+    return p
+
+
+# --------------------------------------------------------------------------------------------
+
+
+class FTLayer:
+    """Record-level fault tolerance: persist, XOR-ack, fail, time out, replay, dead-letter.
+
+    ``storage``: ``"memory"``, ``"sqlite:///path/ft.db"`` or a :class:`~xorack.Storage`; on a
+    storage that holds records (a durable one, reopened after a crash) every stored record is
+    replayed at once. ``num_buckets``: rotations until a record times out (Storm's 3).
+    ``max_attempts``: a record's runs (its first included) before it is dead-lettered.
+    ``replay_partitioners``: ``{source index: ReplayPartitioner | spec}``; other sources use
+    ``HashReplayPartitioner(default_partitions)`` (200 = Spark's default shuffle partitions).
+    ``clock`` (latencies) defaults to monotonic time; ``backend`` picks the kernels.
+    Thread-safe: one lock around each call, the work inside being whole-array kernel calls.
+
+    >>> import pyarrow as pa
+    >>> from xorack import FTLayer, ManualClock
+    >>> ft = FTLayer(clock=ManualClock(), num_buckets=2, max_attempts=1)
+    >>> src = ft.persist(pa.record_batch({"x": [7]}), births=[5])
+    >>> ft.rotate().tolist(), ft.rotate().tolist()   # timed out at the 2nd rotation, no retry left
+    ([], [])
+    >>> ft.dead_letters().to_pydict()["_ft_reason"], ft.pending
+    (['timeout'], 0)
+    """
+
+    def __init__(
+        self,
+        storage: str | Storage = "memory",
+        num_buckets: int = NUM_BUCKETS,
+        max_attempts: int = MAX_ATTEMPTS,
+        replay_partitioners: Mapping[int, ReplayPartitioner | str] | None = None,
+        default_partitions: int = DEFAULT_PARTITIONS,
+        clock: Clock | None = None,
+        backend: str | None = None,
+    ) -> None:
+        self.num_buckets = positive_int(num_buckets, "num_buckets")
+        self.max_attempts = positive_int(max_attempts, "max_attempts")
+        self.default_partitions = positive_int(default_partitions, "default_partitions")
+        if replay_partitioners is not None and not isinstance(replay_partitioners, Mapping):
+            raise TypeError(
+                "replay_partitioners must be a dict {source index: partitioner}, got "
+                f"{type(replay_partitioners).__name__}"
+            )
+        self._partitioners: dict[int, ReplayPartitioner] = {
+            _source_arg(s): _partitioner_arg(p, f"replay_partitioners[{s}]")
+            for s, p in (replay_partitioners or {}).items()
+        }
+        if clock is not None and not callable(getattr(clock, "now", None)):
+            raise TypeError(f"clock must have a now() method, got {type(clock).__name__}")
+        self.clock: Clock = clock or MonotonicClock()
+        self.backend = backend
+        self._table = AckTable(backend=backend)
+        self._wheel = TimeoutWheel(self.num_buckets, backend=backend)
+        self._lock = threading.RLock()
+        self._stats = FTStats()
+        self._registered = 0  # records pending (= registered entries of the table)
+        self._waiting: dict[int, list[_Waiting]] = {}
+        self._orphan_watch = _EMPTY  # sorted ids of unregistered entries put on the wheel
+        self._undeleted: list[np.ndarray] = []  # completed, storage delete failed: retried
+        self._born: dict[int, float] = {}  # timed 1/16 sample of big calls: src id -> start
+        self._born_small: dict[int, float] = {}  # every record of small calls: src id -> start
+        self._latencies: deque[float] = deque(maxlen=_LATENCY_KEEP)
+        self._thread: threading.Thread | None = None
+        self._stop_event: threading.Event | None = None
+        self._next_rotation = 0.0  # clock time of the rotation thread's next rotation
+        self.rotation_error: BaseException | None = None
+        self._closed = False
+        self._storage = open_storage(storage)
+        try:
+            self._recover()
+        except BaseException:
+            if not isinstance(storage, Storage):  # opened here from a spec: ours to close
+                self._storage.close()
+            raise
+
+    # ---------------------------------------------------------------- public API
+
+    @property
+    def storage(self) -> Storage:
+        """The storage the records are persisted in."""
+        return self._storage
+
+    @property
+    def pending(self) -> int:
+        """Records neither completed nor dead-lettered (replays waiting included)."""
+        return self._registered
+
+    def replay_partitioner(self, source: int = 0) -> ReplayPartitioner:
+        """The partitioner that routes the replays of ``source``."""
+        source = _source_arg(source)
+        with self._lock:
+            p = self._partitioners.get(source)
+            if p is None:
+                p = self._partitioners[source] = HashReplayPartitioner(self.default_partitions)
+            return p
+
+    def persist(
+        self,
+        batch: pa.RecordBatch | pa.Table,
+        key_hash: Any = None,
+        source: int = 0,
+        partition: Any = None,
+        births: Any = None,
+        src_ids: Any = None,
+    ) -> np.ndarray:
+        """Persist a batch of source records; returns their new source ids (uint64, row order).
+
+        ``key_hash``: int32 per row (None → 0), what hash replay partitioning routes by;
+        ``partition``: the partition each row first goes to (int or int32 per row; -1/None
+        unknown); ``births``: uint64 per row, the records' own ids (``_ft_rec``) registered as
+        their birth values (None → 0: the births come as events). ``src_ids``: the source ids,
+        when the caller drew them itself (fresh, distinct, nonzero); default: drawn here.
+        Persisted, registered and timed atomically w.r.t. other calls; on a storage error
+        nothing of the batch is kept.
+
+        >>> import pyarrow as pa
+        >>> ft = FTLayer()
+        >>> len(ft.persist(pa.record_batch({"v": [1, 2, 3]}), key_hash=[4, 5, 6])), ft.pending
+        (3, 3)
+        """
+        self._check_open()
+        batch = _as_batch(batch)
+        n = batch.num_rows
+        source = _source_arg(source)
+        key_hash = _as_i32(key_hash, "key_hash", n, 0)
+        partition = _as_i32(partition, "partition", n, -1, lo=-1)
+        births = np.zeros(n, _U64) if births is None else _ids(births, "births", nonzero=False)
+        same_length(batch=np.empty(n), births=births)
+        if src_ids is not None:
+            src_ids = _ids(src_ids, "src_ids")
+            same_length(batch=np.empty(n), src_ids=src_ids)
+            if len(np.unique(src_ids)) != n:
+                raise ValueError("src_ids must be distinct")
+        self._check_routable(source, partition)
+        if n == 0:
+            return _EMPTY.copy()
+        with self._lock:
+            if src_ids is None:
+                src = new_ids(n, backend=self.backend)
+            else:
+                taken = self._storage.lookup(src_ids).src
+                if len(taken):
+                    raise ValueError(
+                        f"src_ids: {len(taken)} id(s) are already pending (e.g. {int(taken[0])}): "
+                        "draw fresh ids for new records"
+                    )
+                src = src_ids
+            self._storage.persist(batch, RecordMeta.new(src, key_hash, source, partition))
+            self._registered += n
+            self._stats.persisted += n
+            self._unwatch(src)
+            self._wheel.add(src)
+            self._start_timer(src)
+            done = self._table.register(src, births)
+            if len(done):
+                self._complete(done)
+        return src
+
+    def xor(self, src_ids: Any, values: Any) -> np.ndarray:
+        """Apply XOR events ``(src_ids[i], values[i])``; returns the source ids completed by them
+        (their records are deleted from storage). Events of unknown ids wait (early events) or
+        end up as orphans.
+
+        >>> import pyarrow as pa
+        >>> ft = FTLayer()
+        >>> src = ft.persist(pa.record_batch({"v": [1]}), births=[9])
+        >>> ft.xor(src, [3]).tolist(), ft.xor(src, [3 ^ 9]).tolist() == src.tolist()
+        ([], True)
+        """
+        self._check_open()
+        src_ids = _ids(src_ids, "src_ids")
+        values = _ids(values, "values", nonzero=False)
+        same_length(src_ids=src_ids, values=values)
+        with self._lock:
+            self._retry_deletes()
+            done = self._table.xor(src_ids, values)
+            if len(done):
+                self._complete(done)
+        return done
+
+    def fail(self, src_ids: Any, reason: str | None = None) -> np.ndarray:
+        """Fail records explicitly; returns the new source ids of the replays created
+        (dead-lettered records have none). Unknown or completed ids are a counted no-op.
+
+        >>> import pyarrow as pa
+        >>> ft = FTLayer()
+        >>> src = ft.persist(pa.record_batch({"v": [1]}), births=[9])
+        >>> new = ft.fail(src, reason="bad row"); len(new), ft.fail([12345]).tolist()
+        (1, [])
+        """
+        self._check_open()
+        ids = _ids(src_ids, "src_ids")
+        reason = FAILED if reason is None else str(reason)
+        with self._lock:
+            ids = ids[np.sort(np.unique(ids, return_index=True)[1])]
+            meta = self._storage.lookup(ids)
+            self._stats.unknown_failures += len(ids) - len(meta)
+            self._stats.failed += len(meta)
+            return self._retry(meta, reason)
+
+    def touch(self, src_ids: Any) -> None:
+        """Restart the timeout of these pending records (Storm's resetTimeout)."""
+        self._check_open()
+        ids = _ids(src_ids, "src_ids")
+        with self._lock:
+            self._wheel.touch(ids)
+
+    def rotate(self) -> np.ndarray:
+        """One timeout rotation: records not completed (nor touched) during the last
+        ``num_buckets`` rotations time out and are replayed; returns the replays' new ids."""
+        self._check_open()
+        with self._lock:
+            self._retry_deletes()
+            self._watch_orphans()
+            self._stats.rotations += 1
+            return self._expire(self._wheel.rotate())
+
+    def expire_all(self) -> np.ndarray:
+        """Time out every pending record now (end of a batch round: nothing in flight can still
+        complete); replays waiting to be handed out are left alone. Returns the new ids."""
+        self._check_open()
+        with self._lock:
+            self._retry_deletes()
+            self._watch_orphans()
+            expired = [self._wheel.rotate() for _ in range(self.num_buckets)]
+            return self._expire(np.concatenate(expired))
+
+    def take_replays(self, source: int = 0, partition: int | None = None) -> dict[int, pa.Table]:
+        """Hand out the replays of ``source`` waiting so far (each once): ``{partition: table}``
+        with the payload columns plus ``_ft_src``, ``_ft_rec``, ``_ft_key_hash``,
+        ``_ft_attempt``, ``_ft_origin``, ``_ft_partition``. With ``partition``, only that
+        partition's. A replay's timeout starts when it is handed out.
+
+        >>> import pyarrow as pa
+        >>> ft = FTLayer(replay_partitioners={0: "single"})
+        >>> _ = ft.fail(ft.persist(pa.record_batch({"v": [1]})))
+        >>> {p: t.num_rows for p, t in ft.take_replays().items()}, ft.take_replays()
+        ({0: 1}, {})
+        """
+        self._check_open()
+        source = _source_arg(source)
+        with self._lock:
+            queue = self._waiting.pop(source, [])
+            if not queue:
+                return {}
+            w = _Waiting(
+                *(
+                    np.concatenate([getattr(q, f) for q in queue])
+                    for f in ("src", "rec", "partition")
+                )
+            )
+            if partition is not None:
+                mine = w.partition == int(partition)
+                rest = _Waiting(w.src[~mine], w.rec[~mine], w.partition[~mine])
+                if len(rest.src):
+                    self._waiting[source] = [rest]
+                w = _Waiting(w.src[mine], w.rec[mine], w.partition[mine])
+            if not len(w.src):
+                return {}
+            payload, meta = self._storage.fetch(w.src)  # rows in w.src order
+            if len(meta) != len(w.src):  # some replays were failed again since: superseded
+                live = np.isin(w.src, meta.src)
+                w = _Waiting(w.src[live], w.rec[live], w.partition[live])
+            if not len(w.src):
+                return {}
+            self._wheel.add(w.src)  # the replays' timeouts start now
+        pos = np.arange(len(w.src))
+        order = np.argsort(w.partition, kind="stable")
+        pos, w = pos[order], _Waiting(w.src[order], w.rec[order], w.partition[order])
+        table = payload.take(pa.array(pos))
+        for name, values, typ in (
+            ("_ft_src", w.src, pa.uint64()),
+            ("_ft_rec", w.rec, pa.uint64()),
+            ("_ft_key_hash", meta.key_hash[pos], pa.int32()),
+            ("_ft_attempt", meta.attempt[pos], pa.int32()),
+            ("_ft_origin", meta.origin[pos], pa.uint64()),
+            ("_ft_partition", w.partition, pa.int32()),
+        ):
+            table = table.append_column(name, pa.array(values, typ))
+        parts, starts = np.unique(w.partition, return_index=True)
+        stops = np.r_[starts[1:], len(w.partition)]
+        return {
+            int(p): table.slice(int(a), int(b - a))
+            for p, a, b in zip(parts, starts, stops, strict=True)
+        }
+
+    def dead_letters(self) -> pa.Table:
+        """Records that used up ``max_attempts``: payload + ``_ft_origin``, ``_ft_source``,
+        ``_ft_attempts``, ``_ft_reason`` (the last failure's reason)."""
+        self._check_open()
+        return self._storage.dead_letters()
+
+    def stats(self) -> FTStats:
+        """A snapshot of the counters (see :class:`FTStats`)."""
+        with self._lock:
+            s = FTStats(
+                **{
+                    **asdict(self._stats),
+                    "replayed_by_source": dict(self._stats.replayed_by_source),
+                }
+            )
+            s.pending = self._registered
+            s.replays_waiting = sum(
+                len(np.unique(np.concatenate([q.src for q in queue])))
+                for queue in self._waiting.values()
+                if queue
+            )
+            if self._latencies:
+                p50, p90, p99 = np.percentile(np.fromiter(self._latencies, float), [50, 90, 99])
+                s.latency_p50, s.latency_p90, s.latency_p99 = float(p50), float(p90), float(p99)
+            return s
+
+    def start(self, interval: float) -> None:
+        """Rotate once per ``interval`` seconds of the layer's clock, from a background daemon
+        thread (until :meth:`stop`): a record then times out between (N-1)/N*T and T after its
+        last persist/touch, T = N*interval. The thread looks at the clock every
+        min(interval, 50 ms) of real time, so an injected ManualClock drives it too; after a
+        pause it catches up (at most N rotations). An error in a rotation is logged and kept
+        in ``rotation_error``; the thread goes on."""
+        self._check_open()
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
+            raise ValueError(f"interval must be a number of seconds > 0, got {interval!r}")
+        with self._lock:
+            if self._thread is not None:
+                raise RuntimeError("the rotation thread is already running: call stop() first")
+            self._stop_event = stop = threading.Event()
+            self._next_rotation = self.clock.now() + interval
+            self._thread = threading.Thread(
+                target=self._rotate_every,
+                args=(float(interval), stop),
+                name="xorack-ft-rotation",
+                daemon=True,
+            )
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the background rotation thread (no-op when not running)."""
+        with self._lock:
+            thread, stop = self._thread, self._stop_event
+            self._thread = self._stop_event = None
+        if stop is not None:
+            stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def close(self) -> None:
+        """Stop rotating and close the storage. Pending records stay in a durable storage (the
+        next FT layer on it replays them)."""
+        if self._closed:
+            return
+        self.stop()
+        with self._lock:
+            self._closed = True
+            try:
+                self._retry_deletes()
+            finally:
+                self._storage.close()
+
+    def __enter__(self) -> FTLayer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"FTLayer(storage={type(self._storage).__name__}, pending={self._registered}, "
+            f"num_buckets={self.num_buckets}, max_attempts={self.max_attempts})"
+        )
+
+    # ---------------------------------------------------------------- decision logic
+
+    def _retry(self, meta: RecordMeta, reason: str) -> np.ndarray:
+        """The records of ``meta`` failed (explicitly, by timeout or by a crash): replay each one
+        with a new source id, attempt + 1, to the partition its source's replay partitioner
+        picks — or dead-letter it once ``max_attempts`` are used up (or when no partition can
+        be computed for it). Returns the new ids. Routing first and storage next, so that an
+        error leaves every record where it was."""
+        if not len(meta):
+            return _EMPTY.copy()
+        exhausted = meta.attempt >= self.max_attempts
+        again = meta.take(~exhausted)
+        routes, unroutable = self._route(again)
+        self._dead_letter(meta.take(exhausted), reason)
+        for indices, error in unroutable:
+            self._dead_letter(again.take(indices), f"{reason}; replay routing failed: {error}")
+        if not routes:
+            return _EMPTY.copy()
+        if len(routes) == 1 and len(routes[0][1]) == len(again):  # not broadcast: a permutation
+            routed = np.arange(len(again))
+        else:
+            routed = np.unique(np.concatenate([rows for _, rows, _, _ in routes]))
+        new = np.zeros(len(again), _U64)
+        new[routed] = new_ids(len(routed), backend=self.backend)
+        self._storage.renew(again.src[routed], new[routed])
+        self._forget(again.src[routed])
+        births = np.zeros(len(again), _U64)
+        for source, rows, parts, count in routes:
+            rec = new_ids(len(rows), backend=self.backend)
+            np.bitwise_xor.at(births, rows, rec)  # a broadcast record: all its copies count
+            self._waiting.setdefault(source, []).append(_Waiting(new[rows], rec, parts))
+            by_source = self._stats.replayed_by_source
+            by_source[source] = by_source.get(source, 0) + count
+        new, births = new[routed], births[routed]
+        self._table.register(new, births)
+        self._start_timer(new)
+        self._stats.replayed += len(new)
+        return new
+
+    def _route(
+        self, meta: RecordMeta
+    ) -> tuple[list[tuple[int, np.ndarray, np.ndarray, int]], list[tuple[np.ndarray, str]]]:
+        """Where the replays of ``meta`` go: ``[(source, rows of meta, partitions, records)]``
+        (a broadcast repeats rows) and the rows no partition could be computed for, with the
+        partitioner's error."""
+        routes, unroutable = [], []
+        if not len(meta):
+            return routes, unroutable
+        one = (meta.source == meta.source[0]).all()
+        for source in [int(meta.source[0])] if one else np.unique(meta.source).tolist():
+            mine = np.flatnonzero(meta.source == source)
+            try:
+                rows, parts = self.replay_partitioner(source).assign(
+                    meta.key_hash[mine], meta.partition[mine], backend=self.backend
+                )
+            except ValueError as exc:
+                log.error("xorack FT layer: cannot route replays of source %d: %s", source, exc)
+                unroutable.append((mine, str(exc)))
+                continue
+            rows = mine[np.asarray(rows, np.int64)]
+            routes.append((source, rows, np.asarray(parts, np.int32), len(mine)))
+        return routes, unroutable
+
+    def _dead_letter(self, meta: RecordMeta, reason: str) -> None:
+        if len(meta):
+            self._storage.dead_letter(meta.src, reason)
+            self._forget(meta.src)
+            self._registered -= len(meta)
+            self._stats.dead_lettered += len(meta)
+
+    def _expire(self, expired: np.ndarray) -> np.ndarray:
+        """Ids whose timeout ran out: orphan entries are dropped and counted, records retried."""
+        if not len(expired):
+            return _EMPTY.copy()
+        if len(self._orphan_watch):
+            orphan = np.isin(expired, self._orphan_watch, assume_unique=True)
+            if orphan.any():
+                self._unwatch(expired[orphan])
+                self._stats.orphans += int(self._table.fail(expired[orphan]).sum())
+                expired = expired[~orphan]
+        try:
+            meta = self._storage.lookup(expired)
+            new = self._retry(meta, TIMEOUT)
+        except BaseException:
+            self._wheel.add(expired)  # not retried: they time out again at a later rotation
+            raise
+        self._stats.timed_out += len(meta)
+        return new
+
+    def _complete(self, done: np.ndarray) -> None:
+        self._wheel.discard(done)
+        self._registered -= len(done)
+        self._stats.completed += len(done)
+        self._stop_timer(done)
+        try:
+            self._storage.delete(done)
+        except Exception:
+            self._undeleted.append(done)  # completion is recorded; the delete is retried
+            raise
+
+    # ---------------------------------------------------------------- bookkeeping
+
+    def _recover(self) -> None:
+        """Replay every record found in the storage (a previous FT layer did not finish it)."""
+        for meta in self._storage.iter_pending():
+            self._registered += len(meta)
+            self._stats.recovered += len(meta)
+            self._retry(meta, RECOVERED)
+
+    def _check_routable(self, source: int, partition: np.ndarray) -> None:
+        p = self._partitioners.get(source)
+        if isinstance(p, ForwardReplayPartitioner) and len(partition) and partition.min() < 0:
+            raise ValueError(
+                f"source {source} replays with forward partitioning, which needs each "
+                "record's original partition: pass partition= (got -1/None)"
+            )
+
+    def _forget(self, ids: np.ndarray) -> None:
+        """The records under ``ids`` left (replayed under a new id, or dead-lettered)."""
+        self._table.fail(ids)
+        self._wheel.discard(ids)
+        self._drop_waiting(ids)
+        self._timer_starts(ids)
+
+    def _drop_waiting(self, ids: np.ndarray) -> None:
+        for source, queue in list(self._waiting.items()):
+            kept = []
+            for q in queue:
+                gone = np.isin(q.src, ids)
+                if gone.any():
+                    q = _Waiting(q.src[~gone], q.rec[~gone], q.partition[~gone])
+                if len(q.src):
+                    kept.append(q)
+            self._waiting[source] = kept
+
+    def _watch_orphans(self) -> None:
+        """Put table entries that are not registered records (early events, events of ids that
+        were never persisted or already finished) on the wheel, once: they time out as orphans
+        unless their record is persisted first."""
+        if len(self._table) - self._registered <= len(self._orphan_watch):
+            # No new loose entry (the common case costs nothing). A watched entry that dropped
+            # out (back to 0) can hide a new one until it expires: orphans time out within 2N.
+            return
+        keys, _values, registered = self._table.snapshot()
+        loose = keys[~registered]
+        new = np.setdiff1d(loose, self._orphan_watch, assume_unique=True)
+        if len(new):
+            self._wheel.add(new)
+            self._orphan_watch = np.union1d(self._orphan_watch, new)
+
+    def _unwatch(self, ids: np.ndarray) -> None:
+        if len(self._orphan_watch):
+            self._orphan_watch = self._orphan_watch[~np.isin(self._orphan_watch, ids)]
+
+    def _retry_deletes(self) -> None:
+        while self._undeleted:
+            self._storage.delete(self._undeleted[0])
+            self._undeleted.pop(0)
+
+    def _start_timer(self, ids: np.ndarray) -> None:
+        small = len(ids) < _TIME_ALL_BELOW
+        timed, born = (ids, self._born_small) if small else (_timed(ids), self._born)
+        if len(timed):
+            born.update(dict.fromkeys(timed.tolist(), self.clock.now()))
+
+    def _timer_starts(self, ids: np.ndarray) -> list[float]:
+        """Forget the timers of ``ids``; their start times."""
+        starts = [self._born.pop(k, None) for k in _timed(ids).tolist()]
+        if self._born_small:
+            if len(ids) > 4 * len(self._born_small):  # few small-call timers: filter first
+                ids = ids[np.isin(ids, np.fromiter(self._born_small, np.uint64))]
+            starts += [self._born_small.pop(k, None) for k in ids.tolist()]
+        return [t for t in starts if t is not None]
+
+    def _stop_timer(self, ids: np.ndarray) -> None:
+        starts = self._timer_starts(ids)
+        if starts:
+            now = self.clock.now()
+            self._latencies.extend(now - t for t in starts)
+
+    def _rotate_every(self, interval: float, stop: threading.Event) -> None:
+        while not stop.wait(min(interval, _CLOCK_POLL)):
+            try:
+                with self._lock:
+                    now = self.clock.now()
+                    if now < self._next_rotation or self._closed:
+                        continue
+                    due = int((now - self._next_rotation) // interval) + 1
+                    self._next_rotation += due * interval
+                    for _ in range(min(due, self.num_buckets)):  # more would expire nothing new
+                        self.rotate()
+            except Exception as exc:  # keep rotating: a transient storage error must not stop
+                self.rotation_error = exc
+                log.exception("xorack FT layer: a timeout rotation failed")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this FTLayer is closed")

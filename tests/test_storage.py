@@ -1,0 +1,259 @@
+"""Storage: both implementations pass one suite (persist, delete, renew, fetch, recovery
+listing, dead letters), plus SQLite's own behaviour (durability, blob lifetime, errors)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from xorack import StorageError
+from xorack.storage import MemoryStorage, RecordMeta, SQLiteStorage, Storage, open_storage
+
+
+def u64(*xs: int) -> np.ndarray:
+    return np.array(xs, dtype=np.uint64)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def storage(request, tmp_path) -> Storage:
+    s = MemoryStorage() if request.param == "memory" else SQLiteStorage(tmp_path / "ft.db")
+    yield s
+    s.close()
+
+
+def meta_for(ids: np.ndarray, source: int = 0) -> RecordMeta:
+    n = len(ids)
+    return RecordMeta.new(
+        ids,
+        key_hash=np.arange(n, dtype=np.int32) * 7 - 3,
+        source=source,
+        partition=np.arange(n, dtype=np.int32) % 2,
+    )
+
+
+def test_persist_fetch_in_requested_order(storage):
+    storage.persist(pa.record_batch({"x": [10, 20, 30]}), meta_for(u64(1, 2, 3)))
+    storage.persist(pa.record_batch({"x": [40]}), meta_for(u64(4)))
+    payload, meta = storage.fetch(u64(4, 2, 99, 1))  # 99 unknown: skipped
+    assert payload.column("x").to_pylist() == [40, 20, 10]
+    assert meta.src.tolist() == [4, 2, 1]
+    assert meta.key_hash.tolist() == [-3, 4, -3]
+    assert meta.partition.tolist() == [0, 1, 0]
+    assert meta.attempt.tolist() == [1, 1, 1]
+    assert meta.origin.tolist() == [4, 2, 1]
+    assert len(storage) == 4
+
+
+def test_large_ids_round_trip(storage):
+    big = u64(2**64 - 1, 2**63, 2**63 - 1)
+    storage.persist(pa.record_batch({"x": [1, 2, 3]}), meta_for(big))
+    assert storage.lookup(big).src.tolist() == big.tolist()
+    assert storage.delete(big) == 3
+
+
+def test_delete_counts_only_stored(storage):
+    storage.persist(pa.record_batch({"x": [1, 2]}), meta_for(u64(5, 6)))
+    assert storage.delete(u64(6, 7)) == 1
+    assert storage.delete(u64(6)) == 0
+    assert len(storage) == 1
+    assert storage.lookup(u64(5, 6)).src.tolist() == [5]
+
+
+def test_renew_keeps_payload_and_counts_attempts(storage):
+    storage.persist(pa.record_batch({"x": ["a", "b"]}), meta_for(u64(1, 2), source=3))
+    storage.renew(u64(2), u64(20))
+    storage.renew(u64(20), u64(200))
+    payload, meta = storage.fetch(u64(200, 2, 20))
+    assert payload.column("x").to_pylist() == ["b"]
+    assert (meta.src.tolist(), meta.attempt.tolist()) == ([200], [3])
+    assert (meta.origin.tolist(), meta.source.tolist()) == ([2], [3])
+    assert len(storage) == 2
+
+
+def test_renew_of_unknown_id_changes_nothing(storage):
+    storage.persist(pa.record_batch({"x": [1, 2]}), meta_for(u64(1, 2)))
+    with pytest.raises(ValueError, match="not stored"):
+        storage.renew(u64(1, 3), u64(10, 30))
+    assert sorted(storage.lookup(u64(1, 2, 10)).src.tolist()) == [1, 2]
+    assert storage.lookup(u64(1)).attempt.tolist() == [1]
+
+
+def test_iter_pending_lists_every_record(storage):
+    for k in range(5):
+        ids = np.arange(1, 101, dtype=np.uint64) + np.uint64(1000 * k)
+        storage.persist(pa.record_batch({"x": np.arange(100)}), meta_for(ids))
+    storage.delete(np.arange(1, 51, dtype=np.uint64))
+    seen = np.concatenate([m.src for m in storage.iter_pending(chunk_size=64)])
+    assert len(seen) == 450 == len(set(seen.tolist())) == len(storage)
+
+
+def test_dead_letter_moves_records(storage):
+    storage.persist(pa.record_batch({"x": [1, 2, 3]}), meta_for(u64(1, 2, 3), source=4))
+    storage.renew(u64(2), u64(22))
+    storage.dead_letter(u64(22, 3), "boom")
+    dl = storage.dead_letters()
+    assert sorted(dl.column("x").to_pylist()) == [2, 3]
+    assert sorted(dl.column("_ft_origin").to_pylist()) == [2, 3]
+    assert sorted(dl.column("_ft_attempts").to_pylist()) == [1, 2]
+    assert set(dl.column("_ft_source").to_pylist()) == {4}
+    assert set(dl.column("_ft_reason").to_pylist()) == {"boom"}
+    assert len(storage) == 1
+    assert storage.lookup(u64(22, 3)).src.size == 0
+
+
+def test_dead_letters_of_different_schemas_are_combined(storage):
+    storage.persist(pa.record_batch({"x": [1]}), meta_for(u64(1)))
+    storage.persist(pa.record_batch({"y": ["s"]}), meta_for(u64(2), source=1))
+    storage.dead_letter(u64(1), "a")
+    storage.dead_letter(u64(2), "b")
+    dl = storage.dead_letters()
+    assert dl.num_rows == 2
+    assert {"x", "y", "_ft_reason"} <= set(dl.column_names)
+
+
+def test_empty_dead_letters_have_the_columns(storage):
+    assert storage.dead_letters().column_names == [
+        "_ft_origin",
+        "_ft_source",
+        "_ft_attempts",
+        "_ft_reason",
+    ]
+
+
+def test_row_count_mismatch_is_rejected(storage):
+    with pytest.raises(ValueError, match="rows"):
+        storage.persist(pa.record_batch({"x": [1, 2]}), meta_for(u64(1)))
+    assert len(storage) == 0
+
+
+# ---------------------------------------------------------------- SQLite specifics
+
+
+def test_sqlite_survives_reopen(tmp_path):
+    path = tmp_path / "ft.db"
+    with SQLiteStorage(path) as s:
+        s.persist(pa.record_batch({"x": [1, 2, 3]}), meta_for(u64(1, 2, 3)))
+        s.delete(u64(2))
+        s.renew(u64(3), u64(33))
+    with SQLiteStorage(path) as s:
+        payload, meta = s.fetch(u64(1, 33))
+        assert payload.column("x").to_pylist() == [1, 3]
+        assert meta.attempt.tolist() == [1, 2]
+        assert len(s) == 2
+
+
+def test_sqlite_drops_a_blob_when_no_record_refers_to_it(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "ft.db"
+
+    def batches() -> int:
+        db = sqlite3.connect(path)
+        try:
+            return db.execute("SELECT count(*) FROM batches").fetchone()[0]
+        finally:
+            db.close()
+
+    with SQLiteStorage(path) as s:
+        s.persist(pa.record_batch({"x": [1, 2]}), meta_for(u64(1, 2)))
+        s.persist(pa.record_batch({"x": [3]}), meta_for(u64(3)))
+        s.delete(u64(1))
+        s.dead_letter(u64(3), "r")
+        s.compact()
+        assert batches() == 1
+        s.delete(u64(2))
+        s.compact()
+        assert batches() == 0
+        assert s.dead_letters().column("x").to_pylist() == [3]
+
+
+def test_sqlite_compacts_on_its_own_after_many_deletes(tmp_path):
+    path = tmp_path / "ft.db"
+    with SQLiteStorage(path) as s:
+        for k in range(3):
+            ids = np.arange(1, 40_001, dtype=np.uint64) + np.uint64(100_000 * k)
+            s.persist(pa.record_batch({"x": np.arange(40_000)}), meta_for(ids))
+            s.delete(ids)
+        import sqlite3
+
+        db = sqlite3.connect(path)
+        assert db.execute("SELECT count(*) FROM batches").fetchone()[0] < 3
+        db.close()
+
+
+def test_sqlite_quota_full_raises_storage_error_and_keeps_earlier_records(tmp_path):
+    path = tmp_path / "ft.db"
+    s = SQLiteStorage(path, max_bytes=256 * 1024)
+    s.persist(pa.record_batch({"x": [1, 2]}), meta_for(u64(1, 2)))
+    big = pa.record_batch({"x": pa.array([b"z" * 1024] * 1024)})  # 1 MB > quota
+    with pytest.raises(StorageError, match="full"):
+        s.persist(big, meta_for(np.arange(10, 10 + 1024, dtype=np.uint64)))
+    assert len(s) == 2
+    s.persist(pa.record_batch({"x": [3]}), meta_for(u64(3)))  # still usable
+    s.close()
+    with SQLiteStorage(path) as again:
+        assert sorted(again.lookup(u64(1, 2, 3, 10)).src.tolist()) == [1, 2, 3]
+
+
+def test_sqlite_corrupt_file_raises_storage_error(tmp_path):
+    path = tmp_path / "ft.db"
+    path.write_bytes(b"this is not a database file" * 200)
+    with pytest.raises(StorageError, match="cannot open SQLite storage"):
+        SQLiteStorage(path)
+
+
+def test_sqlite_closed_storage_raises(tmp_path):
+    s = SQLiteStorage(tmp_path / "ft.db")
+    s.close()
+    with pytest.raises(StorageError, match="closed"):
+        s.delete(u64(1))
+
+
+def test_sqlite_bad_synchronous():
+    with pytest.raises(ValueError, match="synchronous"):
+        SQLiteStorage(":memory:", synchronous="sometimes")
+
+
+# ---------------------------------------------------------------- open_storage
+
+
+def test_open_storage_specs(tmp_path):
+    assert isinstance(open_storage("memory"), MemoryStorage)
+    s = open_storage(f"sqlite:///{tmp_path}/a.db")
+    assert isinstance(s, SQLiteStorage)
+    assert s.path == f"{tmp_path}/a.db"
+    s.close()
+    m = MemoryStorage()
+    assert open_storage(m) is m
+
+
+@pytest.mark.parametrize("spec", ["redis://x", "sqlite://", "sqlite:///", "Memory", ""])
+def test_open_storage_rejects_unknown_specs(spec):
+    with pytest.raises(ValueError, match="storage spec"):
+        open_storage(spec)
+
+
+def test_open_storage_rejects_non_strings():
+    with pytest.raises(TypeError, match="storage must be"):
+        open_storage(42)  # type: ignore[arg-type]
+
+
+def test_sqlite_locked_file_raises_storage_error(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "ft.db"
+    s = SQLiteStorage(path, busy_timeout=0.01)
+    s.persist(pa.record_batch({"x": [1]}), meta_for(u64(1)))
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")  # another process holds the file
+    try:
+        with pytest.raises(StorageError, match="locked"):
+            s.persist(pa.record_batch({"x": [2]}), meta_for(u64(2)))
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert len(s) == 1
+    s.persist(pa.record_batch({"x": [2]}), meta_for(u64(2)))  # works again once released
+    assert sorted(s.lookup(u64(1, 2)).src.tolist()) == [1, 2]
+    s.close()
