@@ -1,13 +1,296 @@
 // The only place (with bindings_hash.cpp) that knows Python: converts numpy arrays to spans,
 // releases the GIL around every batch call, and maps C++ exceptions to TypeError/ValueError.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ack_table.hpp"
+#include "flat_table.hpp"
+#include "lineage.hpp"
+#include "timeout_wheel.hpp"
 
 namespace py = pybind11;
 
 void bind_acker(py::module_& m);       // AckTable, TimeoutWheel, new_ids, anchor (below)
 void bind_spark_hash(py::module_& m);  // Murmur3 / partitioning kernels (bindings_hash.cpp)
 
-void bind_acker(py::module_& m) { (void)m; }
+// --- acker bindings ---------------------------------------------------------------------------
+namespace {
+
+using U64Array = py::array_t<uint64_t>;
+
+// A read-only pointer into `a` after checking dtype, rank and contiguity (the public layer has
+// already converted; this is the last line of defence: a mistake is an error, never a crash).
+template <class T>
+const T* checked(const py::array& a, const char* name, const char* expected) {
+  if (!a.dtype().equal(py::dtype::of<T>()))
+    throw py::type_error(std::string(name) + " must be " + expected + ", got " +
+                         std::string(py::str(a.dtype())));
+  if (a.ndim() != 1)
+    throw py::value_error(std::string(name) + " must be 1-D, got " + std::to_string(a.ndim()) +
+                          " dimensions");
+  if (!(a.flags() & py::array::c_style))
+    throw py::value_error(std::string(name) + " must be C-contiguous");
+  return static_cast<const T*>(a.data());
+}
+
+const uint64_t* u64(const py::array& a, const char* name) {
+  return checked<uint64_t>(a, name, "uint64");
+}
+
+void same_len(const py::array& a, const char* an, const py::array& b, const char* bn) {
+  if (a.size() != b.size())
+    throw py::value_error(std::string("length mismatch: ") + an + " has " +
+                          std::to_string(a.size()) + ", " + bn + " has " +
+                          std::to_string(b.size()));
+}
+
+U64Array to_array(const std::vector<uint64_t>& v) {
+  U64Array out(py::ssize_t(v.size()));
+  if (!v.empty()) std::memcpy(out.mutable_data(), v.data(), v.size() * sizeof(uint64_t));
+  return out;
+}
+
+// The Python-side objects: a core object plus the lock that serializes calls on it (every batch
+// call runs without the GIL, so two Python threads could otherwise enter it at once).
+struct PyAckTable {
+  xorack::AckTable t;
+  std::mutex mu;
+};
+struct PyTimeoutWheel {
+  explicit PyTimeoutWheel(uint32_t nb) : w(nb) {}
+  xorack::TimeoutWheel w;
+  std::mutex mu;
+};
+
+// Runs f() with the GIL released and the object's lock held (lock released before the GIL is
+// taken back, so a thread waiting for the lock while holding the GIL cannot deadlock with us).
+template <class Box, class F>
+auto locked(Box& box, F&& f) {
+  py::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> lock(box.mu);
+  return f();
+}
+
+}  // namespace
+
+void bind_acker(py::module_& m) {
+  py::class_<PyAckTable>(m, "AckTable",
+                         "Raw XOR acker table (validated uint64 arrays); see xorack.AckTable.")
+      .def(py::init<>())
+      .def("register",
+           [](PyAckTable& self, const py::array& keys, const py::array& births) {
+             const uint64_t* k = u64(keys, "src_ids");
+             const uint64_t* b = u64(births, "births");
+             same_len(keys, "src_ids", births, "births");
+             for (py::ssize_t i = 0; i < keys.size(); ++i)
+               if (k[i] == 0)
+                 throw py::value_error("src_ids contains id 0 at position " + std::to_string(i));
+             std::vector<uint64_t> done;
+             size_t n = size_t(keys.size());
+             locked(self, [&] { self.t.register_batch(k, b, n, done); });
+             return to_array(done);
+           })
+      .def("xor",
+           [](PyAckTable& self, const py::array& keys, const py::array& vals) {
+             const uint64_t* k = u64(keys, "src_ids");
+             const uint64_t* v = u64(vals, "values");
+             same_len(keys, "src_ids", vals, "values");
+             for (py::ssize_t i = 0; i < keys.size(); ++i)
+               if (k[i] == 0)
+                 throw py::value_error("src_ids contains id 0 at position " + std::to_string(i));
+             std::vector<uint64_t> done;
+             size_t n = size_t(keys.size());
+             locked(self, [&] { self.t.xor_batch(k, v, n, done); });
+             return to_array(done);
+           })
+      .def("fail",
+           [](PyAckTable& self, const py::array& keys) {
+             const uint64_t* k = u64(keys, "src_ids");
+             size_t n = size_t(keys.size());
+             py::array_t<bool> present(py::ssize_t(n), nullptr);
+             auto* p = reinterpret_cast<uint8_t*>(present.mutable_data());
+             locked(self, [&] { self.t.fail_batch(k, n, p); });
+             return present;
+           })
+      .def("expire_unregistered",
+           [](PyAckTable& self) {
+             return locked(self, [&] { return self.t.expire_unregistered(); });
+           })
+      .def("__len__", [](PyAckTable& self) { return locked(self, [&] { return self.t.size(); }); })
+      .def("contains",
+           [](PyAckTable& self, uint64_t k) {
+             return locked(self, [&] { return self.t.contains(k); });
+           })
+      .def("get",
+           [](PyAckTable& self, uint64_t k) -> std::optional<uint64_t> {
+             uint64_t v = 0;
+             bool found = locked(self, [&] { return self.t.get(k, &v); });
+             if (!found) return std::nullopt;
+             return v;
+           })
+      .def("snapshot",
+           [](PyAckTable& self) {
+             std::vector<uint64_t> k, v;
+             std::vector<uint8_t> r;
+             locked(self, [&] { self.t.snapshot(k, v, r); });
+             py::array_t<bool> reg(py::ssize_t(r.size()), nullptr);
+             if (!r.empty()) std::memcpy(reg.mutable_data(), r.data(), r.size());
+             return py::make_tuple(to_array(k), to_array(v), reg);
+           })
+      .def_static(
+          "restore",
+          [](const py::array& keys, const py::array& vals, const py::array& reg) {
+            const uint64_t* k = u64(keys, "keys");
+            const uint64_t* v = u64(vals, "values");
+            const bool* r = checked<bool>(reg, "registered", "bool");
+            same_len(keys, "keys", vals, "values");
+            same_len(keys, "keys", reg, "registered");
+            auto box = std::make_unique<PyAckTable>();
+            size_t n = size_t(keys.size());
+            {
+              py::gil_scoped_release nogil;
+              box->t.restore(k, v, reinterpret_cast<const uint8_t*>(r), n);
+            }
+            return box;
+          })
+      .def("nbytes", [](PyAckTable& self) { return locked(self, [&] { return self.t.nbytes(); }); });
+
+  py::class_<PyTimeoutWheel>(m, "TimeoutWheel",
+                             "Raw rotating timeout buckets; see xorack.TimeoutWheel.")
+      .def(py::init([](long long nb) {
+        if (nb < 1 || nb >= (1LL << 15))
+          throw py::value_error("num_buckets must be in [1, 2**15), got " + std::to_string(nb));
+        return std::make_unique<PyTimeoutWheel>(uint32_t(nb));
+      }))
+      .def("add",
+           [](PyTimeoutWheel& self, const py::array& ids) {
+             const uint64_t* p = u64(ids, "ids");
+             size_t n = size_t(ids.size());
+             for (size_t i = 0; i < n; ++i)
+               if (p[i] == 0)
+                 throw py::value_error("ids contains id 0 at position " + std::to_string(i));
+             locked(self, [&] { self.w.add(p, n); });
+           })
+      .def("touch",
+           [](PyTimeoutWheel& self, const py::array& ids) {
+             const uint64_t* p = u64(ids, "ids");
+             size_t n = size_t(ids.size());
+             locked(self, [&] { self.w.touch(p, n); });
+           })
+      .def("discard",
+           [](PyTimeoutWheel& self, const py::array& ids) {
+             const uint64_t* p = u64(ids, "ids");
+             size_t n = size_t(ids.size());
+             locked(self, [&] { self.w.discard(p, n); });
+           })
+      .def("rotate",
+           [](PyTimeoutWheel& self) {
+             std::vector<uint64_t> expired;
+             locked(self, [&] { self.w.rotate(expired); });
+             return to_array(expired);
+           })
+      .def_property_readonly(
+          "rotation",
+          [](PyTimeoutWheel& self) { return locked(self, [&] { return self.w.rotation(); }); })
+      .def("__len__",
+           [](PyTimeoutWheel& self) { return locked(self, [&] { return self.w.size(); }); })
+      .def("contains",
+           [](PyTimeoutWheel& self, uint64_t id) {
+             return locked(self, [&] { return self.w.contains(id); });
+           })
+      .def("nbytes",
+           [](PyTimeoutWheel& self) { return locked(self, [&] { return self.w.nbytes(); }); });
+
+  m.def("new_ids", [](long long n) {
+    if (n < 0) throw py::value_error("n must be >= 0, got " + std::to_string(n));
+    U64Array out(static_cast<py::ssize_t>(n));
+    uint64_t* p = out.mutable_data();
+    {
+      py::gil_scoped_release nogil;
+      xorack::new_ids(p, size_t(n));
+    }
+    return out;
+  });
+
+  m.def("derive_ids", [](const py::array& origin, const py::array& parent,
+                         const py::array& ordinal, uint64_t salt) {
+    const uint64_t* o = u64(origin, "origin");
+    const uint64_t* p = u64(parent, "parent");
+    const uint64_t* k = u64(ordinal, "ordinal");
+    same_len(origin, "origin", parent, "parent");
+    same_len(origin, "origin", ordinal, "ordinal");
+    size_t n = size_t(origin.size());
+    U64Array out(static_cast<py::ssize_t>(n));
+    uint64_t* q = out.mutable_data();
+    {
+      py::gil_scoped_release nogil;
+      xorack::derive_ids(o, p, k, n, salt, q);
+    }
+    return out;
+  });
+
+  m.def("xor_reduce", [](const py::array& src, const py::array& vals) {
+    const uint64_t* s = u64(src, "src");
+    const uint64_t* v = u64(vals, "values");
+    same_len(src, "src", vals, "values");
+    size_t n = size_t(src.size());
+    std::vector<uint64_t> ks, xs;
+    {
+      py::gil_scoped_release nogil;
+      xorack::xor_reduce(s, v, n, ks, xs);
+    }
+    return py::make_tuple(to_array(ks), to_array(xs));
+  });
+
+  m.def("parent_index", [](const py::array& in_rec, const py::array& lineage) {
+    const uint64_t* r = u64(in_rec, "in_rec");
+    const uint64_t* l = u64(lineage, "out_lineage");
+    size_t n_in = size_t(in_rec.size()), n_out = size_t(lineage.size());
+    py::array_t<int64_t> out(static_cast<py::ssize_t>(n_out));
+    int64_t* q = out.mutable_data();
+    {
+      py::gil_scoped_release nogil;
+      xorack::parent_index(r, n_in, l, n_out, q);
+    }
+    return out;
+  });
+
+  m.def("anchor", [](const py::array& in_src, const py::array& in_rec, const py::array& parent,
+                     const std::optional<py::array>& out_rec) {
+    const uint64_t* s = u64(in_src, "in_src");
+    const uint64_t* r = u64(in_rec, "in_rec");
+    const int64_t* pi = checked<int64_t>(parent, "parent_index", "int64");
+    same_len(in_src, "in_src", in_rec, "in_rec");
+    const uint64_t* given = nullptr;
+    if (out_rec) {
+      given = u64(*out_rec, "out_rec");
+      same_len(parent, "parent_index", *out_rec, "out_rec");
+    }
+    size_t n_in = size_t(in_src.size()), n_out = size_t(parent.size());
+    U64Array out_src(static_cast<py::ssize_t>(n_out)), out_ids(static_cast<py::ssize_t>(n_out));
+    uint64_t* os = out_src.mutable_data();
+    uint64_t* orr = out_ids.mutable_data();
+    std::vector<uint64_t> ev_src, ev_xor;
+    {
+      py::gil_scoped_release nogil;
+      xorack::anchor(s, r, n_in, pi, n_out, given, os, orr, ev_src, ev_xor);
+    }
+    return py::make_tuple(out_src, out_ids, to_array(ev_src), to_array(ev_xor));
+  });
+
+  m.def("random_read_rate", [](size_t nbytes, size_t reads, uint64_t seed) {
+    py::gil_scoped_release nogil;
+    return xorack::random_read_rate(nbytes, reads, seed);
+  }, py::arg("nbytes"), py::arg("reads"), py::arg("seed") = 1,
+  "Random 64-byte reads per second over an array of nbytes (the AckTable benchmark's yardstick).");
+}
 
 PYBIND11_MODULE(_native, m) {
     m.doc() = "xorack native kernels (C++). Use the checked API in the xorack package.";

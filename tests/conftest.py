@@ -15,7 +15,8 @@ NATIVE_MISSING = "native extension not built (pure-Python install): only the fal
 def _backend_params() -> list:
     return [
         pytest.param(
-            "native", marks=pytest.mark.skipif(not kernels.native_available(), reason=NATIVE_MISSING)
+            "native",
+            marks=pytest.mark.skipif(not kernels.native_available(), reason=NATIVE_MISSING),
         ),
         pytest.param("python"),
     ]

@@ -26,7 +26,9 @@ def test_env_forces_python_backend():
     out = subprocess.run(
         [sys.executable, "-c", "import xorack; print(xorack.backend)"],
         env={**os.environ, "XORACK_BACKEND": "python"},
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert out.stdout.strip() == "python"
 
@@ -35,7 +37,8 @@ def test_unknown_backend_is_a_clear_error():
     out = subprocess.run(
         [sys.executable, "-c", "import xorack"],
         env={**os.environ, "XORACK_BACKEND": "gpu"},
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert out.returncode != 0
     assert "XORACK_BACKEND='gpu' is not a backend" in out.stderr

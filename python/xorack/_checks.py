@@ -19,7 +19,7 @@ def as_u64(x: Any, name: str, *, nonzero: bool = False) -> np.ndarray:
     Unsigned and non-negative signed integer input is converted; floats, bools, objects and
     negative values are rejected. With ``nonzero``, 0 is rejected (0 is never a valid id).
     """
-    arr = np.asarray(x)
+    arr = np.asarray(exact_ints(x, name))
     if arr.ndim != 1:
         if arr.ndim == 0:
             raise TypeError(f"{name} must be a 1-D array of uint64, got a scalar")

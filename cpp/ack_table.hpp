@@ -1,0 +1,312 @@
+// ack_table.hpp — the XOR acker table (Storm's Acker, the seed's AckerTable): source id → 64-bit
+// ack value. A registered id is complete exactly when its value returns to 0.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "flat_table.hpp"
+#include "lineage.hpp"
+
+namespace xorack {
+
+// Source id → ack value, in FlatTables: `main_` holds registered ids (16-byte slots, no flag
+// needed); `early_` and `old_` the rare unregistered ids, whose events arrived before their
+// register (or after their completion: a duplicate), young and old — expire_unregistered() drops
+// the old ones and ages the young, so such entries cannot pile up forever. Usually empty, so the
+// hot path pays one size check for them. Within a call the events of a key are combined first;
+// completed ids are returned in order of their first occurrence in the input.
+class AckTable {
+ public:
+  using Table = FlatTable<uint64_t>;
+
+  // Registers keys with their births (combined per key). An id with early events, or one already
+  // registered, gets the birth XORed in and completes if that gives 0; a fresh id waits.
+  // Appends completed ids to `done`.
+  void register_batch(const uint64_t* keys, const uint64_t* births, size_t n,
+                      std::vector<uint64_t>& done) {
+    done.clear();
+    size_t m = xor_reduce(keys, births, n, ukeys_, uvals_);
+    main_.reserve(main_.size() + m);  // no resize inside the loop: homes stay valid
+    homes_.resize(m);
+    for (size_t i = 0; i < m; ++i) homes_[i] = (uint32_t)main_.home(ukeys_[i]);
+    for (size_t i = 0; i < std::min(m, kPrefetchDistance); ++i) main_.prefetch(homes_[i]);
+    auto* slots = main_.slots();
+    for (size_t i = 0; i < m; ++i) {
+      if (i + kPrefetchDistance < m) main_.prefetch(homes_[i + kPrefetchDistance]);
+      const uint64_t k = ukeys_[i];
+      uint64_t v = uvals_[i];
+      size_t s = main_.find_from(k, homes_[i]);
+      if (s != Table::npos) {  // already registered: XOR the birth in again
+        v ^= slots[s].value;
+        if (v == 0) {
+          main_.erase_at(s);
+          done.push_back(k);
+        } else {
+          slots[s].value = v;
+        }
+        continue;
+      }
+      if (any_unregistered()) {
+        size_t e;
+        Table* et = find_unregistered(k, &e);
+        if (et) {  // events came first: the birth joins them
+          v ^= et->slots()[e].value;
+          et->erase_at(e);
+          if (v == 0) {
+            done.push_back(k);
+            continue;
+          }
+        }
+      }
+      bool inserted;
+      main_.find_or_insert_from(k, homes_[i], v, &inserted);
+    }
+    shrink_all();
+    trim_scratch();
+  }
+
+  // XORs events into their keys (combined per key). Registered ids at 0 after the call are
+  // appended to `done` and removed; unregistered entries back at 0 are dropped silently.
+  //
+  // Three passes, so that the hot one does a single probe per event: (1) hash the batch,
+  // (2) probe with prefetching and XOR in place, remembering the slot of each event and marking
+  // slots that hit 0 in a small bit filter, (3) only if some did: walk the events in order and
+  // collect the slots still at 0 (first occurrence order), then erase them. Nothing moves in
+  // `main_` before pass 3, so the remembered slots stay valid.
+  void xor_batch(const uint64_t* keys, const uint64_t* vals, size_t n,
+                 std::vector<uint64_t>& done) {
+    done.clear();
+    if (n == 0) return;
+    constexpr uint32_t kEarly = ~uint32_t(0);
+    homes_.resize(n);
+    slot_of_.resize(n);
+    for (size_t i = 0; i < n; ++i) homes_[i] = (uint32_t)main_.home(keys[i]);
+    for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) main_.prefetch(homes_[i]);
+
+    size_t filter_mask = 0;
+    bool any_zero = false, any_early = false;
+    auto* slots = main_.slots();
+    for (size_t i = 0; i < n; ++i) {
+      if (i + kPrefetchDistance < n) main_.prefetch(homes_[i + kPrefetchDistance]);
+      size_t s = main_.find_from(keys[i], homes_[i]);
+      if (s != Table::npos) {
+        slot_of_[i] = uint32_t(s);
+        uint64_t v = slots[s].value ^ vals[i];
+        slots[s].value = v;
+        if (v == 0) {
+          if (!any_zero) filter_mask = reset_filter(n);
+          any_zero = true;
+          filter_[(s & filter_mask) >> 6] |= uint64_t(1) << (s & 63);
+        }
+      } else {  // not registered (yet): the early tables, whose slots may move, so no index
+        slot_of_[i] = kEarly;
+        any_early = true;
+        size_t e;
+        Table* et = find_unregistered(keys[i], &e);
+        if (!et) {
+          early_.reserve(early_.size() + 1);
+          bool inserted;
+          e = early_.find_or_insert_from(keys[i], early_.home(keys[i]), 0, &inserted);
+          et = &early_;
+        }
+        et->slots()[e].value ^= vals[i];
+      }
+    }
+    if (!any_zero && !any_early) return trim_scratch();
+
+    early_done_.clear();
+    auto marked = [&](uint32_t s) {
+      return any_zero && s != kEarly && (filter_[(s & filter_mask) >> 6] >> (s & 63) & 1);
+    };
+    for (size_t i = 0; i < n; ++i) {
+      // The slots touched in pass 2 have mostly left the cache by now: prefetch again.
+      if (i + kPrefetchDistance < n && marked(slot_of_[i + kPrefetchDistance]))
+        main_.prefetch(slot_of_[i + kPrefetchDistance]);
+      uint32_t s = slot_of_[i];
+      if (s == kEarly) {
+        size_t e;
+        Table* et = find_unregistered(keys[i], &e);
+        if (et && et->slots()[e].value == 0) {
+          et->slots()[e].value = 1;  // handled: later events of this key skip it
+          early_done_.push_back(keys[i]);
+        }
+      } else if (marked(s) && slots[s].value == 0) {
+        slots[s].value = 1;  // handled (the entry is erased below)
+        done.push_back(keys[i]);
+        slot_of_[done.size() - 1] = s;  // reuses the scratch: done.size() - 1 <= i
+      }
+    }
+    // Erase at the remembered slots (no second probe from home). An erasure shifts later entries
+    // of its probe run back, so a slot whose key changed is found again by probing.
+    const size_t m = done.size();
+    for (size_t j = 0; j < std::min(m, kPrefetchDistance); ++j) main_.prefetch(slot_of_[j]);
+    for (size_t j = 0; j < m; ++j) {
+      if (j + kPrefetchDistance < m) main_.prefetch(slot_of_[j + kPrefetchDistance]);
+      size_t s = slot_of_[j];
+      if (slots[s].key == done[j])
+        main_.erase_at(s);
+      else
+        main_.erase(done[j]);
+    }
+    for (uint64_t k : early_done_)
+      if (!early_.erase(k)) old_.erase(k);
+    shrink_all();
+    trim_scratch();
+  }
+
+  // present[i] = whether keys[i] had an entry before the call; all those entries are removed.
+  void fail_batch(const uint64_t* keys, size_t n, uint8_t* present) {
+    for (size_t i = 0; i < n; ++i) present[i] = contains(keys[i]);
+    for (size_t i = 0; i < n; ++i)
+      if (present[i] && !main_.erase(keys[i]) && !early_.erase(keys[i])) old_.erase(keys[i]);
+    shrink_all();
+  }
+
+  // Drops the unregistered entries that were already there at the previous call (returns how
+  // many) and ages the others. Called once per timeout rotation, it bounds the life of entries
+  // whose register never comes, e.g. events duplicated after their source completed.
+  size_t expire_unregistered() {
+    size_t dropped = old_.size();
+    old_.swap(early_);
+    early_.clear();
+    return dropped;
+  }
+
+  size_t size() const { return main_.size() + early_.size() + old_.size(); }
+  bool contains(uint64_t k) const {
+    size_t e;
+    return main_.find(k) != Table::npos || find_unregistered(k, &e) != nullptr;
+  }
+  // The value of k into *v; false when absent.
+  bool get(uint64_t k, uint64_t* v) const {
+    size_t s = main_.find(k);
+    if (s != Table::npos) {
+      *v = main_.slots()[s].value;
+      return true;
+    }
+    const Table* et = find_unregistered(k, &s);
+    if (!et) return false;
+    *v = et->slots()[s].value;
+    return true;
+  }
+
+  // Every entry as (key, value, registered), sorted by key.
+  void snapshot(std::vector<uint64_t>& keys, std::vector<uint64_t>& vals,
+                std::vector<uint8_t>& reg) const {
+    std::vector<uint64_t> k, v;
+    std::vector<uint8_t> r;
+    k.reserve(size());
+    collect(main_, 1, k, v, r);
+    collect(early_, 0, k, v, r);
+    collect(old_, 0, k, v, r);
+    std::vector<size_t> order(k.size());
+    std::iota(order.begin(), order.end(), size_t(0));
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return k[a] < k[b]; });
+    keys.resize(k.size());
+    vals.resize(k.size());
+    reg.resize(k.size());
+    for (size_t i = 0; i < order.size(); ++i) {
+      keys[i] = k[order[i]];
+      vals[i] = v[order[i]];
+      reg[i] = r[order[i]];
+    }
+  }
+
+  // Loads entries into an empty table. Throws std::invalid_argument on key 0, a repeated key, or
+  // an unregistered entry with value 0 (such entries never exist).
+  void restore(const uint64_t* keys, const uint64_t* vals, const uint8_t* reg, size_t n) {
+    if (size() != 0) throw std::logic_error("restore needs an empty AckTable");
+    size_t nreg = 0;
+    for (size_t i = 0; i < n; ++i) nreg += reg[i] != 0;
+    main_.reserve(nreg);
+    early_.reserve(n - nreg);
+    for (size_t i = 0; i < n; ++i) {
+      if (keys[i] == 0)
+        throw std::invalid_argument("keys contains id 0 at position " + std::to_string(i));
+      if (!reg[i] && vals[i] == 0)
+        throw std::invalid_argument("values[" + std::to_string(i) +
+                                    "] is 0 for an unregistered key: such entries do not exist");
+      Table& t = reg[i] ? main_ : early_;
+      if (contains(keys[i])) {
+        main_.clear();
+        early_.clear();
+        old_.clear();
+        throw std::invalid_argument("keys must be unique: position " + std::to_string(i) +
+                                    " repeats an earlier key");
+      }
+      bool inserted;
+      t.find_or_insert_from(keys[i], t.home(keys[i]), vals[i], &inserted);
+    }
+  }
+
+  // Memory held: both slot arrays plus the per-batch scratch vectors.
+  size_t nbytes() const {
+    return main_.nbytes() + early_.nbytes() + old_.nbytes() + homes_.capacity() * sizeof(uint32_t) +
+           slot_of_.capacity() * sizeof(uint32_t) + filter_.capacity() * sizeof(uint64_t) +
+           (ukeys_.capacity() + uvals_.capacity() + early_done_.capacity()) * sizeof(uint64_t);
+  }
+
+ private:
+  // Clears the zero filter for a batch of n events (~2 bits per event); returns its bit mask.
+  size_t reset_filter(size_t n) {
+    size_t bits = 512;
+    while (bits < 2 * n) bits <<= 1;
+    filter_.assign(bits / 64, 0);
+    return bits - 1;
+  }
+
+  // Per-batch scratch is kept between calls (no reallocation per batch) unless it is larger than
+  // both a typical batch and the table itself: an emptied table then gives its memory back.
+  void trim_scratch() {
+    const size_t keep = std::max<size_t>(size_t(1) << 16, size());
+    if (homes_.capacity() > keep) std::vector<uint32_t>().swap(homes_);
+    if (slot_of_.capacity() > keep) std::vector<uint32_t>().swap(slot_of_);
+    if (ukeys_.capacity() > keep) std::vector<uint64_t>().swap(ukeys_);
+    if (uvals_.capacity() > keep) std::vector<uint64_t>().swap(uvals_);
+    if (early_done_.capacity() > keep) std::vector<uint64_t>().swap(early_done_);
+    if (filter_.capacity() > keep / 32) std::vector<uint64_t>().swap(filter_);
+  }
+
+  bool any_unregistered() const { return early_.size() != 0 || old_.size() != 0; }
+
+  // The unregistered table holding k and its slot (*slot), or nullptr.
+  Table* find_unregistered(uint64_t k, size_t* slot) {
+    return const_cast<Table*>(std::as_const(*this).find_unregistered(k, slot));
+  }
+  const Table* find_unregistered(uint64_t k, size_t* slot) const {
+    if (early_.size() && (*slot = early_.find(k)) != Table::npos) return &early_;
+    if (old_.size() && (*slot = old_.find(k)) != Table::npos) return &old_;
+    return nullptr;
+  }
+
+  void shrink_all() {
+    main_.maybe_shrink();
+    early_.maybe_shrink();
+    old_.maybe_shrink();
+  }
+
+  static void collect(const Table& t, uint8_t registered, std::vector<uint64_t>& k,
+                      std::vector<uint64_t>& v, std::vector<uint8_t>& r) {
+    const auto* s = t.slots();
+    for (size_t i = 0; i < t.capacity(); ++i) {
+      if (s[i].key == 0) continue;
+      k.push_back(s[i].key);
+      v.push_back(s[i].value);
+      r.push_back(registered);
+    }
+  }
+
+  Table main_, early_, old_;
+  std::vector<uint32_t> homes_;  // slot indices fit in 32 bits (kMaxCapacity)
+  std::vector<uint32_t> slot_of_;
+  std::vector<uint64_t> filter_;
+  std::vector<uint64_t> ukeys_, uvals_, early_done_;
+};
+
+}  // namespace xorack

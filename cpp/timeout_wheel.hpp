@@ -1,0 +1,124 @@
+// timeout_wheel.hpp — the rotating timeout buckets (Storm's RotatingMap, the seed's
+// RotatingHashMap): rotate() returns the ids whose timeout ran out.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include "flat_table.hpp"
+
+namespace xorack {
+
+// Id → the rotation at which it expires (its deadline), in one FlatTable of packed 10-byte slots.
+// An id added or touched while the counter is r gets deadline r + num_buckets. rotate() advances
+// the counter, streams the slot array once and expires the ids whose deadline it reached.
+// The "buckets" are implicit in the deadlines: every lookup is one probe (never one per bucket),
+// and no per-bucket id lists are kept — they would cost 8 more bytes per id and a stale entry
+// per touch. The price: a rotation sweeps the whole table (sequentially; ~10 ms per million ids
+// here), which a timeout clock ticking every few seconds does not notice.
+// Deadlines are stored modulo 2**16: every live deadline lies in (r, r + num_buckets], so with
+// num_buckets < 2**15 the 16 low bits identify it (2 bytes instead of 4 or 8 per id).
+class TimeoutWheel {
+ public:
+  using Table = FlatTable<uint16_t>;
+  static constexpr uint32_t kMaxBuckets = (uint32_t(1) << 15) - 1;
+
+  explicit TimeoutWheel(uint32_t num_buckets) : nb_(num_buckets) {
+    if (num_buckets == 0 || num_buckets > kMaxBuckets)
+      throw std::invalid_argument("num_buckets must be in [1, 2**15)");
+  }
+
+  // Starts (or restarts) the timeout of every id.
+  void add(const uint64_t* ids, size_t n) {
+    const uint16_t d = uint16_t(rotation_ + nb_);
+    // In chunks that fit the room left below the maximum load (each id inserts at most one
+    // entry), so the table grows only when it is really full: re-adding present ids (a restart)
+    // must not inflate it. Within a chunk nothing resizes, so the precomputed homes hold.
+    for (size_t i = 0; i < n;) {
+      size_t room = table_.room();
+      if (room == 0) {
+        table_.reserve(table_.size() + std::min(n - i, std::max<size_t>(table_.size(), 1024)));
+        room = table_.room();
+      }
+      const size_t m = std::min(room, n - i);
+      hash_batch(ids + i, m);
+      auto* slots = table_.slots();
+      for (size_t k = 0; k < m; ++k) {
+        if (k + kPrefetchDistance < m) table_.prefetch(homes_[k + kPrefetchDistance]);
+        bool inserted;
+        size_t s = table_.find_or_insert_from(ids[i + k], homes_[k], d, &inserted);
+        slots[s].value = d;
+      }
+      i += m;
+    }
+    trim_scratch();
+  }
+
+  // Restarts the timeout of the ids present; absent ids are ignored.
+  void touch(const uint64_t* ids, size_t n) {
+    const uint16_t d = uint16_t(rotation_ + nb_);
+    hash_batch(ids, n);
+    auto* slots = table_.slots();
+    for (size_t i = 0; i < n; ++i) {
+      if (i + kPrefetchDistance < n) table_.prefetch(homes_[i + kPrefetchDistance]);
+      size_t s = table_.find_from(ids[i], homes_[i]);
+      if (s != Table::npos) slots[s].value = d;
+    }
+    trim_scratch();
+  }
+
+  // Forgets the ids (they never expire); absent ids are ignored.
+  void discard(const uint64_t* ids, size_t n) {
+    hash_batch(ids, n);  // erasing never resizes, so the homes stay valid through the loop
+    for (size_t i = 0; i < n; ++i) {
+      if (i + kPrefetchDistance < n) table_.prefetch(homes_[i + kPrefetchDistance]);
+      size_t s = table_.find_from(ids[i], homes_[i]);
+      if (s != Table::npos) table_.erase_at(s);
+    }
+    table_.maybe_shrink();
+    trim_scratch();
+  }
+
+  // Advances one rotation; the ids whose deadline it reached go to `expired` (in no particular
+  // order: sorting would cost more than the rotation) and are forgotten.
+  void rotate(std::vector<uint64_t>& expired) {
+    expired.clear();
+    ++rotation_;
+    const uint16_t r = uint16_t(rotation_);
+    // One sequential sweep finds the expired ids and compacts their probe runs (erase_if).
+    table_.erase_if([r, &expired](uint64_t key, uint16_t deadline) {
+      if (deadline != r) return false;
+      expired.push_back(key);
+      return true;
+    });
+    table_.maybe_shrink();
+  }
+
+  size_t size() const { return table_.size(); }
+  bool contains(uint64_t id) const { return table_.find(id) != Table::npos; }
+  uint32_t rotation() const { return rotation_; }
+  // Memory held: the slot array plus the per-batch scratch vector.
+  size_t nbytes() const { return table_.nbytes() + homes_.capacity() * sizeof(uint32_t); }
+
+ private:
+  // Keeps the batch scratch unless it outgrows both a typical batch and the table.
+  void trim_scratch() {
+    if (homes_.capacity() > std::max<size_t>(size_t(1) << 16, table_.size()))
+      std::vector<uint32_t>().swap(homes_);
+  }
+
+  void hash_batch(const uint64_t* ids, size_t n) {
+    homes_.resize(n);
+    for (size_t i = 0; i < n; ++i) homes_[i] = (uint32_t)table_.home(ids[i]);
+    for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) table_.prefetch(homes_[i]);
+  }
+
+  Table table_;
+  std::vector<uint32_t> homes_;  // slot indices fit in 32 bits (kMaxCapacity)
+  uint32_t nb_;
+  uint32_t rotation_ = 0;
+};
+
+}  // namespace xorack

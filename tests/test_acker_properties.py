@@ -1,0 +1,284 @@
+"""Property tests: native == fallback for every acker kernel, and random record trees complete
+exactly when their last event arrives — never earlier, whatever the order and batching."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import NATIVE_MISSING
+from xorack import kernels
+from xorack.acker import AckTable, TimeoutWheel, anchor, derive_ids, parent_index, xor_reduce
+
+needs_native = pytest.mark.skipif(not kernels.native_available(), reason=NATIVE_MISSING)
+SETTINGS = settings(max_examples=100, deadline=None)
+# Every available backend: the tree tests loop over them inside one example.
+ALL_BACKENDS = ["native", "python"] if kernels.native_available() else ["python"]
+
+# Small id pools make collisions, duplicates within a call, and early events frequent.
+small_ids = st.integers(1, 12)
+values = st.one_of(st.integers(0, 3), st.integers(0, 2**64 - 1))
+
+
+def pairs(max_size: int = 12):
+    return st.lists(st.tuples(small_ids, values), max_size=max_size)
+
+
+def unzip(ps: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    k = np.array([p[0] for p in ps], dtype=np.uint64)
+    v = np.array([p[1] for p in ps], dtype=np.uint64)
+    return k, v
+
+
+table_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("register"), pairs()),
+        st.tuples(st.just("xor"), pairs()),
+        st.tuples(st.just("fail"), st.lists(small_ids, max_size=5)),
+        st.tuples(st.just("expire_unregistered"), st.just([])),
+    ),
+    max_size=25,
+)
+
+
+@needs_native
+@SETTINGS
+@given(table_ops)
+def test_ack_table_native_equals_fallback(ops):
+    tables = {b: AckTable(backend=b) for b in ("native", "python")}
+    for op, arg in ops:
+        out = {}
+        for b, t in tables.items():
+            if op == "fail":
+                out[b] = t.fail(np.array(arg, dtype=np.uint64)).tolist()
+            elif op == "expire_unregistered":
+                out[b] = t.expire_unregistered()
+            else:
+                out[b] = getattr(t, op)(*unzip(arg)).tolist()
+        assert out["native"] == out["python"], (op, arg)
+        snaps = [[a.tolist() for a in t.snapshot()] for t in tables.values()]
+        assert snaps[0] == snaps[1]
+        assert len(tables["native"]) == len(tables["python"])
+    for k in range(1, 13):
+        assert tables["native"].value(k) == tables["python"].value(k)
+        assert (k in tables["native"]) == (k in tables["python"])
+
+
+wheel_ops = st.lists(
+    st.one_of(
+        st.tuples(st.sampled_from(["add", "touch", "discard"]), st.lists(small_ids, max_size=6)),
+        st.tuples(st.just("rotate"), st.just([])),
+    ),
+    max_size=40,
+)
+
+
+@needs_native
+@SETTINGS
+@given(st.integers(1, 4), wheel_ops)
+def test_timeout_wheel_native_equals_fallback(num_buckets, ops):
+    wheels = {b: TimeoutWheel(num_buckets, backend=b) for b in ("native", "python")}
+    for op, arg in ops:
+        out = {}
+        for b, w in wheels.items():
+            r = getattr(w, op)(*([] if op == "rotate" else [arg]))
+            out[b] = None if r is None else sorted(r.tolist())  # expiry order is unspecified
+        assert out["native"] == out["python"], (op, arg)
+        assert len(wheels["native"]) == len(wheels["python"])
+    assert [k in wheels["native"] for k in range(13)] == [k in wheels["python"] for k in range(13)]
+
+
+@given(st.integers(1, 4), wheel_ops)
+@SETTINGS
+def test_timeout_wheel_matches_its_definition(num_buckets, ops):
+    # Model: deadline = rotation at the last add/touch (while present) + num_buckets.
+    w = TimeoutWheel(num_buckets, backend="python" if not kernels.native_available() else None)
+    deadline: dict[int, int] = {}
+    rotation = 0
+    for op, arg in ops:
+        if op == "rotate":
+            rotation += 1
+            expected = sorted(k for k, d in deadline.items() if d == rotation)
+            for k in expected:
+                del deadline[k]
+            assert sorted(w.rotate().tolist()) == expected
+            continue
+        getattr(w, op)(arg)
+        for k in arg:
+            if op == "add" or (op == "touch" and k in deadline):
+                deadline[k] = rotation + num_buckets
+            elif op == "discard":
+                deadline.pop(k, None)
+        assert len(w) == len(deadline)
+
+
+@needs_native
+@SETTINGS
+@given(st.data())
+def test_lineage_kernels_native_equal_fallback(data):
+    n_in = data.draw(st.integers(0, 30))
+    in_src = np.array(data.draw(st.lists(small_ids, min_size=n_in, max_size=n_in)), np.uint64)
+    in_rec = np.array(
+        data.draw(st.lists(st.integers(1, 2**64 - 1), min_size=n_in, max_size=n_in, unique=True)),
+        dtype=np.uint64,
+    )
+    n_out = data.draw(st.integers(0, 40)) if n_in else 0
+    pi = np.array(
+        data.draw(st.lists(st.integers(0, max(n_in - 1, 0)), min_size=n_out, max_size=n_out)),
+        dtype=np.int64,
+    )
+    out_rec = np.array(
+        data.draw(st.lists(st.integers(1, 2**64 - 1), min_size=n_out, max_size=n_out)),
+        dtype=np.uint64,
+    )
+    a = [x.tolist() for x in anchor(in_src, in_rec, pi, out_rec, backend="native")]
+    b = [x.tolist() for x in anchor(in_src, in_rec, pi, out_rec, backend="python")]
+    assert a == b
+    vals = np.array(data.draw(st.lists(values, min_size=n_in, max_size=n_in)), dtype=np.uint64)
+    ra = [x.tolist() for x in xor_reduce(in_src, vals, backend="native")]
+    assert ra == [x.tolist() for x in xor_reduce(in_src, vals, backend="python")]
+    if n_in:
+        lineage = in_rec[pi]
+        assert (parent_index(in_rec, lineage, backend="native") == pi).all()
+        assert (parent_index(in_rec, lineage, backend="python") == pi).all()
+    ordinal = np.arange(n_in, dtype=np.uint64)
+    salt = data.draw(st.integers(-(2**63), 2**64 - 1))
+    da = derive_ids(in_rec, in_rec[::-1].copy(), ordinal, salt, backend="native")
+    assert (
+        da.tolist()
+        == derive_ids(in_rec, in_rec[::-1].copy(), ordinal, salt, backend="python").tolist()
+    )
+
+
+# --- record trees ---------------------------------------------------------------------------------
+
+
+def make_tree_events(rng: np.random.Generator, src: int, stages: int, max_fanout: int):
+    """Events of one source record's tree: its birth, and one event per record (its id XOR its
+    children's ids); the last stage's records are acked by the sink (no children)."""
+    root = int(rng.integers(1, 2**64, dtype=np.uint64))
+    birth = root
+    events = []
+    level = [root]
+    for stage in range(stages + 1):
+        nxt = []
+        for rec in level:
+            kids = (
+                [
+                    int(x)
+                    for x in rng.integers(
+                        1, 2**64, size=int(rng.integers(0, max_fanout + 1)), dtype=np.uint64
+                    )
+                ]
+                if stage < stages
+                else []
+            )
+            ev = rec
+            for k in kids:
+                ev ^= k
+            events.append((src, ev))
+            nxt.extend(kids)
+        level = nxt
+    return birth, events
+
+
+@SETTINGS
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n_sources=st.integers(1, 12),
+    stages=st.integers(1, 3),
+    max_fanout=st.integers(0, 3),
+    n_batches=st.integers(1, 8),
+    register_anywhere=st.booleans(),
+)
+def test_record_trees_complete_exactly_at_their_last_event(
+    seed, n_sources, stages, max_fanout, n_batches, register_anywhere
+):
+    rng = np.random.default_rng(seed)
+    items = []  # ("reg" | "ev", src, value)
+    for s in range(1, n_sources + 1):
+        birth, events = make_tree_events(rng, s, stages, max_fanout)
+        items.append(("reg", s, birth))
+        items.extend(("ev", src, v) for src, v in events)
+    order = rng.permutation(len(items))
+    if not register_anywhere:  # the contract's normal case: registers come first
+        order = np.concatenate(
+            [[i for i in order if items[i][0] == "reg"], [i for i in order if items[i][0] == "ev"]]
+        ).astype(int)
+    cuts = np.sort(rng.integers(0, len(items) + 1, size=n_batches - 1))
+    batches = np.split(order, cuts)
+    last_batch = {}
+    for b, idx in enumerate(batches):
+        for i in idx:
+            last_batch[items[i][1]] = b
+    for backend in ALL_BACKENDS:
+        t = AckTable(backend=backend)
+        completed_at = {}
+        for b, idx in enumerate(batches):
+            regs = [items[i] for i in idx if items[i][0] == "reg"]
+            evs = [items[i] for i in idx if items[i][0] == "ev"]
+            # Within a batch, events first and registers after: the worst case for early events.
+            done = t.xor([e[1] for e in evs], [e[2] for e in evs]).tolist()
+            done += t.register([r[1] for r in regs], [r[2] for r in regs]).tolist()
+            for s in done:
+                assert s not in completed_at, "completed twice"
+                completed_at[s] = b
+        assert completed_at == last_batch, backend
+        assert len(t) == 0
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1), dup=st.booleans())
+def test_a_lost_or_duplicated_event_never_completes_a_tree_early(seed, dup):
+    rng = np.random.default_rng(seed)
+    birth, events = make_tree_events(rng, 1, stages=2, max_fanout=2)
+    m = len(events)
+    j = int(rng.integers(0, m))
+    # Position p of `sent` carries original event origin[p]; a duplicate repeats event j.
+    sent, origin = (
+        ([*events, events[j]], [*range(m), j])
+        if dup
+        else (events[:j] + events[j + 1 :], [p for p in range(m) if p != j])
+    )
+    for backend in ALL_BACKENDS:
+        t = AckTable(backend=backend)
+        t.register([1], [birth])
+        seen: set[int] = set()
+        completions = 0
+        perm = rng.permutation(len(sent))
+        for p in perm:
+            seen.add(origin[p])
+            if t.xor([1], [sent[p][1]]).tolist():
+                completions += 1
+                assert len(seen) == m, "completed before every event of the tree arrived"
+        # A lost event: never complete (a timeout will replay the record). A duplicate: complete
+        # only when one of the two copies comes last (every event seen once, the copy after).
+        assert completions == int(dup and origin[perm[-1]] == j)
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1), stages=st.integers(1, 3))
+def test_anchored_pipeline_completes_at_the_sink(seed, stages):
+    # Source rows -> `stages` anchored stages (random fan-out) -> sink acks every row.
+    rng = np.random.default_rng(seed)
+    for backend in ALL_BACKENDS:
+        n = int(rng.integers(1, 20))
+        src = np.arange(1, n + 1, dtype=np.uint64)
+        rec = rng.integers(1, 2**64, size=n, dtype=np.uint64)
+        t = AckTable(backend=backend)
+        assert t.register(src, rec).tolist() == []
+        for _ in range(stages):
+            parents = rng.integers(0, len(src), size=int(rng.integers(0, 2 * len(src) + 1)))
+            out_src, out_rec, ev_src, ev_xor = anchor(src, rec, parents, backend=backend)
+            done = t.xor(ev_src, ev_xor)
+            # A source completes at a stage exactly when none of its rows had outputs.
+            assert set(done.tolist()) == set(src.tolist()) - set(out_src.tolist())
+            src, rec = out_src, out_rec
+            if len(src) == 0:
+                break
+        if len(src):
+            s, x = xor_reduce(src, rec, backend=backend)
+            assert sorted(t.xor(s, x).tolist()) == sorted(s.tolist())
+        assert len(t) == 0
