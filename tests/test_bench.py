@@ -1,0 +1,59 @@
+"""``xorack bench`` end to end at tiny sizes, without Spark (fast): the report is complete,
+every acker completes every record, and a missing demo degrades to a "not available" line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from xorack import bench
+
+
+def test_stat_rates_swap_bounds() -> None:
+    s = bench.Stat.of([1.0, 2.0, 4.0])
+    assert (s.median, s.low, s.high, s.runs) == (2.0, 1.0, 4.0, 3)
+    r = s.inverse(8.0)
+    assert (r.median, r.low, r.high) == (4.0, 2.0, 8.0)
+
+
+def test_last_json_line_wins() -> None:
+    assert bench._last_json('progress...\n{"a": 1}\n{"lost": 0}\n') == {"lost": 0}
+    assert bench._last_json("no json here") is None
+
+
+def test_report_without_spark(tmp_path: Path) -> None:
+    cfg = bench.BenchConfig(
+        sizes=[3000], repeat=1, out=tmp_path, parts=(1, 2), spark_max=0, memory_size=3000
+    )
+    report = bench.run(cfg, "--test")
+    names = {r.name for r in report.tracking}
+    assert {"xorack fallback", "Python dict"} <= names
+    assert not [r for r in report.tracking if r.note.startswith("WRONG")]
+    measured = [r for r in report.tracking if r.events_per_s]
+    assert measured
+    assert all(r.events_per_s.median > 0 for r in measured)
+    assert any(m.bytes_per_source for m in report.memory)
+    md, png = bench.write_report(report, tmp_path)
+    text = md.read_text()
+    assert "## 1. Completion tracking" in text
+    assert "## 2. Memory per pending source record" in text
+    assert "| cores |" in text
+    assert (tmp_path / "report.json").exists()
+    if png is not None:
+        assert png.stat().st_size > 0
+
+
+def test_missing_demo_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "xorack.demo", None)  # import fails
+    with pytest.raises(bench.DemoUnavailable):
+        bench.run_demo(100, ft=True)
+    report = bench.Report(machine={}, config={})
+    bench.part_demo(bench.BenchConfig(demo_sizes=[100], repeat=1), report)
+    assert report.demo[0].note.startswith(bench.NOT_AVAILABLE)
+
+
+def test_bad_sizes_are_rejected() -> None:
+    with pytest.raises(SystemExit):
+        bench.build_parser().parse_args(["--sizes", "lots"])
