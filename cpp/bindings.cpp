@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -192,9 +193,17 @@ void bind_acker(py::module_& m) {
            })
       .def("rotate",
            [](PyTimeoutWheel& self) {
-             std::vector<uint64_t> expired;
-             locked(self, [&] { self.w.rotate(expired); });
-             return to_array(expired);
+             // A raw buffer with room for every id: the sweep writes it branch-free and only
+             // the pages it reaches are ever touched (a vector would zero-fill all of it).
+             std::unique_ptr<uint64_t[]> buf;
+             size_t n = 0;
+             locked(self, [&] {
+               buf.reset(new uint64_t[self.w.size() + 1]);
+               n = self.w.rotate(buf.get());
+             });
+             U64Array out(static_cast<py::ssize_t>(n));
+             if (n != 0) std::memcpy(out.mutable_data(), buf.get(), n * sizeof(uint64_t));
+             return out;
            })
       .def_property_readonly(
           "rotation",
