@@ -188,7 +188,11 @@ def test_client_rejects_bad_arguments_before_sending(client):
     with pytest.raises(ValueError, match="must not start with '_ft_'"):
         client.persist(pa.record_batch({"_ft_src": np.array([1], dtype=U64)}))
     with pytest.raises(TypeError, match="key_hash must be int32"):
-        client.persist(_words(2), key_hash=np.array([1, 2], dtype=np.int64))
+        client.persist(_words(2), key_hash=np.array([1.0, 2.0]))
+    with pytest.raises(ValueError, match="key_hash must be in"):
+        client.persist(_words(2), key_hash=np.array([1, 2**31], dtype=np.int64))
+    with pytest.raises(ValueError, match="partition must be in"):
+        client.persist(_words(2), partition=np.array([0, 2**32], dtype=np.int64))
     with pytest.raises(ValueError, match="length mismatch"):
         client.persist(_words(2), births=[1, 2, 3])
 

@@ -104,8 +104,14 @@ def exact_ints(x: Any, name: str) -> Any:
     >>> exact_ints([1, 2**64 - 1], "ids").dtype.name
     'uint64'
     """
-    if not isinstance(x, (list, tuple)) or not x or not all(type(v) is int for v in x):
+    if not isinstance(x, (list, tuple)) or not x:
         return x
+    if not all(type(v) is int for v in x):
+        # numpy integer scalars among Python ints (``[src[0], 999]``): np.asarray would make
+        # float64 of a uint64 scalar mixed with an int; take them as the ints they are
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in x):
+            return x
+        x = [int(v) for v in x]
     hi = max(x)
     if hi < 1 << 63:
         return x

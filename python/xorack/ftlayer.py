@@ -42,7 +42,7 @@ from .replay import (
     ReplayPartitioner,
     replay_partitioner_from_spec,
 )
-from .storage import RecordMeta, Storage, open_storage
+from .storage import PayloadSchemaConflict, RecordMeta, Storage, open_storage
 
 __all__ = ["DEFAULT_PARTITIONS", "FTLayer", "FTStats"]
 
@@ -120,6 +120,9 @@ class _Waiting:
     src: np.ndarray  # new source id (repeated for a broadcast)
     rec: np.ndarray  # the row's record id (its birth, XORed into src's registered value)
     partition: np.ndarray  # target partition
+
+
+_W = ("src", "rec", "partition")
 
 
 # --------------------------------------------------------------------------------------------
@@ -392,6 +395,7 @@ class FTLayer:
         ids = _ids(src_ids, "src_ids")
         reason = FAILED if reason is None else str(reason)
         with self._lock:
+            self._retry_deletes()  # a completed record whose delete failed is not failed again
             ids = ids[np.sort(np.unique(ids, return_index=True)[1])]
             meta = self._storage.lookup(ids)
             self._stats.unknown_failures += len(ids) - len(meta)
@@ -429,7 +433,10 @@ class FTLayer:
         """Hand out the replays of ``source`` waiting so far (each once): ``{partition: table}``
         with the payload columns plus ``_ft_src``, ``_ft_rec``, ``_ft_key_hash``,
         ``_ft_attempt``, ``_ft_origin``, ``_ft_partition``. With ``partition``, only that
-        partition's. A replay's timeout starts when it is handed out.
+        partition's. A replay's timeout starts when it is handed out. When the waiting replays
+        were persisted in batches whose payload schemas do not unify, the replays of the first
+        schema are handed out and the others stay waiting for the next call (so a loop
+        ``while ft.take_replays(s): ...`` gets them all); on any error nothing is handed out.
 
         >>> import pyarrow as pa
         >>> ft = FTLayer(replay_partitioners={0: "single"})
@@ -440,7 +447,8 @@ class FTLayer:
         self._check_open()
         source = _source_arg(source)
         with self._lock:
-            queue = self._waiting.pop(source, [])
+            self._retry_deletes()
+            queue = self._waiting.get(source)
             if not queue:
                 return {}
             w = _Waiting(
@@ -449,34 +457,46 @@ class FTLayer:
                     for f in ("src", "rec", "partition")
                 )
             )
+            rest = _Waiting(_EMPTY, _EMPTY, np.empty(0, np.int32))
             if partition is not None:
                 mine = w.partition == int(partition)
                 rest = _Waiting(w.src[~mine], w.rec[~mine], w.partition[~mine])
-                if len(rest.src):
-                    self._waiting[source] = [rest]
                 w = _Waiting(w.src[mine], w.rec[mine], w.partition[mine])
             if not len(w.src):
                 return {}
-            payload, meta = self._storage.fetch(w.src)  # rows in w.src order
+            try:  # until the replays are handed out, the queue stays as it was
+                payload, meta = self._storage.fetch(w.src)  # rows in w.src order
+            except PayloadSchemaConflict as conflict:  # hand out one schema's replays now
+                first = np.isin(w.src, conflict.src)
+                rest = _Waiting(
+                    *(np.concatenate([getattr(rest, f), getattr(w, f)[~first]]) for f in _W)
+                )
+                w = _Waiting(*(getattr(w, f)[first] for f in _W))
+                payload, meta = self._storage.fetch(w.src)
             if len(meta) != len(w.src):  # some replays were failed again since: superseded
                 live = np.isin(w.src, meta.src)
                 w = _Waiting(w.src[live], w.rec[live], w.partition[live])
+            pos = np.arange(len(w.src))
+            order = np.argsort(w.partition, kind="stable")
+            pos, w = pos[order], _Waiting(w.src[order], w.rec[order], w.partition[order])
+            table = payload.take(pa.array(pos))
+            for name, values, typ in (
+                ("_ft_src", w.src, pa.uint64()),
+                ("_ft_rec", w.rec, pa.uint64()),
+                ("_ft_key_hash", meta.key_hash[pos], pa.int32()),
+                ("_ft_attempt", meta.attempt[pos], pa.int32()),
+                ("_ft_origin", meta.origin[pos], pa.uint64()),
+                ("_ft_partition", w.partition, pa.int32()),
+            ):
+                table = table.append_column(name, pa.array(values, typ))
+            # handed out: from here on nothing can fail
+            if len(rest.src):
+                self._waiting[source] = [rest]
+            else:
+                del self._waiting[source]
             if not len(w.src):
                 return {}
             self._wheel.add(w.src)  # the replays' timeouts start now
-        pos = np.arange(len(w.src))
-        order = np.argsort(w.partition, kind="stable")
-        pos, w = pos[order], _Waiting(w.src[order], w.rec[order], w.partition[order])
-        table = payload.take(pa.array(pos))
-        for name, values, typ in (
-            ("_ft_src", w.src, pa.uint64()),
-            ("_ft_rec", w.rec, pa.uint64()),
-            ("_ft_key_hash", meta.key_hash[pos], pa.int32()),
-            ("_ft_attempt", meta.attempt[pos], pa.int32()),
-            ("_ft_origin", meta.origin[pos], pa.uint64()),
-            ("_ft_partition", w.partition, pa.int32()),
-        ):
-            table = table.append_column(name, pa.array(values, typ))
         parts, starts = np.unique(w.partition, return_index=True)
         stops = np.r_[starts[1:], len(w.partition)]
         return {
@@ -484,11 +504,14 @@ class FTLayer:
             for p, a, b in zip(parts, starts, stops, strict=True)
         }
 
-    def dead_letters(self) -> pa.Table:
+    def dead_letters(self, source: int | None = None) -> pa.Table:
         """Records that used up ``max_attempts``: payload + ``_ft_origin``, ``_ft_source``,
-        ``_ft_attempts``, ``_ft_reason`` (the last failure's reason)."""
+        ``_ft_attempts``, ``_ft_reason`` (the last failure's reason); only those of source index
+        ``source`` when given (needed when the sources' payload schemas do not unify)."""
         self._check_open()
-        return self._storage.dead_letters()
+        if source is None:
+            return self._storage.dead_letters()
+        return self._storage.dead_letters(source=_source_arg(source))
 
     def stats(self) -> FTStats:
         """A snapshot of the counters (see :class:`FTStats`)."""
@@ -679,10 +702,17 @@ class FTLayer:
 
     def _check_routable(self, source: int, partition: np.ndarray) -> None:
         p = self._partitioners.get(source)
-        if isinstance(p, ForwardReplayPartitioner) and len(partition) and partition.min() < 0:
+        if not isinstance(p, ForwardReplayPartitioner) or not len(partition):
+            return
+        if partition.min() < 0:
             raise ValueError(
                 f"source {source} replays with forward partitioning, which needs each "
                 "record's original partition: pass partition= (got -1/None)"
+            )
+        if p.num_partitions is not None and partition.max() >= p.num_partitions:
+            raise ValueError(
+                f"source {source} replays with {p.spec!r}: partition must be in "
+                f"[0, {p.num_partitions}), got {int(partition.max())}"
             )
 
     def _forget(self, ids: np.ndarray) -> None:

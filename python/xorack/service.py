@@ -33,7 +33,7 @@ fail           DoPut       ``{"op": "fail", "reason", "req"}``; stream ``_ft_src
 touch          DoPut       ``{"op": "touch"}``; stream ``_ft_src uint64`` → nothing
 replays        DoGet       ticket ``{"op": "replays", "source", "partition", "req"}`` → one
                            table, partitions concatenated (column ``_ft_partition``)
-dead_letters   DoGet       ticket ``{"op": "dead_letters"}`` → the dead-letter table
+dead_letters   DoGet       ticket ``{"op": "dead_letters", "source": k?}`` → the dead-letter table
 ping, stats    DoAction    body ``{}`` → ``b"pong"`` / JSON of ``FTLayer.stats()`` + service
 rotate,        DoAction    body ``{"req"}`` → expired / replayed source ids (raw uint64 LE)
 expire_all
@@ -82,7 +82,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from ._checks import as_u64, same_length
+from ._checks import as_i32, as_u64, same_length
 from .errors import ServiceError
 
 __all__ = [
@@ -168,8 +168,6 @@ class _Entry:
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     error: BaseException | None = None
-    nbytes: int = 0
-    finished_at: float = 0.0
 
 
 class RequestLog:
@@ -177,9 +175,11 @@ class RequestLog:
     from memory instead of being applied twice.
 
     An entry is kept ``ttl`` seconds after its request completed; beyond ``max_bytes`` of
-    remembered results the oldest completed entries are dropped early (counted in
-    ``evicted_early``). A request that failed is forgotten (nothing was applied: a retry runs it
-    again). A duplicate that arrives while the first attempt still runs waits for its result.
+    remembered results (each entry counted with its own bookkeeping, ``ENTRY_BYTES``, so that
+    many small results are bounded too) the oldest completed entries are dropped early (counted
+    in ``evicted_early``; the newest one always stays). A request that failed is forgotten
+    (nothing was applied: a retry runs it again). A duplicate that arrives while the first
+    attempt still runs waits for its result. Each call costs O(1) amortized.
 
     >>> log = RequestLog()
     >>> calls = []
@@ -189,10 +189,15 @@ class RequestLog:
     ('applied', 1)
     """
 
+    #: What remembering one completed request costs besides its result (key, entry, dict slot).
+    ENTRY_BYTES = 384
+
     def __init__(self, ttl: float = 600.0, max_bytes: int = 256 << 20) -> None:
         self.ttl = float(ttl)
         self.max_bytes = int(max_bytes)
-        self._entries: OrderedDict[str, _Entry] = OrderedDict()  # in completion order
+        self._running: dict[str, _Entry] = {}
+        # completed: req id -> (result, counted bytes, finished at), in completion order
+        self._done: OrderedDict[str, tuple[Any, int, float]] = OrderedDict()
         self._lock = threading.Lock()
         self._bytes = 0
         self.hits = 0
@@ -200,7 +205,12 @@ class RequestLog:
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._entries)
+            return len(self._done) + len(self._running)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes counted for the completed requests remembered now."""
+        return self._bytes
 
     def run(self, req_id: str | None, fn: Callable[[], T], *, wait: float = 300.0) -> T:
         """``fn()`` applied at most once per ``req_id`` while remembered; its result otherwise."""
@@ -208,11 +218,14 @@ class RequestLog:
             return fn()
         with self._lock:
             self._expire(time.monotonic())
-            entry = self._entries.get(req_id)
+            done = self._done.get(req_id)
+            if done is not None:
+                self.hits += 1
+                return done[0]
+            entry = self._running.get(req_id)
             owner = entry is None
             if owner:
-                entry = _Entry()
-                self._entries[req_id] = entry
+                entry = self._running[req_id] = _Entry()
             else:
                 self.hits += 1
         assert entry is not None
@@ -229,42 +242,35 @@ class RequestLog:
         except BaseException as exc:
             entry.error = exc
             with self._lock:
-                self._entries.pop(req_id, None)
+                self._running.pop(req_id, None)
             entry.done.set()
             raise
         entry.result = result
-        size = _nbytes(result)
+        size = _nbytes(result) + self.ENTRY_BYTES + len(req_id)
         with self._lock:
-            entry.nbytes = size
-            entry.finished_at = time.monotonic()
-            if req_id in self._entries:
-                self._entries.move_to_end(req_id)
-                self._bytes += entry.nbytes
+            self._running.pop(req_id, None)
+            self._done[req_id] = (result, size, time.monotonic())
+            self._bytes += size
             self._shrink()
         entry.done.set()
         return result
 
     def _expire(self, now: float) -> None:
-        # Completed entries sit in completion order (moved to the end when they finish);
-        # entries still running are skipped, never dropped.
-        for key, entry in list(self._entries.items()):
-            if not entry.finished_at:
-                continue
-            if now - entry.finished_at < self.ttl:
+        done = self._done
+        while done:
+            key = next(iter(done))
+            if now - done[key][2] < self.ttl:
                 break
             self._drop(key)
 
     def _shrink(self) -> None:
-        for key, entry in list(self._entries.items()):
-            if self._bytes <= self.max_bytes:
-                break
-            if entry.finished_at:
-                self._drop(key)
-                self.evicted_early += 1
+        while self._bytes > self.max_bytes and len(self._done) > 1:
+            self._drop(next(iter(self._done)))
+            self.evicted_early += 1
 
     def _drop(self, key: str) -> None:
-        entry = self._entries.pop(key)
-        self._bytes -= entry.nbytes
+        _result, size, _at = self._done.pop(key)
+        self._bytes -= size
 
 
 def _nbytes(result: Any) -> int:
@@ -577,7 +583,10 @@ class AckerService(flight.FlightServerBase):
             cmd = _parse_command(ticket.ticket, "ticket")
             op = cmd["op"]
             if op == "dead_letters":
-                return flight.RecordBatchStream(self.ft.dead_letters())
+                source = _opt_int(cmd, "source", None)
+                if source is None:
+                    return flight.RecordBatchStream(self.ft.dead_letters())
+                return flight.RecordBatchStream(self.ft.dead_letters(source=source))
             if op != "replays":
                 raise _RequestError(f"unknown ticket op {op!r}: expected one of {_GET_OPS}")
             source = _opt_int(cmd, "source", 0)
@@ -906,10 +915,8 @@ class AckerClient:
         n = batch.num_rows
         arrays = list(batch.columns)
         names = list(batch.schema.names)
-        if key_hash is not None:
-            kh = np.ascontiguousarray(np.asarray(key_hash))
-            if kh.dtype != np.int32:
-                raise TypeError(f"key_hash must be int32, got {kh.dtype}")
+        if key_hash is not None:  # the same conversions as FTLayer.persist
+            kh = as_i32(key_hash, "key_hash")
             same_length(batch=np.empty(n), key_hash=kh)
             arrays.append(pa.array(kh, pa.int32()))
             names.append(KEY_HASH)
@@ -925,11 +932,9 @@ class AckerClient:
             names.append(SRC)
         cmd: dict[str, Any] = {"source": int(source), "req": _request_id()}
         if partition is not None and np.ndim(partition) == 1:
-            p = np.asarray(partition)
-            if p.dtype.kind not in "iu":
-                raise TypeError(f"partition must be integers, got {p.dtype}")
+            p = as_i32(partition, "partition", minimum=-1)
             same_length(batch=np.empty(n), partition=p)
-            arrays.append(pa.array(p.astype(np.int32), pa.int32()))
+            arrays.append(pa.array(p, pa.int32()))
             names.append(PARTITION)
         elif partition is not None:
             cmd["partition"] = int(partition)
@@ -987,9 +992,10 @@ class AckerClient:
             out[p] = pa.concat_tables([out[p], piece]) if p in out else piece
         return out
 
-    def dead_letters(self) -> pa.Table:
-        """The dead-letter table (payload, origin id, attempts, last reason)."""
-        return self._get("dead_letters", {})
+    def dead_letters(self, source: int | None = None) -> pa.Table:
+        """The dead-letter table (payload, origin id, attempts, last reason); only source index
+        ``source``'s when given (when the sources' payload schemas do not unify)."""
+        return self._get("dead_letters", {} if source is None else {"source": int(source)})
 
     def stats(self) -> dict[str, Any]:
         """The FT layer's stats (``FTStats.as_dict()``) plus ``"service"`` counters."""

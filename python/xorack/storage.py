@@ -27,9 +27,11 @@ Two storages share one interface, all of it batched (numpy ``uint64`` id arrays 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -38,10 +40,23 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute
 
 from .errors import StorageError
 
-__all__ = ["MemoryStorage", "RecordMeta", "SQLiteStorage", "Storage", "open_storage"]
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = [
+    "MemoryStorage",
+    "PayloadSchemaConflict",
+    "RecordMeta",
+    "SQLiteStorage",
+    "Storage",
+    "open_storage",
+]
 
 _EMPTY_U64 = np.empty(0, dtype=np.uint64)
 _EMPTY_I32 = np.empty(0, dtype=np.int32)
@@ -153,8 +168,10 @@ class Storage(ABC):
         """Move these records to the dead-letter table with ``reason``."""
 
     @abstractmethod
-    def dead_letters(self) -> pa.Table:
-        """Payload + ``_ft_origin``, ``_ft_source``, ``_ft_attempts``, ``_ft_reason``."""
+    def dead_letters(self, source: int | None = None) -> pa.Table:
+        """Payload + ``_ft_origin``, ``_ft_source``, ``_ft_attempts``, ``_ft_reason`` (of one
+        source index when ``source`` is given). PayloadSchemaConflict when the dead-lettered
+        payloads' schemas do not unify into one table (read them per source then)."""
 
     @abstractmethod
     def __len__(self) -> int:
@@ -190,6 +207,23 @@ def _concat(tables: list[pa.Table]) -> pa.Table:
     return pa.concat_tables(tables, promote_options="permissive")
 
 
+def _dead_letters_of(tables: list[pa.Table], source: int | None) -> pa.Table:
+    """The dead-letter tables (one per dead-letter call and payload schema) as one table."""
+    if source is not None:
+        tables = [t.filter(pa.compute.equal(t.column("_ft_source"), int(source))) for t in tables]
+        tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return _empty_dead_letters()
+    try:
+        return _concat(tables)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise PayloadSchemaConflict(
+            f"the dead-lettered payloads have incompatible schemas ({exc}): read them one "
+            "source at a time with dead_letters(source=...)",
+            np.empty(0, np.uint64),
+        ) from None
+
+
 def _empty_dead_letters() -> pa.Table:
     return pa.table(
         {
@@ -213,21 +247,84 @@ def _distinct(nos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return values + lo, counts[values]
 
 
-def _gather(batches: dict[int, pa.RecordBatch], batch_no: np.ndarray, rows: np.ndarray) -> pa.Table:
-    """Rows ``(batch_no[i], rows[i])`` of the given batches, in that order."""
+class PayloadSchemaConflict(ValueError):
+    """Payload rows asked for in one call come from batches whose schemas cannot be unified into
+    one table (e.g. a column ``x`` int64 in one persisted batch and string in another).
+    ``src`` holds the source ids (uint64) of the requested rows that do unify with the first
+    batch's schema: ask for those and the rest separately."""
+
+    def __init__(self, message: str, src: np.ndarray) -> None:
+        super().__init__(message)
+        self.src = src
+
+
+def _schema_groups(pieces: list[pa.Table]) -> list[int]:
+    """A group number per piece: greedily, a piece joins the first group whose (permissively
+    unified) schema it unifies with."""
+    schemas: list[pa.Schema] = []
+    groups = []
+    for t in pieces:
+        for g, schema in enumerate(schemas):
+            if t.schema == schema:
+                groups.append(g)
+                break
+            try:
+                schemas[g] = pa.unify_schemas([schema, t.schema], promote_options="permissive")
+            except (pa.ArrowInvalid, pa.ArrowTypeError):
+                continue
+            groups.append(g)
+            break
+        else:
+            groups.append(len(schemas))
+            schemas.append(t.schema)
+    return groups
+
+
+def _gather_groups(
+    batches: dict[int, pa.RecordBatch], batch_no: np.ndarray, rows: np.ndarray
+) -> list[tuple[np.ndarray, pa.Table]]:
+    """Rows ``(batch_no[i], rows[i])`` of the given batches as ``[(positions i, table)]``: one
+    table per group of batches whose schemas unify (almost always one group), its rows in
+    ``positions`` order."""
     order = np.argsort(batch_no, kind="stable")
     sorted_b = batch_no[order]
     cuts = np.flatnonzero(np.diff(sorted_b)) + 1
-    pieces = []
+    pieces, positions = [], []
     for start, stop in zip(np.r_[0, cuts], np.r_[cuts, len(order)], strict=True):
         b = batches[int(sorted_b[start])]
         pieces.append(pa.Table.from_batches([b.take(pa.array(rows[order[start:stop]]))]))
-    table = _concat(pieces)
-    if len(cuts) and len(order) > 1:
-        inverse = np.empty_like(order)
-        inverse[order] = np.arange(len(order))
-        table = table.take(pa.array(inverse))
-    return table
+        positions.append(order[start:stop])
+    groups = _schema_groups(pieces) if len(pieces) > 1 else [0]
+    out = []
+    for g in range(max(groups) + 1):
+        members = [k for k, gk in enumerate(groups) if gk == g]
+        pos = np.concatenate([positions[k] for k in members])
+        table = _concat([pieces[k] for k in members])
+        back = np.argsort(pos, kind="stable")  # back to request order
+        if len(members) > 1 or not (np.diff(pos) > 0).all():
+            table = table.take(pa.array(back))
+        out.append((pos[back], table))
+    return out
+
+
+def _gather(
+    batches: dict[int, pa.RecordBatch], batch_no: np.ndarray, rows: np.ndarray, src: np.ndarray
+) -> pa.Table:
+    """Rows ``(batch_no[i], rows[i])`` of the given batches, in that order (``src[i]`` names
+    row i); PayloadSchemaConflict when their batches' schemas do not unify."""
+    groups = _gather_groups(batches, batch_no, rows)
+    if len(groups) == 1:
+        return groups[0][1]
+    raise PayloadSchemaConflict(
+        "the requested records were persisted in batches with incompatible payload schemas ("
+        + "; ".join(_schema_text(t.schema) for _, t in groups[:3])
+        + ")",
+        src[np.sort(groups[0][0])],
+    )
+
+
+def _schema_text(schema: pa.Schema) -> str:
+    return ", ".join(f"{f.name}: {f.type}" for f in schema)
 
 
 # --------------------------------------------------------------------------------------------
@@ -361,7 +458,7 @@ class MemoryStorage(Storage):
                 return pa.table({}), meta
             nos = _distinct(locs >> _ROW_BITS)[0].tolist()
             batches = {no: self._chunks[no].batch for no in nos}
-            return _gather(batches, locs >> _ROW_BITS, locs & _ROW_MASK), meta
+            return _gather(batches, locs >> _ROW_BITS, locs & _ROW_MASK, meta.src), meta
 
     def iter_pending(self, chunk_size: int = 65536) -> Iterator[RecordMeta]:
         with self._lock:
@@ -375,16 +472,23 @@ class MemoryStorage(Storage):
         if not len(src_ids):
             return
         with self._lock:
-            payload, meta = self.fetch(src_ids)
-            if not len(meta):
+            found, locs = self._locate(src_ids, pop=False)
+            if not len(locs):
                 return
-            self._dead.append(_dead_letter_table(payload, meta, reason))
+            meta = self._meta_at(src_ids[found], locs)
+            batches = {
+                no: self._chunks[no].batch for no in _distinct(locs >> _ROW_BITS)[0].tolist()
+            }
+            self._dead.extend(
+                _dead_letter_table(payload, meta.take(pos), reason)
+                for pos, payload in _gather_groups(batches, locs >> _ROW_BITS, locs & _ROW_MASK)
+            )
             _, locs = self._locate(meta.src, pop=True)
             self._release(locs)
 
-    def dead_letters(self) -> pa.Table:
+    def dead_letters(self, source: int | None = None) -> pa.Table:
         with self._lock:
-            return _concat(self._dead) if self._dead else _empty_dead_letters()
+            return _dead_letters_of(list(self._dead), source)
 
     def close(self) -> None:
         pass
@@ -500,6 +604,7 @@ class SQLiteStorage(Storage):
         self._cache: OrderedDict[int, _StoredBatch] = OrderedDict()
         self._db: sqlite3.Connection | None = None
         self._removed_since_gc = 0
+        self._owner = _own_file(self.path, busy_timeout)
         try:
             self._db = sqlite3.connect(
                 self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
@@ -522,10 +627,14 @@ class SQLiteStorage(Storage):
             (self._next_batch,) = self._db.execute(
                 "SELECT coalesce(max(id), 0) + 1 FROM batches"
             ).fetchone()
-        except sqlite3.Error as exc:
+        except BaseException as exc:
             if self._db is not None:
                 self._db.close()
-            raise StorageError(f"cannot open SQLite storage {self.path!r}: {exc}") from exc
+            owner, self._owner = self._owner, None
+            _release_file(owner)
+            if isinstance(exc, sqlite3.Error):
+                raise StorageError(f"cannot open SQLite storage {self.path!r}: {exc}") from exc
+            raise
 
     def __len__(self) -> int:
         return self._count
@@ -683,10 +792,15 @@ class SQLiteStorage(Storage):
             out[no] = b
         return out
 
-    def _payload(self, locs: np.ndarray) -> pa.Table:
+    def _payload_groups(self, locs: np.ndarray) -> list[tuple[np.ndarray, pa.Table]]:
         nos = locs >> _ROW_BITS
         batches = {no: b.payload for no, b in self._batches(_distinct(nos)[0].tolist()).items()}
-        return _gather(batches, nos, locs & _ROW_MASK)
+        return _gather_groups(batches, nos, locs & _ROW_MASK)
+
+    def _payload(self, locs: np.ndarray, src: np.ndarray) -> pa.Table:
+        nos = locs >> _ROW_BITS
+        batches = {no: b.payload for no, b in self._batches(_distinct(nos)[0].tolist()).items()}
+        return _gather(batches, nos, locs & _ROW_MASK, src)
 
     def fetch(self, src_ids: np.ndarray) -> tuple[pa.Table, RecordMeta]:
         if not len(src_ids):
@@ -696,7 +810,7 @@ class SQLiteStorage(Storage):
             meta, locs = self._select(src_ids)
             if not len(meta):
                 return pa.table({}), meta
-            return self._payload(locs), meta
+            return self._payload(locs, meta.src), meta
 
         return self._transaction("fetch", run)
 
@@ -719,19 +833,25 @@ class SQLiteStorage(Storage):
             meta, locs = self._select(src_ids)
             if not len(meta):
                 return 0
-            table = _dead_letter_table(self._payload(locs), meta, reason)
-            self._db.execute("INSERT INTO dead_letters (payload) VALUES (?)", (_ipc_bytes(table),))
+            for pos, payload in self._payload_groups(locs):  # one table per payload schema
+                table = _dead_letter_table(payload, meta.take(pos), reason)
+                self._db.execute(
+                    "INSERT INTO dead_letters (payload) VALUES (?)", (_ipc_bytes(table),)
+                )
             return self._remove(meta.src)
 
         self._count -= self._transaction("dead_letter", run)
 
-    def dead_letters(self) -> pa.Table:
+    def dead_letters(self, source: int | None = None) -> pa.Table:
         def run() -> list[pa.Table]:
             rows = self._db.execute("SELECT payload FROM dead_letters ORDER BY id").fetchall()
             return [_read_ipc(blob) for (blob,) in rows]
 
-        tables = self._transaction("dead_letters", run)
-        return _concat(tables) if tables else _empty_dead_letters()
+        return _dead_letters_of(self._transaction("dead_letters", run), source)
+
+    def __del__(self) -> None:  # an unclosed, unreferenced storage gives its file back
+        owner, self._owner = getattr(self, "_owner", None), None
+        _release_file(owner)
 
     def close(self) -> None:
         with self._lock:
@@ -743,6 +863,63 @@ class SQLiteStorage(Storage):
                 finally:
                     self._db = None
                     self._cache.clear()
+                    owner, self._owner = self._owner, None
+                    _release_file(owner)
+
+
+def _own_file(path: str, timeout: float) -> tuple[int, int] | None:
+    """Make this storage the only one using the SQLite file ``path``: an exclusive ``flock`` on
+    ``path + ".lock"``, held until close (the OS drops it when the process dies, so a restart
+    after a crash gets it). Two FT layers on one file would each replay the other's pending
+    records as "recovered" (duplicate replays, wrong counts): the second one waits up to
+    ``timeout`` seconds for the first to close, then gets a StorageError. None where ``flock``
+    is not available, or for an in-memory database."""
+    if path == ":memory:" or path.startswith("file:") or fcntl is None:
+        return None
+    try:
+        fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise StorageError(f"cannot open SQLite storage {path!r}: {exc}") from exc
+    deadline = time.monotonic() + max(0.0, float(timeout))
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _HELD.add(fd)
+            return os.getpid(), fd
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise StorageError(
+                    f"cannot open SQLite storage {path!r}: it is in use by another FT layer "
+                    f"(lock {path + '.lock'!r} held: {exc.strerror}); one storage file serves "
+                    "one FT layer at a time (run one acker service and share it)"
+                ) from None
+            time.sleep(0.02)
+
+
+def _release_file(owner: tuple[int, int] | None) -> None:
+    """Close the lock descriptor (which drops the flock) — in the process that took it only: a
+    forked child closed its copy already, and the number may name another file there."""
+    if owner is not None and owner[0] == os.getpid():
+        _HELD.discard(owner[1])
+        os.close(owner[1])
+
+
+# Lock descriptors held by this process. A forked child drops its copies at once: a flock belongs
+# to the open file, so a child that lives on would otherwise keep the file locked after the
+# parent closed its storage.
+_HELD: set[int] = set()
+
+
+def _drop_inherited_locks() -> None:
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_inherited_locks)
 
 
 class _Abort(Exception):
