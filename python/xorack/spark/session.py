@@ -8,12 +8,15 @@ from typing import Any
 
 
 def get_or_create_session(
-    master: str = "local[2]",
+    master: str = "local[2,2]",
     app_name: str = "xorack",
     shuffle_partitions: int = 4,
     extra_conf: dict[str, Any] | None = None,
 ):
     """A SparkSession whose Python workers run this interpreter (PYSPARK_PYTHON), UI off.
+
+    The default master ``local[2,2]`` retries a failed task once (plain ``local[2]`` never
+    retries), so a Python worker that dies mid-task is recovered by Spark, as on a cluster.
 
     >>> spark = get_or_create_session()  # doctest: +SKIP
     """
@@ -21,6 +24,7 @@ def get_or_create_session(
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    _export_package_path()
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
@@ -36,3 +40,14 @@ def get_or_create_session(
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def _export_package_path() -> None:
+    """Make this xorack importable in Spark's Python workers (they inherit PYTHONPATH), also
+    when it runs from a source tree rather than an installed package."""
+    import xorack
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(xorack.__file__)))
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])

@@ -1,0 +1,754 @@
+"""A PySpark pipeline whose every source record is tracked by the XOR acker.
+
+Declare sources, stages and sinks on a :class:`Pipeline`; :meth:`Pipeline.run` builds the Spark
+plan and runs it in *rounds*:
+
+1. run the whole pipeline once (one Spark action; every tracked DataFrame evaluated once);
+2. ``expire_all()``: after the job, nothing still pending can complete: it timed out;
+3. take the replays (explicit failures + timeouts) of every source, place each on the partition
+   its replay partitioner chose, and run them again from the source's successor stage;
+4. repeat until every source record is completed or dead-lettered (bounded by ``max_attempts``).
+
+With ``ft=False`` the same Spark plan is built without tagging, service or extra columns.
+
+>>> from xorack.spark import Pipeline, SQLiteSink               # doctest: +SKIP
+>>> p = Pipeline(spark)                                          # doctest: +SKIP
+>>> words = (p.source(df, name="lines")                          # doctest: +SKIP
+...           .map_in_pandas(split, "word string", name="split"))
+>>> words.sink(SQLiteSink("/tmp/words.db", "words"))            # doctest: +SKIP
+>>> report = p.run(); report.lost                                # doctest: +SKIP
+0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import ServiceError
+from .sinks import Sink
+from .stages import (
+    BRANCH,
+    DET,
+    LINEAGE_COLUMNS,
+    ORIG_PART,
+    PART,
+    REC,
+    ROUND_PROPERTY,
+    SRC,
+    SUMMARY_SCHEMA,
+    GroupStageRunner,
+    SinkRunner,
+    SourceTagger,
+    StageRunner,
+    StageSchemaError,
+    Tee,
+    UserFunction,
+    as_function,
+    check_columns,
+    i64,
+    u64,
+)
+
+REPORT_KEYS = (
+    "source_records",
+    "completed",
+    "failed",
+    "timed_out",
+    "replayed",
+    "dead_lettered",
+    "lost",
+    "duplicates_absorbed",
+    "results_match",
+    "wall_seconds",
+)
+
+
+@dataclass
+class RunReport:
+    """The account of a run: every source record ends completed or dead-lettered (``lost == 0``).
+
+    ``results_match`` is filled by callers that compare the output with a reference (the demo);
+    with FT off the tracking counts are ``None``.
+
+    >>> RunReport(source_records=3, completed=3).as_dict()["lost"]
+    0
+    """
+
+    source_records: int | None = 0
+    completed: int | None = 0
+    failed: int | None = 0
+    timed_out: int | None = 0
+    replayed: int | None = 0
+    dead_lettered: int | None = 0
+    lost: int | None = 0
+    duplicates_absorbed: int = 0
+    results_match: bool | None = None
+    wall_seconds: float = 0.0
+    rounds: int = 0
+    ft: bool = True
+    sink_rows: dict[str, int] = field(default_factory=dict)
+    orphans: int | None = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as a dict whose first keys are :data:`REPORT_KEYS`, in that order."""
+        d = dataclasses.asdict(self)
+        rest = {k: v for k, v in d.items() if k not in REPORT_KEYS}
+        return {**{k: d[k] for k in REPORT_KEYS}, **rest}
+
+
+@dataclass(frozen=True)
+class RoundInfo:
+    """What the run loop tells ``on_round`` after each round."""
+
+    round: int
+    replays: int
+    stats: dict[str, Any]
+
+
+# --------------------------------------------------------------------------------------------
+# the declared graph
+
+
+@dataclass(eq=False)
+class _Node:
+    kind: str  # "source" | "stage" | "group" | "transform" | "union" | "sink"
+    name: str
+    parents: list[_Node]
+    columns: tuple[str, ...]  # payload columns (without lineage)
+    schema: Any = None  # payload StructType (stages, sources)
+    fn: Any = None
+    sink: Any = None
+    source_index: int = -1
+    df: Any = None  # source input DataFrame
+    keys: tuple[str, ...] = ()
+    partitions: int = 0
+    repartition: bool = False  # the source repartitions its input (by keys, or round-robin)
+
+    def prepare(self, df: Any) -> Any:
+        """The source's own partitioning applied to an input DataFrame (or micro-batch)."""
+        if self.keys:
+            return df.repartition(self.partitions, *self.keys)
+        if self.repartition:
+            return df.repartition(self.partitions)
+        return df
+
+
+class Tracked:
+    """A DataFrame of a :class:`Pipeline`, declared lazily and built afresh for each round.
+
+    >>> # p.source(df).map_in_pandas(fn, "word string").sink(SQLiteSink(path, "w"))
+    """
+
+    def __init__(self, pipeline: Pipeline, node: _Node) -> None:
+        self._p = pipeline
+        self._node = node
+
+    @property
+    def columns(self) -> list[str]:
+        """The payload columns (lineage columns are added when FT is on)."""
+        return list(self._node.columns)
+
+    def map_in_pandas(self, fn: UserFunction, schema: Any, name: str | None = None) -> Tracked:
+        """A tracked stage: ``fn(pdf) -> pdf`` (or an iterable of frames) per pandas batch.
+
+        With FT on, ``pdf`` carries ``_ft_src`` and ``_ft_rec`` and every output row must keep
+        the ``_ft_rec`` of the input row it comes from (filter, explode, merge on the input frame
+        do). ``fn`` may be called on parts of a batch (a failing batch is bisected), so it must
+        not depend on the batch boundaries. ``schema`` is the payload schema (DDL or StructType).
+
+        >>> # words = lines.map_in_pandas(lambda df: df.assign(word=df.line.str.split())
+        >>> #                             .explode("word"), "word string", name="split")
+        """
+        if not callable(fn):
+            raise TypeError(f"map_in_pandas: fn must be callable, got {type(fn).__name__}")
+        st = self._p._struct(schema)
+        name = self._p._unique(name or getattr(fn, "__name__", "stage"))
+        node = _Node("stage", name, [self._node], tuple(st.fieldNames()), schema=st, fn=fn)
+        return self._p._add(node)
+
+    def apply_in_pandas(
+        self,
+        keys: list[str] | tuple[str, ...],
+        fn: UserFunction,
+        schema: Any,
+        name: str | None = None,
+    ) -> Tracked:
+        """A tracked grouped stage: ``groupBy(*keys).applyInPandas``; ``fn(pdf) -> pdf`` per
+        group. Every output row keeps the ``_ft_rec`` of the one input row it derives from
+        (per-key dedupe, top-n, ranking, annotating rows with group statistics); inputs
+        without outputs are acked. An exception fails the whole group's records (no
+        bisection: the group is one unit). Not for aggregates that merge several source
+        records into one row: a row has one parent, so the other records' part in it would
+        not be tracked.
+
+        >>> # latest = events.apply_in_pandas(["user"], keep_latest, "user string, ts long")
+        """
+        if not callable(fn):
+            raise TypeError(f"apply_in_pandas: fn must be callable, got {type(fn).__name__}")
+        keys = tuple(keys)
+        check_columns("apply_in_pandas", self._node.columns, keys, "apply_in_pandas")
+        st = self._p._struct(schema)
+        name = self._p._unique(name or getattr(fn, "__name__", "grouped"))
+        node = _Node("group", name, [self._node], tuple(st.fieldNames()), schema=st, fn=fn)
+        node.keys = keys
+        return self._p._add(node)
+
+    def transform(self, fn: Callable[[Any], Any], name: str | None = None) -> Tracked:
+        """An untracked Spark operation that keeps the columns (``repartition``, ``where``,
+        ``sortWithinPartitions`` …): ``fn(DataFrame) -> DataFrame``. It is applied when each
+        round is built; :attr:`Pipeline.round` says which. Rows it removes are *lost* to the
+        acker: they time out and their source records are replayed.
+        """
+        name = self._p._unique(name or "transform")
+        node = _Node("transform", name, [self._node], self._node.columns, fn=fn)
+        return self._p._add(node)
+
+    def repartition(self, n: int, *cols: str) -> Tracked:
+        """``DataFrame.repartition(n, *cols)`` (hash partitioning by ``cols``)."""
+        check_columns("repartition", self._node.columns, cols, "repartition")
+        return self.transform(lambda df: df.repartition(n, *cols), name="repartition")
+
+    def union(self, other: Tracked) -> Tracked:
+        """Merge two tracked DataFrames with the same payload columns (by name)."""
+        if list(other._node.columns) != list(self._node.columns):
+            raise StageSchemaError(
+                f"union: payload columns differ: {list(self._node.columns)} vs "
+                f"{list(other._node.columns)}"
+            )
+        parents = [self._node, other._node]
+        node = _Node("union", self._p._unique("union"), parents, self._node.columns)
+        return self._p._add(node)
+
+    def sink(self, sink: Sink, name: str | None = None) -> None:
+        """End the branch in ``sink``: rows are written inside the executor tasks and acked once
+        the write is durable."""
+        if not (hasattr(sink, "create") and hasattr(sink, "open_writer")):
+            raise TypeError(
+                f"sink: expected a xorack.spark.Sink (create, open_writer), got {type(sink)}"
+            )
+        name = self._p._unique(name or "sink")
+        node = _Node("sink", name, [self._node], self._node.columns, sink=sink)
+        self._p._add(node)
+
+
+class Pipeline:
+    """Sources, tracked stages and sinks, run with record-level guaranteed processing.
+
+    ``ft=False`` builds the same Spark plan without tagging, service or extra columns.
+    ``storage`` ("memory" or "sqlite:///path") and ``max_attempts`` configure the embedded FT
+    layer; ``service`` is the location of a running ``xorack serve`` instead (then its own
+    storage and attempts apply). ``deterministic_ids`` derives every id from its parent, so
+    a replayed source record re-creates the same output ids (exactly-once results with an
+    idempotent sink); ``id_salt`` makes the ids of two runs over the same input differ (by
+    default a re-run into the same idempotent sink is absorbed as duplicates). ``token``:
+    the service's shared token.
+
+    >>> # p = Pipeline(spark, ft=True, storage="memory", max_attempts=5)
+    """
+
+    def __init__(
+        self,
+        spark: Any,
+        ft: bool = True,
+        storage: str = "memory",
+        max_attempts: int = 5,
+        deterministic_ids: bool = True,
+        service: str | None = None,
+        token: str | None = None,
+        id_salt: int = 0,
+    ) -> None:
+        from pyspark.sql.types import StructType  # noqa: F401 - fail early without pyspark
+
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        self.spark = spark
+        self.ft = bool(ft)
+        self.storage = storage
+        self.max_attempts = int(max_attempts)
+        self.deterministic_ids = bool(deterministic_ids)
+        self.service_location = service
+        self.token = token
+        self.id_salt = int(id_salt)
+        self.round = 0
+        self._nodes: list[_Node] = []
+        self._names: set[str] = set()
+        self._sources: list[_Node] = []
+        self._service: Any = None
+        self._ft_layer: Any = None
+        self._location: str | None = None
+
+    # ---- declaration --------------------------------------------------------------------------
+
+    def _struct(self, schema: Any) -> Any:
+        from pyspark.sql.types import StructType, _parse_datatype_string
+
+        if isinstance(schema, StructType):
+            st = schema
+        elif isinstance(schema, str):
+            st = _parse_datatype_string(schema)
+            if not isinstance(st, StructType):
+                raise StageSchemaError(f"schema must describe columns, got {schema!r}")
+        else:
+            raise TypeError(f"schema must be a DDL string or a StructType, got {type(schema)}")
+        bad = [f.name for f in st.fields if f.name.startswith("_ft_")]
+        if bad:
+            raise StageSchemaError(
+                f"schema: {bad} are lineage columns added by xorack; declare the payload only"
+            )
+        return st
+
+    def _unique(self, name: str) -> str:
+        base, i = name, 1
+        while name in self._names:
+            i += 1
+            name = f"{base}_{i}"
+        self._names.add(name)
+        return name
+
+    def _add(self, node: _Node) -> Tracked:
+        self._nodes.append(node)
+        return Tracked(self, node)
+
+    def source(
+        self,
+        df: Any,
+        name: str | None = None,
+        keys: list[str] | tuple[str, ...] = (),
+        partitions: int | None = None,
+    ) -> Tracked:
+        """A tracked source over ``df``.
+
+        With ``keys`` the source is hash-partitioned by them (``df.repartition(partitions,
+        *keys)``, exactly as Spark does it) and replays go to the partition Spark assigns to the
+        same key; without keys, replays go back to the partition the record was first read on.
+
+        >>> # lines = p.source(spark.read.text(path), name="lines")
+        """
+        keys = tuple(keys)
+        cols = tuple(df.columns)
+        bad = [c for c in cols if c.startswith("_ft_") or c == DET]
+        if bad:
+            raise StageSchemaError(f"source {name!r}: column names {bad} are reserved by xorack")
+        check_columns(name or "source", cols, keys, "source")
+        if keys or partitions or df.isStreaming:
+            n = int(partitions or self.spark.conf.get("spark.sql.shuffle.partitions"))
+        else:
+            n = df.rdd.getNumPartitions()
+        node = _Node(
+            "source",
+            self._unique(name or "source"),
+            [],
+            cols,
+            schema=df.schema,
+            df=df,
+            keys=keys,
+            partitions=n,
+            source_index=len(self._sources),
+            repartition=bool(keys or partitions or df.isStreaming),
+        )
+        self._sources.append(node)
+        return self._add(node)
+
+    # ---- service ------------------------------------------------------------------------------
+
+    def replay_partitioner_spec(self, source: int) -> str:
+        """The replay partitioning of a source: ``hash:n`` with keys, ``forward`` without."""
+        node = self._sources[source]
+        return f"hash:{node.partitions}" if node.keys else "forward"
+
+    def _start_service(self) -> str:
+        from ..service import AckerClient, AckerService
+
+        if self.service_location is not None:
+            try:
+                AckerClient.get(self.service_location, token=self.token).ping()
+            except ServiceError as exc:
+                raise ServiceError(
+                    f"pipeline: the acker service at {self.service_location} cannot be reached "
+                    f"({exc}); start it with `xorack serve` or use the embedded one (service=None)"
+                ) from None
+            return self.service_location
+        import xorack
+
+        parts = {i: self.replay_partitioner_spec(i) for i in range(len(self._sources))}
+        self._ft_layer = xorack.FTLayer(
+            storage=self.storage, max_attempts=self.max_attempts, replay_partitioners=parts
+        )
+        self._service = AckerService.embedded(self._ft_layer, token=self.token)
+        return self._service.location
+
+    def _stop_service(self) -> None:
+        if self._service is not None:
+            self._service.shutdown()
+            self._service = None
+        if self._ft_layer is not None:
+            self._ft_layer.close()
+            self._ft_layer = None
+
+    @property
+    def client(self) -> Any:
+        """The driver's client of the acker service (during :meth:`run`)."""
+        from ..service import AckerClient
+
+        if self._location is None:
+            raise RuntimeError("the pipeline's service runs only during run()")
+        return AckerClient.get(self._location, token=self.token)
+
+    # ---- building one round -------------------------------------------------------------------
+
+    def _tagged_schema(self, node: _Node) -> Any:
+        from pyspark.sql.types import LongType, StructField, StructType
+
+        fields = list(node.schema.fields)
+        if self.ft:
+            fields += [StructField(SRC, LongType(), False), StructField(REC, LongType(), False)]
+        return StructType(fields)
+
+    def _replay_frame(self, node: _Node) -> tuple[Any, int]:
+        """The replays of a source waiting in the FT layer as a DataFrame with lineage columns
+        and ``_ft_route``, the route key of the partition the source's partitioning chooses:
+        ``pmod(key hash, n)`` with keys (Spark's ``repartition(n, *keys)``), else the partition
+        the record was first read on."""
+        import xorack.hashing as hashing
+
+        from ..replay import HashReplayPartitioner
+
+        parts = self.client.take_replays(source=node.source_index)
+        tables = [t for _, t in sorted(parts.items()) if t.num_rows]
+        if not tables:
+            return None, 0
+        n = node.partitions
+        route = hashing.route_keys(n)
+        pieces = []
+        corr_src: list[np.ndarray] = []
+        corr_val: list[np.ndarray] = []
+        seen_det: set[int] = set()
+        for t in tables:
+            # route here, from what the record carries, whatever the service's own replay
+            # partitioners are (a standalone `xorack serve` knows nothing of this pipeline)
+            if node.keys:
+                key_hash = t.column("_ft_key_hash").to_numpy(zero_copy_only=False)
+                original = np.full(t.num_rows, -1, dtype=np.int32)
+                _, target = HashReplayPartitioner(n).assign(key_hash.astype(np.int32), original)
+            else:
+                target = t.column(ORIG_PART).to_numpy(zero_copy_only=False)
+            target = np.asarray(target, dtype=np.int64)
+            if len(target) and (target.min() < 0 or target.max() >= n):
+                raise ServiceError(
+                    f"replays of source {node.name!r} routed outside [0, {n}): the source's "
+                    "partition count changed since the records were persisted"
+                )
+            src = u64(t.column(SRC))
+            rec = u64(t.column(REC))
+            if DET in t.schema.names:
+                # the replay was born with a fresh id; move its checksum to the deterministic
+                # first id, so that its outputs re-create the ids of the first attempt. Two
+                # copies of one source row (a retried source task persisted it twice) keep
+                # their fresh ids but one: ids must be unique within a round.
+                det = u64(t.column(DET))
+                first = np.zeros(len(det), dtype=bool)
+                for i, d in enumerate(det.tolist()):
+                    if d not in seen_det:
+                        seen_det.add(d)
+                        first[i] = True
+                corr_src.append(src[first])
+                corr_val.append(rec[first] ^ det[first])
+                rec = np.where(first, det, rec)
+            cols = [t.column(c) for c in node.columns]
+            pieces.append(
+                pa.table(
+                    [
+                        *cols,
+                        pa.array(i64(src), pa.int64()),
+                        pa.array(i64(rec), pa.int64()),
+                        pa.array(route[target].astype(np.int32)),
+                    ],
+                    names=[*node.columns, SRC, REC, "_ft_route"],
+                )
+            )
+        if corr_src:
+            s, v = np.concatenate(corr_src), np.concatenate(corr_val)
+            nz = v != 0
+            if nz.any():
+                self.client.xor(s[nz], v[nz])
+        table = pa.concat_tables(pieces, promote_options="permissive")
+        df = self.spark.createDataFrame(table, schema=self._route_schema(node))
+        return df, table.num_rows
+
+    def _route_schema(self, node: _Node) -> Any:
+        from pyspark.sql.types import IntegerType, StructField
+
+        st = self._tagged_schema(node)
+        return st.add(StructField("_ft_route", IntegerType(), False))
+
+    def _build(self, fresh: dict[int, Any], replays_wanted: bool) -> tuple[list[Any], int]:
+        """The sink summary DataFrames of one round or micro-batch (None-branches skipped) and
+        the number of replayed records fed in. ``fresh``: new input per source index;
+        ``replays_wanted``: feed the replays waiting in the FT layer too."""
+        consumers: dict[int, list[int]] = {}
+        for node in self._nodes:
+            for par in node.parents:
+                consumers.setdefault(id(par), []).append(id(node))
+        built: dict[int, Any] = {}
+        sinks: list[Any] = []
+        replays = 0
+        for node in self._nodes:
+            df: Any
+            if node.kind == "source":
+                df, k = self._source_input(node, fresh.get(node.source_index), replays_wanted)
+                replays += k
+            else:
+                inputs = [self._input(built, consumers, p, node) for p in node.parents]
+                if all(x is None for x in inputs):
+                    df = None
+                elif node.kind == "union":
+                    live = [x for x in inputs if x is not None]
+                    df = live[0] if len(live) == 1 else live[0].unionByName(live[1])
+                elif node.kind == "transform":
+                    df = node.fn(inputs[0])
+                    check_columns(node.name, df.columns, self._lineage(node.columns), "transform")
+                elif node.kind in ("stage", "group"):
+                    df = self._stage_frame(node, inputs[0])
+                else:  # sink
+                    sinks.append(self._sink_frame(node, inputs[0]))
+                    df = None
+            fanout = len(consumers.get(id(node), ()))
+            if df is not None and self.ft and fanout > 1:
+                df = self._tee(node, df, fanout)
+            built[id(node)] = df
+        return sinks, replays
+
+    def _tee(self, node: _Node, df: Any, copies: int) -> Any:
+        """A branch point: one child record per consumer (own ids, anchored like any stage's
+        outputs), materialized once so that the branches read the same rows — evaluating a
+        tracked DataFrame twice would send its events twice."""
+        from pyspark.sql.types import IntegerType, StructField, StructType
+
+        fields = [f for f in df.schema.fields if f.name not in LINEAGE_COLUMNS]
+        lineage = [f for f in df.schema.fields if f.name in LINEAGE_COLUMNS]
+        schema = StructType([*fields, StructField(BRANCH, IntegerType(), False), *lineage])
+        runner = StageRunner(
+            name=f"{node.name}/tee",
+            fn=Tee(copies),
+            columns=(*node.columns, BRANCH),
+            location=self._location,
+            token=self.token,
+            deterministic=self.deterministic_ids,
+        )
+        return df.mapInPandas(runner, schema).localCheckpoint(eager=True)
+
+    def _input(
+        self, built: dict[int, Any], consumers: dict[int, list[int]], parent: _Node, node: _Node
+    ) -> Any:
+        from pyspark.sql import functions as F
+
+        df = built[id(parent)]
+        mine = consumers.get(id(parent), [])
+        if df is None or not self.ft or len(mine) < 2:
+            return df
+        return df.where(F.col(BRANCH) == mine.index(id(node))).drop(BRANCH)
+
+    def _lineage(self, cols: tuple[str, ...]) -> list[str]:
+        return [*cols, *LINEAGE_COLUMNS] if self.ft else list(cols)
+
+    def _source_input(self, node: _Node, fresh: Any, replays_wanted: bool) -> tuple[Any, int]:
+        """A source's rows for this round: its fresh input tagged, the replays routed to their
+        partitions, or both (then one shuffle on the route key places every row)."""
+        from pyspark.sql import functions as F
+
+        tagged = None if fresh is None else self._source_frame(node, node.prepare(fresh))
+        replayed, k = (None, 0)
+        if self.ft and replays_wanted:
+            replayed, k = self._replay_frame(node)
+        cols = [F.col(c) for c in (*node.columns, *LINEAGE_COLUMNS)]
+        if replayed is None:
+            return tagged, 0
+        if tagged is not None:
+            import xorack.hashing as hashing
+
+            route = F.array(*[F.lit(int(r)) for r in hashing.route_keys(node.partitions)])
+            tagged = tagged.withColumn("_ft_route", F.element_at(route, F.spark_partition_id() + 1))
+            replayed = tagged.unionByName(replayed)
+        df = replayed.repartition(node.partitions, "_ft_route").select(*cols)
+        return df, k
+
+    def _source_frame(self, node: _Node, df: Any) -> Any:
+        if not self.ft:
+            return df
+        tagger = SourceTagger(
+            name=node.name,
+            source=node.source_index,
+            keys=node.keys,
+            location=self._location,
+            token=self.token,
+            deterministic=self.deterministic_ids,
+            id_salt=self.id_salt,
+            batch=self.round,
+        )
+        from pyspark.sql import functions as F
+
+        df = df.withColumn(PART, F.spark_partition_id())
+        return df.mapInArrow(tagger, self._tagged_schema(node))
+
+    def _stage_frame(self, node: _Node, df: Any) -> Any:
+        runner = StageRunner(
+            name=node.name,
+            fn=node.fn,
+            columns=node.columns,
+            location=self._location,
+            token=self.token,
+            ft=self.ft,
+            deterministic=self.deterministic_ids,
+            bisect=node.kind == "stage",
+        )
+        if node.kind == "group":
+            grouped = df.groupBy(*node.keys)
+            return grouped.applyInPandas(
+                as_function(GroupStageRunner(runner)), self._tagged_schema(node)
+            )
+        return df.mapInPandas(runner, self._tagged_schema(node))
+
+    def _sink_frame(self, node: _Node, df: Any) -> Any:
+        runner = SinkRunner(
+            name=node.name,
+            sink=node.sink,
+            columns=node.columns,
+            location=self._location,
+            token=self.token,
+            ft=self.ft,
+        )
+        return df.mapInPandas(runner, SUMMARY_SCHEMA)
+
+    # ---- running ------------------------------------------------------------------------------
+
+    def run(self, on_round: Callable[[RoundInfo], None] | None = None) -> RunReport:
+        """Run the pipeline to the end (rounds of replays until nothing is pending); the report
+        accounts for every source record.
+
+        >>> # report = p.run(); assert report.lost == 0
+        """
+        for node in self._sink_nodes():
+            node.sink.create(list(node.columns))
+        start = time.perf_counter()
+        report = RunReport(ft=self.ft)
+        sc = self.spark.sparkContext
+        try:
+            if self.ft:
+                self._location = self._start_service()
+            max_rounds = self.max_attempts + 1 if self.ft else 1
+            for round_no in range(max_rounds + 1):
+                self.round = round_no
+                sc.setLocalProperty(ROUND_PROPERTY, str(round_no))
+                fresh = {n.source_index: n.df for n in self._sources} if round_no == 0 else {}
+                frames, replays = self._build(fresh, replays_wanted=round_no > 0)
+                if round_no > 0 and not frames:
+                    break
+                self._run_frames(frames, report)
+                report.rounds = round_no + 1
+                if not self.ft:
+                    break
+                self.client.expire_all()
+                stats = self.client.stats()
+                if on_round is not None:
+                    on_round(RoundInfo(round_no, replays, stats))
+                if not stats.get("pending", 0) and not self._replays_waiting(stats):
+                    break
+            if self.ft:
+                self._fill(report, self.client.stats())
+            else:
+                for k in (
+                    "source_records",
+                    "completed",
+                    "failed",
+                    "timed_out",
+                    "replayed",
+                    "dead_lettered",
+                    "lost",
+                    "orphans",
+                ):
+                    setattr(report, k, None)
+        finally:
+            sc.setLocalProperty(ROUND_PROPERTY, None)
+            self.round = 0
+            if self.ft:
+                self._dead_letters = self._safe_dead_letters()
+            self._stop_service()
+            self._location = None
+        report.wall_seconds = round(time.perf_counter() - start, 3)
+        return report
+
+    def start_stream(
+        self,
+        timeout: float = 30.0,
+        trigger_seconds: float | None = None,
+        checkpoint_location: str | None = None,
+    ) -> Any:
+        """Run the pipeline over its streaming source in ``foreachBatch``; returns a
+        :class:`~xorack.spark.streaming.StreamingRun` (``.query``, ``.stop() -> RunReport``).
+        Records not completed ``timeout`` seconds after they were persisted or replayed are
+        replayed in a later micro-batch.
+
+        >>> # run = p.start_stream(timeout=10.0); ...; report = run.stop()
+        """
+        from .streaming import StreamingRun
+
+        return StreamingRun(self, timeout, trigger_seconds, checkpoint_location)
+
+    def _sink_nodes(self) -> list[_Node]:
+        sinks = [n for n in self._nodes if n.kind == "sink"]
+        if not sinks:
+            raise StageSchemaError("pipeline: no sink declared; end at least one branch in .sink()")
+        return sinks
+
+    def _run_frames(self, frames: list[Any], report: RunReport) -> None:
+        """One Spark action over all sinks of a round; adds their summaries to ``report``."""
+        if not frames:
+            return
+        summary = frames[0]
+        for f in frames[1:]:
+            summary = summary.unionByName(f)
+        for row in summary.collect():
+            report.sink_rows[row.sink] = report.sink_rows.get(row.sink, 0) + row.rows
+            report.duplicates_absorbed += int(row.duplicates)
+
+    def _replays_waiting(self, stats: dict[str, Any]) -> bool:
+        waiting = stats.get("replays_waiting")
+        if waiting is not None:
+            return bool(waiting)
+        return True  # unknown: one more round (it ends at once when no replay is handed out)
+
+    def _safe_dead_letters(self) -> Any:
+        try:
+            table = self.client.dead_letters()
+        except Exception:  # the report is already complete
+            return None
+        internal = [c for c in (DET, ORIG_PART) if c in table.schema.names]
+        return table.drop_columns(internal) if internal else table
+
+    def dead_letters(self) -> pa.Table | None:
+        """The dead-letter table of the last run (payload, origin id, attempts, last reason)."""
+        return getattr(self, "_dead_letters", None)
+
+    @staticmethod
+    def _fill(report: RunReport, stats: dict[str, Any]) -> None:
+        """Counts from the FT layer. ``lost`` = records neither completed nor dead-lettered
+        when the run ended (the FT layer's pending count; 0 when every record is accounted
+        for). Records a restarted acker recovered from its storage count as source records."""
+        report.source_records = int(stats.get("persisted", 0)) + int(stats.get("recovered", 0))
+        report.completed = int(stats.get("completed", 0))
+        report.failed = int(stats.get("failed", 0))
+        report.timed_out = int(stats.get("timed_out", 0))
+        report.replayed = int(stats.get("replayed", 0))
+        report.dead_lettered = int(stats.get("dead_lettered", 0))
+        report.orphans = int(stats.get("orphans", 0))
+        report.lost = int(stats.get("pending", 0))
+
+
+__all__ = ["REPORT_KEYS", "Pipeline", "RoundInfo", "RunReport", "Tracked"]

@@ -1,0 +1,464 @@
+"""The code that runs inside Spark tasks: source tagging, tracked stages, sink acking.
+
+Each class here is a picklable callable handed to ``mapInArrow`` / ``mapInPandas``. They talk to
+the acker service through :class:`xorack.service.AckerClient` (one cached connection per Python
+worker process) and follow the order of "A record's life" (DESIGN.md):
+
+* :class:`SourceTagger` draws ``_ft_rec`` ids, hashes the key columns exactly as Spark does,
+  persists the batch (payload + births) and only then yields it downstream;
+* :class:`StageRunner` calls the user function on a pandas batch, bisects it when the function
+  raises so that only failing rows fail, maps each output row to its parent through ``_ft_rec``,
+  anchors the outputs and sends one combined event per input row before yielding;
+* :class:`SinkRunner` writes a batch through a :class:`~xorack.spark.sinks.Sink`, and acks the
+  rows it consumed once the write is durable.
+
+Ids are ``uint64`` inside xorack and ``bigint`` (the same 64 bits) in Spark.
+
+>>> from xorack.spark.stages import LINEAGE_COLUMNS
+>>> LINEAGE_COLUMNS
+('_ft_src', '_ft_rec')
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from ..errors import FailRecord, LineageError, XorackError
+
+SRC = "_ft_src"
+REC = "_ft_rec"
+LINEAGE_COLUMNS = (SRC, REC)
+DET = "_xorack_det"  # persisted with the payload: the source record's deterministic first id
+ORIG_PART = "_xorack_part"  # persisted with the payload: the partition the record was read on
+PART = "_ft_part"  # spark_partition_id() of the source's own partitioning, read by the tagger
+BRANCH = "_ft_branch"  # which consumer of a branch point a tee'd copy belongs to
+ROUND_PROPERTY = "xorack.round"  # Spark local property: the batch round (0 = first attempt)
+
+UserFunction = Callable[[pd.DataFrame], "pd.DataFrame | Iterable[pd.DataFrame]"]
+
+
+class StageSchemaError(XorackError, ValueError):
+    """A stage's input or output does not have the columns its declaration promises."""
+
+
+def current_round() -> int:
+    """The batch round the running Spark task belongs to (0 on the first attempt of every source
+    record, r on the r-th replay round); 0 outside xorack-run tasks.
+
+    In batch runs every record processed in round r is on its attempt r + 1, so a function can
+    inject failures "on the first attempt only" deterministically:
+
+    >>> current_round()
+    0
+    """
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        return int(os.environ.get("XORACK_ROUND", "0"))
+    value = ctx.getLocalProperty(ROUND_PROPERTY)
+    return int(value) if value else 0
+
+
+def _client(location: str, token: str | None):
+    from ..service import AckerClient
+
+    return AckerClient.get(location, token=token)
+
+
+def u64(values: Any) -> np.ndarray:
+    """The uint64 view of a Spark ``bigint`` id column (pandas Series, numpy or Arrow array)."""
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        values = values.to_numpy(zero_copy_only=False)
+    arr = np.asarray(values)
+    if arr.dtype == np.uint64:
+        return arr
+    if arr.dtype.kind != "i":
+        raise TypeError(f"id column must be bigint, got {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=np.int64).view(np.uint64)
+
+
+def i64(values: np.ndarray) -> np.ndarray:
+    """The int64 (Spark ``bigint``) view of uint64 ids."""
+    return np.ascontiguousarray(values, dtype=np.uint64).view(np.int64)
+
+
+def _salt(name: str) -> int:
+    """A stable 63-bit salt for a stage name (Python's hash() is randomized per process)."""
+    import hashlib
+
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little") >> 1
+
+
+def _ordinals(parent: np.ndarray) -> np.ndarray:
+    """For each output row, its rank among the outputs of the same parent (in output order)."""
+    n = len(parent)
+    if n == 0:
+        return np.empty(0, dtype=np.uint64)
+    order = np.argsort(parent, kind="stable")
+    sp = parent[order]
+    starts = np.ones(n, dtype=bool)
+    starts[1:] = sp[1:] != sp[:-1]
+    group_start = np.maximum.accumulate(np.where(starts, np.arange(n), 0))
+    ranks = np.empty(n, dtype=np.uint64)
+    ranks[order] = np.arange(n) - group_start
+    return ranks
+
+
+# --------------------------------------------------------------------------------------------
+# source
+
+
+@dataclass(frozen=True)
+class SourceTagger:
+    """``mapInArrow`` function of a tracked source: tag, hash keys, persist, then emit.
+
+    Yields the input columns followed by ``_ft_src`` and ``_ft_rec``.
+    """
+
+    name: str
+    source: int
+    keys: tuple[str, ...]
+    location: str
+    token: str | None = None
+    deterministic: bool = True
+    id_salt: int = 0
+    batch: int = 0  # the micro-batch id in streaming (0 in batch runs): part of every id
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from .. import acker, hashing
+
+        client = _client(self.location, self.token)
+        ordinal = 0
+        salt = (_salt(f"source:{self.name}") ^ self.id_salt) & 0x7FFF_FFFF_FFFF_FFFF
+        for batch in batches:
+            n = batch.num_rows
+            if n == 0:
+                continue
+            # TaskContext.partitionId() is the index in the *task's* RDD (offset inside a
+            # union); spark_partition_id() is the partition of the source's own partitioning
+            i = batch.schema.get_field_index(PART)
+            partition = int(batch.column(i)[0].as_py())
+            batch = batch.remove_column(i)
+            missing = [k for k in self.keys if k not in batch.schema.names]
+            if missing:
+                raise StageSchemaError(
+                    f"source {self.name!r}: key column(s) {missing} not in the input columns "
+                    f"{batch.schema.names}"
+                )
+            if self.deterministic:
+                ords = np.arange(ordinal, ordinal + n, dtype=np.uint64)
+                # (micro-batch, source, partition, row ordinal) names a source row; a Spark
+                # task retry re-reads the same rows and re-creates the same ids
+                origin = np.full(n, (self.batch + 1) << 20 | (self.source + 1), dtype=np.uint64)
+                parent = np.full(n, partition + 1, dtype=np.uint64)
+                rec = acker.derive_ids(origin, parent, ords, salt)
+            else:
+                rec = acker.new_ids(n)
+            ordinal += n
+            key_hash = None
+            if self.keys:
+                key_hash = hashing.murmur3_hash([batch.column(k) for k in self.keys])
+            payload = batch.append_column(DET, pa.array(i64(rec), pa.int64())).append_column(
+                ORIG_PART, pa.array(np.full(n, partition, dtype=np.int32))
+            )
+            src = client.persist(
+                payload, key_hash=key_hash, source=self.source, partition=partition, births=rec
+            )
+            src = np.asarray(src, dtype=np.uint64)
+            yield batch.append_column(SRC, pa.array(i64(src), pa.int64())).append_column(
+                REC, pa.array(i64(rec), pa.int64())
+            )
+
+
+# --------------------------------------------------------------------------------------------
+# tracked stages
+
+
+def _as_frames(result: Any, stage: str) -> list[pd.DataFrame]:
+    if result is None:
+        return []
+    if isinstance(result, pd.DataFrame):
+        return [result]
+    if isinstance(result, Iterable) and not isinstance(result, (str, bytes, pd.Series)):
+        frames = list(result)
+        for f in frames:
+            if not isinstance(f, pd.DataFrame):
+                raise StageSchemaError(
+                    f"stage {stage!r}: the function must return pandas DataFrames, "
+                    f"got {type(f).__name__}"
+                )
+        return frames
+    raise StageSchemaError(
+        f"stage {stage!r}: the function must return a pandas DataFrame (or an iterable of them), "
+        f"got {type(result).__name__}"
+    )
+
+
+def call_bisecting(
+    fn: UserFunction, pdf: pd.DataFrame, stage: str, bisect: bool = True
+) -> tuple[list[pd.DataFrame], list[tuple[np.ndarray, str]]]:
+    """Call ``fn`` on ``pdf``; when it raises, call it on the two halves, recursively, so that
+    only the rows whose own processing raises are failed.
+
+    Returns (output frames of the rows that succeeded, [(failing row positions, reason)]).
+    With ``bisect=False`` (grouped stages: a group is one unit) the whole frame fails.
+    :class:`StageSchemaError` and :class:`LineageError` are programming errors, never bisected.
+
+    >>> import pandas as pd
+    >>> def f(df):
+    ...     if (df.x == 3).any():
+    ...         raise ValueError("three")
+    ...     return df
+    >>> outs, failed = call_bisecting(f, pd.DataFrame({"x": [1, 2, 3, 4]}), "demo")
+    >>> sorted(pd.concat(outs).x), [(p.tolist(), r) for p, r in failed]
+    ([1, 2, 4], [([2], 'ValueError: three')])
+    """
+    outs: list[pd.DataFrame] = []
+    failed: list[tuple[np.ndarray, str]] = []
+
+    def run(lo: int, hi: int) -> None:
+        part = pdf.iloc[lo:hi]
+        try:
+            outs.extend(_as_frames(fn(part), stage))
+        except (StageSchemaError, LineageError):
+            raise
+        except Exception as exc:  # any user exception fails its rows
+            if hi - lo == 1 or not bisect:
+                reason = str(exc) if isinstance(exc, FailRecord) else f"{type(exc).__name__}: {exc}"
+                failed.append((np.arange(lo, hi, dtype=np.int64), f"{reason}"[:500]))
+                return
+            mid = (lo + hi) // 2
+            run(lo, mid)
+            run(mid, hi)
+
+    if len(pdf):
+        run(0, len(pdf))
+    return outs, failed
+
+
+@dataclass(frozen=True)
+class StageRunner:
+    """``mapInPandas`` function of a tracked stage.
+
+    ``columns`` are the payload columns the stage declares (its output schema without the
+    lineage columns); the output carries them followed by ``_ft_src``, ``_ft_rec``. With
+    ``ft=False`` the runner only calls the function and selects the declared columns.
+    """
+
+    name: str
+    fn: UserFunction
+    columns: tuple[str, ...]
+    location: str | None = None
+    token: str | None = None
+    ft: bool = True
+    deterministic: bool = True
+    bisect: bool = True
+
+    def __call__(self, pdfs: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        if not self.ft:
+            for pdf in pdfs:
+                for out in _as_frames(self.fn(pdf), self.name):
+                    yield self._select(out, lineage=False)
+            return
+        assert self.location is not None
+        client = _client(self.location, self.token)
+        for pdf in pdfs:
+            out = self.process(pdf, client)
+            if out is not None:
+                yield out
+
+    def _select(self, out: pd.DataFrame, lineage: bool) -> pd.DataFrame:
+        missing = [c for c in self.columns if c not in out.columns]
+        if missing:
+            raise StageSchemaError(
+                f"stage {self.name!r}: the function's output lacks declared column(s) {missing} "
+                f"(it returned {list(out.columns)})"
+            )
+        cols = list(self.columns) + ([SRC, REC] if lineage else [])
+        return out[cols] if list(out.columns) != cols else out
+
+    def process(self, pdf: pd.DataFrame, client: Any) -> pd.DataFrame | None:
+        """Run the function on one input batch; send the failures and events; return the output."""
+        from .. import acker
+
+        for c in LINEAGE_COLUMNS:
+            if c not in pdf.columns:
+                raise LineageError(
+                    f"stage {self.name!r}: its input has no lineage column {c!r} (columns "
+                    f"{list(pdf.columns)}); a tracked stage must read a tracked DataFrame"
+                )
+        if len(pdf) == 0:
+            return None
+        pdf = pdf.reset_index(drop=True)
+        in_src = u64(pdf[SRC])
+        in_rec = u64(pdf[REC])
+        frames, failures = call_bisecting(self.fn, pdf, self.name, self.bisect)
+        frames = [f for f in frames if len(f.columns)]
+        out = pd.concat(frames, ignore_index=True) if frames else pdf.iloc[0:0]
+        if REC not in out.columns:
+            raise LineageError(
+                f"stage {self.name!r}: the function's output has no {REC!r} column: output rows "
+                f"must keep the {REC} of the input row they come from (filter / explode / merge "
+                f"on the input frame keep it)"
+            )
+        out = self._select(out, lineage=True) if len(out) else out.iloc[0:0]
+        try:
+            parent = np.asarray(acker.parent_index(in_rec, u64(out[REC])), dtype=np.int64)
+        except ValueError as exc:  # LineageError included
+            raise LineageError(f"stage {self.name!r}: {exc}") from exc
+
+        keep_in = np.ones(len(pdf), dtype=bool)
+        if failures:
+            by_reason: dict[str, list[np.ndarray]] = {}
+            for pos, reason in failures:
+                by_reason.setdefault(reason, []).append(pos)
+            failed_all: list[np.ndarray] = []
+            for reason, parts in by_reason.items():
+                srcs = np.unique(in_src[np.concatenate(parts)])
+                failed_all.append(srcs)
+                client.fail(srcs, reason=f"stage {self.name}: {reason}")
+            failed_src = np.unique(np.concatenate(failed_all))
+            keep_in = ~np.isin(in_src, failed_src)
+            keep_out = keep_in[parent] if len(parent) else np.ones(0, dtype=bool)
+            # re-index parents into the kept inputs
+            new_pos = np.cumsum(keep_in) - 1
+            out = out.iloc[np.flatnonzero(keep_out)].reset_index(drop=True)
+            parent = new_pos[parent[keep_out]]
+            in_src, in_rec = in_src[keep_in], in_rec[keep_in]
+
+        out_rec = None
+        if self.deterministic and len(parent):
+            salt = _salt(f"stage:{self.name}")
+            out_rec = acker.derive_ids(in_rec[parent], in_rec[parent], _ordinals(parent), salt)
+        out_src, out_rec, ev_src, ev_xor = acker.anchor(in_src, in_rec, parent, out_rec)
+        if len(ev_src):
+            client.xor(ev_src, ev_xor)
+        if not len(out):
+            return None
+        out = out.copy()
+        out[SRC] = i64(np.asarray(out_src, dtype=np.uint64))
+        out[REC] = i64(np.asarray(out_rec, dtype=np.uint64))
+        return out
+
+
+@dataclass(frozen=True)
+class GroupStageRunner:
+    """``applyInPandas`` function of a tracked grouped stage: :class:`StageRunner` on one
+    group (never bisected: a group is one unit, so an exception fails all its records)."""
+
+    runner: StageRunner
+
+    def __call__(self, pdf: pd.DataFrame) -> pd.DataFrame:
+        r = self.runner
+        cols = [*r.columns, *LINEAGE_COLUMNS] if r.ft else list(r.columns)
+        if not r.ft:
+            frames = _as_frames(r.fn(pdf), r.name)
+            if not frames:
+                return pd.DataFrame(columns=cols)
+            return r._select(pd.concat(frames, ignore_index=True), lineage=False)
+        assert r.location is not None
+        out = r.process(pdf, _client(r.location, r.token))
+        return pd.DataFrame(columns=cols) if out is None else out
+
+
+def as_function(runner: GroupStageRunner) -> Callable[[pd.DataFrame], pd.DataFrame]:
+    """A plain one-argument function around ``runner`` (Spark's driver and worker count the
+    parameters of a callable object differently)."""
+
+    def apply(pdf: pd.DataFrame) -> pd.DataFrame:
+        return runner(pdf)
+
+    return apply
+
+
+@dataclass(frozen=True)
+class Tee:
+    """The user function of a branch point's tee stage: each input row ``k`` times, the copy
+    for consumer ``j`` marked ``_ft_branch = j``. Run by a :class:`StageRunner`, every copy is
+    a child record with its own id (Storm's emit to several consumers), so each branch acks its
+    own copy and the source record completes only when all branches are done."""
+
+    copies: int
+
+    def __call__(self, pdf: pd.DataFrame) -> pd.DataFrame:
+        n = len(pdf)
+        out = pdf.iloc[np.tile(np.arange(n), self.copies)].reset_index(drop=True)
+        out[BRANCH] = np.repeat(np.arange(self.copies, dtype=np.int32), n)
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# sinks
+
+SUMMARY_SCHEMA = "sink string, partition int, rows long, duplicates long"
+
+
+@dataclass(frozen=True)
+class SinkRunner:
+    """``mapInPandas`` function of a sink: write each batch, ack it once durable, and yield one
+    summary row per task (sink, partition, rows, duplicates absorbed)."""
+
+    name: str
+    sink: Any  # xorack.spark.sinks.Sink
+    columns: tuple[str, ...]
+    location: str | None = None
+    token: str | None = None
+    ft: bool = True
+
+    def __call__(self, pdfs: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        from pyspark import TaskContext
+
+        from .. import acker
+
+        ctx = TaskContext.get()
+        partition = ctx.partitionId() if ctx is not None else 0
+        client = _client(self.location, self.token) if self.ft else None
+        rows = dups = 0
+        writer = self.sink.open_writer(partition)
+        try:
+            for pdf in pdfs:
+                if not len(pdf):
+                    continue
+                missing = [c for c in self.columns if c not in pdf.columns]
+                if missing:
+                    raise StageSchemaError(f"sink {self.name!r}: input lacks column(s) {missing}")
+                if self.ft:
+                    for c in LINEAGE_COLUMNS:
+                        if c not in pdf.columns:
+                            raise LineageError(
+                                f"sink {self.name!r}: its input has no lineage column {c!r}"
+                            )
+                    rec = u64(pdf[REC])
+                    src = u64(pdf[SRC])
+                    try:
+                        dups += writer.write(pdf[list(self.columns)], rec)  # durable on return
+                    except Exception as exc:  # the write rolled back: replay these records
+                        reason = f"sink {self.name}: {type(exc).__name__}: {exc}"[:500]
+                        client.fail(np.unique(src), reason=reason)
+                        writer.reset()
+                        continue
+                    ev_src, ev_xor = acker.xor_reduce(src, rec)
+                    client.xor(ev_src, ev_xor)
+                else:
+                    dups += writer.write(pdf[list(self.columns)], None)
+                rows += len(pdf)
+        finally:
+            writer.close()
+        yield pd.DataFrame(
+            {"sink": [self.name], "partition": [partition], "rows": [rows], "duplicates": [dups]}
+        ).astype({"partition": "int32", "rows": "int64", "duplicates": "int64"})
+
+
+def check_columns(name: str, have: Sequence[str], need: Sequence[str], what: str) -> None:
+    """Raise a :class:`StageSchemaError` naming ``name`` when a column of ``need`` is missing."""
+    missing = [c for c in need if c not in have]
+    if missing:
+        raise StageSchemaError(f"{what} {name!r}: missing column(s) {missing} (has {list(have)})")
