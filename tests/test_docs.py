@@ -1,0 +1,31 @@
+"""The runnable examples in the docstrings of the installed package are true."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "xorack",
+    "xorack.kernels",
+    "xorack.errors",
+    "xorack.clock",
+    "xorack.acker",
+    "xorack.hashing",
+    "xorack.replay",
+    "xorack.storage",
+    "xorack.ftlayer",
+    "xorack.service",
+    "xorack.cli",
+    "xorack._checks",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0, f"{name} has no docstring examples"
+    assert result.failed == 0, f"{result.failed} docstring example(s) failed in {name}"
