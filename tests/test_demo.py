@@ -54,3 +54,42 @@ def test_demo_reference_excludes_exactly_the_poisoned_sentences():
 def test_demo_rejects_bad_options(capsys):
     assert demo.main(["--fail-rate", "2"]) == 2
     assert "--fail-rate must be in [0, 1]" in capsys.readouterr().err
+
+
+def test_demo_split_names_the_failing_rows():
+    import numpy as np
+    import pandas as pd
+
+    import xorack
+
+    sid = np.arange(2000)
+    pdf = pd.DataFrame({"sid": sid, "text": demo.make_sentences(sid, 5)})
+    fail = demo.chosen(sid, 0.05, 5, demo._FAIL)
+    poison = demo.chosen(sid, 0.01, 5, demo._POISON)
+    split = demo.SplitWords(5, 0.05, 0.01)
+    with pytest.raises(xorack.FailRecord, match="poisoned") as first:
+        split(pdf)
+    assert (np.asarray(first.value.rows) == poison).all()
+    rest = pdf[~poison]
+    with pytest.raises(xorack.FailRecord, match="first attempt") as second:
+        split(rest)
+    assert (np.asarray(second.value.rows) == (fail & ~poison)[~poison]).all()
+    words = split(rest[~second.value.rows])
+    assert set(words["sid"]) == set(sid[~(fail | poison)])
+    with pytest.raises(xorack.FailRecord) as plain:
+        demo.SplitWords(5, 0.05, 0.01, vectorized=False)(pdf)
+    assert plain.value.rows is None  # the stage bisects
+
+
+def test_demo_with_plain_failures_is_bisected_and_loses_nothing(spark, capsys):
+    key = demo.ARROW_BATCH_CONF
+    assert spark.conf.get(key, None) is None
+    argv = ["--records", "1500", "--fail-rate", "0.03", "--poison-rate", "0.01"]
+    code = demo.main([*argv, "--drop-rate", "0", "--plain-failures", "--json", "--no-progress"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0
+    assert report["lost"] == 0
+    assert report["results_match"] is True
+    assert report["failed"] > 0
+    assert report["dead_lettered"] == report["poisoned"] > 0
+    assert spark.conf.get(key, None) is None  # the demo's larger batches were for its run only

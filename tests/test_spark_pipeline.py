@@ -101,6 +101,37 @@ def test_failing_rows_are_bisected_and_replayed_exactly_once(spark, tmp_path):
     assert _counts(sink) == _expected()
 
 
+def _fail_rows_on_first_attempt(pdf: pd.DataFrame) -> pd.DataFrame:
+    bad = (pdf["id"] % 10 == 3).to_numpy()
+    if current_round() == 0 and bad.any():
+        # the rows that raise, as a mask on even ids' batches and as positions otherwise
+        rows = bad if int(pdf["id"].iloc[0]) % 2 == 0 else bad.nonzero()[0].tolist()
+        raise xorack.FailRecord("injected rows: id % 10 == 3", rows=rows)
+    return _split(pdf)
+
+
+def test_fail_record_rows_fail_exactly_those_rows_without_bisection(spark, tmp_path):
+    p, sink = _word_pipeline(spark, tmp_path, split=_fail_rows_on_first_attempt)
+    report = p.run()
+    failing = sum(1 for i in range(N) if i % 10 == 3)
+    assert report.failed == failing
+    assert report.lost == 0
+    assert report.completed == N
+    assert report.dead_lettered == 0
+    assert report.rounds == 2
+    assert _counts(sink) == _expected()
+
+
+def _fail_rows_badly(pdf: pd.DataFrame) -> pd.DataFrame:
+    raise xorack.FailRecord("bad rows", rows=[True, False])  # a mask of the wrong length
+
+
+def test_a_bad_fail_record_rows_value_is_a_clear_error_naming_the_stage(spark, tmp_path):
+    p, _ = _word_pipeline(spark, tmp_path, split=_fail_rows_badly)
+    with pytest.raises(Exception, match=r"stage 'split': FailRecord\(rows=\.\.\.\) is a boolean"):
+        p.run()
+
+
 def _poison(pdf: pd.DataFrame) -> pd.DataFrame:
     if (pdf["id"] % 25 == 0).any():
         raise ValueError("poison record")
@@ -361,3 +392,135 @@ def test_grouped_stage_fails_whole_groups_and_replays_them(spark, tmp_path, ft):
     got = sink.read()
     assert sorted(zip(got["id"], got["word"], strict=True)) == expected
     assert distinct_rows >= len(expected)
+
+
+# ---- call_bisecting without Spark: FailRecord(rows=...) vs plain exceptions ------------------
+
+
+def _counting(fn):
+    calls = []
+
+    def wrapped(df):
+        calls.append(len(df))
+        return fn(df)
+
+    return wrapped, calls
+
+
+def _fail_multiples_of_7(as_positions: bool):
+    def fn(df: pd.DataFrame) -> pd.DataFrame:
+        bad = (df["x"] % 7 == 0).to_numpy()
+        if bad.any():
+            raise xorack.FailRecord("sevens", rows=bad.nonzero()[0] if as_positions else bad)
+        return df
+
+    return fn
+
+
+@pytest.mark.parametrize("as_positions", [False, True])
+def test_fail_record_rows_fail_those_rows_and_rerun_the_others_once(as_positions):
+    from xorack.spark.stages import call_bisecting
+
+    pdf = pd.DataFrame({"x": range(1, 1001)})
+    fn, calls = _counting(_fail_multiples_of_7(as_positions))
+    outs, failed = call_bisecting(fn, pdf, "s")
+    assert calls == [1000, 1000 - 142]  # no bisection: the batch, then the rest once
+    assert [r for _, r in failed] == ["sevens"]
+    assert (pdf["x"].to_numpy()[failed[0][0]] % 7 == 0).all()
+    assert len(failed[0][0]) == 142
+    assert sorted(pd.concat(outs)["x"]) == [x for x in range(1, 1001) if x % 7]
+
+
+def test_fail_record_rows_are_positions_in_the_frame_the_function_got():
+    from xorack.spark.stages import call_bisecting
+
+    def fn(df: pd.DataFrame) -> pd.DataFrame:
+        if (df["x"] == 500).any():
+            raise ValueError("plain: bisected")  # the rows around 500 are called in halves
+        if (df["x"] % 100 == 1).any():
+            raise xorack.FailRecord(
+                "ones", rows=[int(i) for i in (df["x"] % 100 == 1).to_numpy().nonzero()[0]]
+            )
+        return df
+
+    pdf = pd.DataFrame({"x": range(1000)})
+    outs, failed = call_bisecting(fn, pdf, "s")
+    got: dict[str, list[int]] = {}
+    for p, r in failed:  # one entry per call that failed rows
+        got[r] = sorted(got.get(r, []) + pdf["x"].to_numpy()[p].tolist())
+    assert sorted(got) == ["ValueError: plain: bisected", "ones"]
+    assert got["ValueError: plain: bisected"] == [500]
+    assert got["ones"] == list(range(1, 1000, 100))
+    kept = sorted(pd.concat(outs)["x"])
+    assert kept == [x for x in range(1000) if x != 500 and x % 100 != 1]
+
+
+def test_plain_exceptions_are_still_bisected():
+    from xorack.spark.stages import call_bisecting
+
+    def fn(df: pd.DataFrame) -> pd.DataFrame:
+        if (df["x"] % 100 == 7).any():
+            raise xorack.FailRecord("no rows given")
+        return df
+
+    fn, calls = _counting(fn)
+    pdf = pd.DataFrame({"x": range(1000)})
+    outs, failed = call_bisecting(fn, pdf, "s")
+    assert sorted(int(p[0]) for p, _ in failed) == list(range(7, 1000, 100))
+    assert all(len(p) == 1 for p, _ in failed)
+    assert len(calls) > 2 * 10  # halves down to single rows
+    assert len(pd.concat(outs)) == 990
+
+
+def test_grouped_stages_fail_the_whole_group_even_with_rows():
+    from xorack.spark.stages import call_bisecting
+
+    outs, failed = call_bisecting(
+        _fail_multiples_of_7(False), pd.DataFrame({"x": range(1, 15)}), "g", bisect=False
+    )
+    assert outs == []
+    assert [p.tolist() for p, _ in failed] == [list(range(14))]
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([True, False], "is a boolean mask of length 2"),
+        ([0, 10], r"has position\(s\) outside \[0, 10\)"),
+        ([-1], r"has position\(s\) outside"),
+        ([0.5], "has dtype float64"),
+        (pd.Index([1, 2]), "got a pandas Index"),
+        ([False] * 10, "selects no row"),
+        ([], "selects no row"),
+        ([[0], [1]], "must be one-dimensional"),
+        ("abc", "must be one-dimensional|has dtype"),
+        (pd.Series([1, None, 3], dtype="Int64"), "is not a usable array"),
+    ],
+)
+def test_bad_fail_record_rows_are_a_clear_error_naming_the_stage(rows, message):
+    from xorack.spark.stages import StageSchemaError, call_bisecting
+
+    def fn(df: pd.DataFrame) -> pd.DataFrame:
+        raise xorack.FailRecord("bad", rows=rows)
+
+    with pytest.raises(
+        StageSchemaError, match=rf"stage 'my-stage': FailRecord\(rows=\.\.\.\) ({message})"
+    ):
+        call_bisecting(fn, pd.DataFrame({"x": range(10)}), "my-stage")
+
+
+def test_fail_record_rows_accept_nullable_masks_and_series():
+    from xorack.spark.stages import _failing_positions
+
+    mask = pd.Series([True, None, False, True], dtype="boolean")  # NA: not failing
+    assert _failing_positions(mask, 4, "s").tolist() == [0, 3]
+    assert _failing_positions(pd.Series([3, 1, 3]), 4, "s").tolist() == [1, 3]
+    assert _failing_positions(pd.array([2], dtype="Int64"), 4, "s").tolist() == [2]
+
+
+def test_fail_record_keeps_rows_when_pickled():
+    import pickle
+
+    e = pickle.loads(pickle.dumps(xorack.FailRecord("why", rows=[1, 2])))
+    assert (str(e), e.rows) == ("why", [1, 2])
+    assert xorack.FailRecord("why").rows is None

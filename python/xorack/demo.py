@@ -36,6 +36,8 @@ import numpy as np
 import pandas as pd
 
 DEFAULT_RECORDS = 20_000
+ARROW_BATCH_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
+ARROW_BATCH_ROWS = 65_536  # the demo's Arrow batches when the session leaves it unset (10 000)
 
 STOP_WORDS = frozenset(
     [
@@ -179,6 +181,7 @@ class DemoConfig:
     ft: bool = True
     seed: int = 7
     max_attempts: int = 4
+    plain_failures: bool = False  # raise plain FailRecord (bisected) instead of rows=...
 
 
 # ---- the pipeline's functions (picklable: module-level or frozen dataclasses) ------------------
@@ -196,22 +199,30 @@ class GenerateSentences:
 
 @dataclass(frozen=True)
 class SplitWords:
-    """sentences → words; raises for the injected failures (bisection isolates them)."""
+    """sentences → words; fails the injected failures' rows with ``FailRecord(rows=...)`` (the
+    wrapper fails exactly those and re-runs the function on the others: no bisection).
+    ``vectorized=False`` raises a plain ``FailRecord`` instead (the wrapper bisects the batch)."""
 
     seed: int
     fail_rate: float
     poison_rate: float
+    vectorized: bool = True
 
     def __call__(self, pdf: pd.DataFrame) -> pd.DataFrame:
         from xorack import FailRecord
         from xorack.spark import current_round
 
         sid = pdf["sid"].to_numpy()
-        bad = chosen(sid, self.poison_rate, self.seed, _POISON)
+        poison = chosen(sid, self.poison_rate, self.seed, _POISON)
+        bad = poison.copy()
         if current_round() == 0:
             bad |= chosen(sid, self.fail_rate, self.seed, _FAIL)
         if bad.any():
-            raise FailRecord(f"injected failure in sentence {int(sid[np.argmax(bad)])}")
+            if not self.vectorized:
+                raise FailRecord(f"injected failure in sentence {int(sid[np.argmax(bad)])}")
+            if poison.any():  # two reasons: the poisoned rows first, the others on the re-run
+                raise FailRecord("injected failure: poisoned sentence", rows=poison)
+            raise FailRecord("injected failure on the first attempt", rows=bad)
         out = pdf.assign(word=pdf["text"].str.split()).explode("word", ignore_index=True)
         return out[out["word"].notna()]
 
@@ -262,6 +273,11 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
         spark = get_or_create_session(app_name="xorack-demo", shuffle_partitions=cfg.partitions)
     workdir = tempfile.mkdtemp(prefix="xorack-demo-")
     bar = None
+    # larger Arrow batches: fewer acker round trips and sink commits (ON and OFF alike); a
+    # value the caller set is kept, and an unset one is unset again afterwards
+    batch_conf_unset = spark.conf.get(ARROW_BATCH_CONF, None) is None
+    if batch_conf_unset:
+        spark.conf.set(ARROW_BATCH_CONF, str(ARROW_BATCH_ROWS))
     try:
         sink = SQLiteSink(os.path.join(workdir, "counts.db"), "words")
         sentences = spark.range(cfg.records, numPartitions=cfg.partitions).mapInPandas(
@@ -269,7 +285,7 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
         )
         p = Pipeline(spark, ft=cfg.ft, storage=cfg.storage, max_attempts=cfg.max_attempts)
         words = p.source(sentences, name="sentences").map_in_pandas(
-            SplitWords(cfg.seed, cfg.fail_rate, cfg.poison_rate),
+            SplitWords(cfg.seed, cfg.fail_rate, cfg.poison_rate, vectorized=not cfg.plain_failures),
             "sid long, word string",
             name="split",
         )
@@ -346,6 +362,8 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
         out["word_occurrences"] = sum(counts.values())
         return out
     finally:
+        if batch_conf_unset:
+            spark.conf.unset(ARROW_BATCH_CONF)
         if bar is not None:
             bar.close()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -427,6 +445,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-attempts", type=int, default=d.max_attempts)
     ap.add_argument("--ft", choices=("on", "off"), default="on", help="fault tolerance on/off")
     ap.add_argument("--seed", type=int, default=d.seed)
+    ap.add_argument(
+        "--plain-failures",
+        action="store_true",
+        help="inject failures as a plain exception (the stage bisects the batch) instead of "
+        "FailRecord(rows=...)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     return ap
@@ -467,6 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ft=ft,
         seed=args.seed,
         max_attempts=args.max_attempts,
+        plain_failures=args.plain_failures,
     )
     t0 = time.perf_counter()
     report = run_demo(cfg, progress=not args.no_progress)

@@ -7,19 +7,41 @@ class XorackError(Exception):
     """Base class of xorack's own errors."""
 
 
-class FailRecord(XorackError):  # noqa: N818 - the seed's name for explicit failing (FailException)
+class FailRecord(XorackError):  # the seed's name for explicit failing (FailException)
     """Raise inside a tracked stage's function to fail the record(s) of the batch being processed.
 
-    The stage wrapper bisects the batch so that only the rows that raise are failed; their source
-    records are replayed (up to ``max_attempts``), the rest of the batch goes on.
+    Without ``rows`` the stage wrapper bisects the batch so that only the rows that raise are
+    failed; their source records are replayed (up to ``max_attempts``), the rest of the batch
+    goes on.
+
+    With ``rows`` the function says itself which rows of the frame it was called on fail, and
+    nothing is bisected: ``rows`` is a boolean mask (one entry per row of that frame) or the
+    0-based positions of the failing rows (as ``df.iloc`` takes them; not index labels). The
+    wrapper fails exactly those rows' source records and calls the function once more on the
+    remaining rows (whose output is kept; if it raises again, the same rules apply). In grouped
+    stages (``apply_in_pandas``) the group is one unit: ``rows`` is ignored and the whole group
+    fails.
 
     >>> import xorack
     >>> try:
     ...     raise xorack.FailRecord("bad row")
     ... except xorack.FailRecord as e:
-    ...     print(e)
-    bad row
+    ...     print(e, e.rows)
+    bad row None
+    >>> xorack.FailRecord("bad rows", rows=[False, True]).rows
+    [False, True]
     """
+
+    def __init__(self, *args: object, rows: object = None) -> None:
+        super().__init__(*args)
+        self.rows = rows
+
+    def __reduce__(self):  # keep ``rows`` when pickled (keyword arguments are not in ``args``)
+        return (_make_fail_record, (self.args, self.rows))
+
+
+def _make_fail_record(args: tuple, rows: object) -> FailRecord:
+    return FailRecord(*args, rows=rows)
 
 
 class StorageError(XorackError):

@@ -161,7 +161,10 @@ class Tracked:
         With FT on, ``pdf`` carries ``_ft_src`` and ``_ft_rec`` and every output row must keep
         the ``_ft_rec`` of the input row it comes from (filter, explode, merge on the input frame
         do). ``fn`` may be called on parts of a batch (a failing batch is bisected), so it must
-        not depend on the batch boundaries. ``schema`` is the payload schema (DDL or StructType).
+        not depend on the batch boundaries. To fail some rows without bisection, raise
+        ``xorack.FailRecord(reason, rows=mask_or_positions)``: exactly those rows' source records
+        fail and ``fn`` is called once more on the other rows. ``schema`` is the payload schema
+        (DDL or StructType).
 
         >>> # words = lines.map_in_pandas(lambda df: df.assign(word=df.line.str.split())
         >>> #                             .explode("word"), "word string", name="split")

@@ -7,7 +7,8 @@ worker process) and follow the order of "A record's life" (DESIGN.md):
 * :class:`SourceTagger` draws ``_ft_rec`` ids, hashes the key columns exactly as Spark does,
   persists the batch (payload + births) and only then yields it downstream;
 * :class:`StageRunner` calls the user function on a pandas batch, bisects it when the function
-  raises so that only failing rows fail, maps each output row to its parent through ``_ft_rec``,
+  raises so that only failing rows fail (or fails the rows a ``FailRecord(rows=...)`` names),
+  maps each output row to its parent through ``_ft_rec``,
   anchors the outputs and sends one combined event per input row before yielding;
 * :class:`SinkRunner` writes a batch through a :class:`~xorack.spark.sinks.Sink`, and acks the
   rows it consumed once the write is durable.
@@ -202,11 +203,60 @@ def _as_frames(result: Any, stage: str) -> list[pd.DataFrame]:
     )
 
 
+def _failing_positions(rows: Any, n: int, stage: str) -> np.ndarray:
+    """The positions (sorted, unique, in ``[0, n)``) that ``FailRecord(rows=...)`` names in a
+    frame of ``n`` rows: a boolean mask of length ``n`` or 0-based integer positions."""
+
+    def bad(why: str) -> StageSchemaError:
+        return StageSchemaError(
+            f"stage {stage!r}: FailRecord(rows=...) {why}; pass a boolean mask with one entry "
+            f"per row of the frame the function was called on ({n} rows) or 0-based positions "
+            f"(df.iloc positions, not index labels)"
+        )
+
+    if isinstance(rows, pd.Index):
+        raise bad("got a pandas Index (labels are ambiguous)")
+    if isinstance(rows, pd.DataFrame):
+        raise bad("got a DataFrame")
+    try:
+        if isinstance(rows, (pd.Series, pd.api.extensions.ExtensionArray)):
+            # nullable booleans (e.g. from string-dtype .str ops): NA counts as not failing
+            if pd.api.types.is_bool_dtype(rows.dtype):
+                rows = rows.to_numpy(dtype=bool, na_value=False)
+            elif pd.api.types.is_integer_dtype(rows.dtype):
+                rows = rows.to_numpy(dtype=np.int64)
+            else:
+                rows = rows.to_numpy()
+        arr = np.asarray(rows)
+    except Exception as exc:  # ragged or exotic objects, missing positions
+        raise bad(f"is not a usable array ({type(rows).__name__}: {exc})") from None
+    if arr.ndim != 1:
+        raise bad(f"must be one-dimensional, got shape {arr.shape}")
+    if len(arr) == 0:
+        raise bad("selects no row (raise it only when some row fails)")
+    if arr.dtype == bool:
+        if len(arr) != n:
+            raise bad(f"is a boolean mask of length {len(arr)}")
+        pos = np.flatnonzero(arr)
+    elif arr.dtype.kind in "iu":
+        pos = np.unique(arr.astype(np.int64))
+        if len(pos) and (pos[0] < 0 or pos[-1] >= n):
+            raise bad(f"has position(s) outside [0, {n})")
+    else:
+        raise bad(f"has dtype {arr.dtype}")
+    if not len(pos):
+        raise bad("selects no row (raise it only when some row fails)")
+    return pos.astype(np.int64)
+
+
 def call_bisecting(
     fn: UserFunction, pdf: pd.DataFrame, stage: str, bisect: bool = True
 ) -> tuple[list[pd.DataFrame], list[tuple[np.ndarray, str]]]:
     """Call ``fn`` on ``pdf``; when it raises, call it on the two halves, recursively, so that
     only the rows whose own processing raises are failed.
+
+    When it raises ``FailRecord(reason, rows=...)`` the named rows fail at once and ``fn`` is
+    called once more on the remaining rows (no bisection).
 
     Returns (output frames of the rows that succeeded, [(failing row positions, reason)]).
     With ``bisect=False`` (grouped stages: a group is one unit) the whole frame fails.
@@ -220,27 +270,58 @@ def call_bisecting(
     >>> outs, failed = call_bisecting(f, pd.DataFrame({"x": [1, 2, 3, 4]}), "demo")
     >>> sorted(pd.concat(outs).x), [(p.tolist(), r) for p, r in failed]
     ([1, 2, 4], [([2], 'ValueError: three')])
+    >>> def g(df):
+    ...     bad = (df.x % 2 == 0).to_numpy()
+    ...     if bad.any():
+    ...         raise FailRecord("even", rows=bad)
+    ...     return df
+    >>> outs, failed = call_bisecting(g, pd.DataFrame({"x": [1, 2, 3, 4]}), "demo")
+    >>> sorted(pd.concat(outs).x), [(p.tolist(), r) for p, r in failed]
+    ([1, 3], [([1, 3], 'even')])
     """
     outs: list[pd.DataFrame] = []
     failed: list[tuple[np.ndarray, str]] = []
 
-    def run(lo: int, hi: int) -> None:
-        part = pdf.iloc[lo:hi]
-        try:
-            outs.extend(_as_frames(fn(part), stage))
-        except (StageSchemaError, LineageError):
-            raise
-        except Exception as exc:  # any user exception fails its rows
-            if hi - lo == 1 or not bisect:
-                reason = str(exc) if isinstance(exc, FailRecord) else f"{type(exc).__name__}: {exc}"
-                failed.append((np.arange(lo, hi, dtype=np.int64), f"{reason}"[:500]))
-                return
+    def reason_of(exc: Exception) -> str:
+        return (str(exc) if isinstance(exc, FailRecord) else f"{type(exc).__name__}: {exc}")[:500]
+
+    def run(pos: np.ndarray | None, lo: int, hi: int, must_fail: bool = False) -> bool:
+        # the rows pdf[lo:hi] (pos is None) or pdf.iloc[pos] (after a FailRecord(rows=...));
+        # True when the part raised. must_fail: its parent raised and its sibling did not, so
+        # calling it whole would raise again: split it at once (one call saved per level)
+        size = hi - lo if pos is None else len(pos)
+        if not (must_fail and size > 1 and bisect):
+            part = pdf.iloc[lo:hi] if pos is None else pdf.iloc[pos]
+            try:
+                outs.extend(_as_frames(fn(part), stage))
+                return False
+            except (StageSchemaError, LineageError):
+                raise
+            except Exception as exc:  # any user exception fails its rows
+                absolute = np.arange(lo, hi, dtype=np.int64) if pos is None else pos
+                rows = getattr(exc, "rows", None) if isinstance(exc, FailRecord) else None
+                if rows is not None and bisect:
+                    bad = _failing_positions(rows, size, stage)
+                    failed.append((absolute[bad], reason_of(exc)))
+                    rest = np.delete(absolute, bad)
+                    if len(rest):
+                        run(rest, 0, len(rest))
+                    return True
+                if size == 1 or not bisect:
+                    failed.append((absolute, reason_of(exc)))
+                    return True
+        if pos is None:
             mid = (lo + hi) // 2
-            run(lo, mid)
-            run(mid, hi)
+            left_raised = run(None, lo, mid)
+            run(None, mid, hi, must_fail=not left_raised)
+        else:
+            mid = len(pos) // 2
+            left_raised = run(pos[:mid], 0, mid)
+            run(pos[mid:], 0, len(pos) - mid, must_fail=not left_raised)
+        return True
 
     if len(pdf):
-        run(0, len(pdf))
+        run(None, 0, len(pdf))
     return outs, failed
 
 
@@ -403,8 +484,12 @@ SUMMARY_SCHEMA = "sink string, partition int, rows long, duplicates long"
 
 @dataclass(frozen=True)
 class SinkRunner:
-    """``mapInPandas`` function of a sink: write each batch, ack it once durable, and yield one
-    summary row per task (sink, partition, rows, duplicates absorbed)."""
+    """``mapInPandas`` function of a sink: write the task's rows in chunks of up to
+    ``write_rows`` rows (the Arrow batches are gathered: one commit per chunk), ack each chunk
+    once durable, and yield one summary row per task (sink, partition, rows, duplicates
+    absorbed). Keyed upserts of random 64-bit ids touch pages all over the table, so a commit
+    per 10 K-row Arrow batch rewrites most of the table each time; larger chunks cost about
+    what appends do. FT ON and OFF write the same chunks."""
 
     name: str
     sink: Any  # xorack.spark.sinks.Sink
@@ -412,16 +497,17 @@ class SinkRunner:
     location: str | None = None
     token: str | None = None
     ft: bool = True
+    write_rows: int = 100_000
 
     def __call__(self, pdfs: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         from pyspark import TaskContext
-
-        from .. import acker
 
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
         client = _client(self.location, self.token) if self.ft else None
         rows = dups = 0
+        pending: list[pd.DataFrame] = []
+        buffered = 0
         writer = self.sink.open_writer(partition)
         try:
             for pdf in pdfs:
@@ -436,25 +522,41 @@ class SinkRunner:
                             raise LineageError(
                                 f"sink {self.name!r}: its input has no lineage column {c!r}"
                             )
-                    rec = u64(pdf[REC])
-                    src = u64(pdf[SRC])
-                    try:
-                        dups += writer.write(pdf[list(self.columns)], rec)  # durable on return
-                    except Exception as exc:  # the write rolled back: replay these records
-                        reason = f"sink {self.name}: {type(exc).__name__}: {exc}"[:500]
-                        client.fail(np.unique(src), reason=reason)
-                        writer.reset()
-                        continue
-                    ev_src, ev_xor = acker.xor_reduce(src, rec)
-                    client.xor(ev_src, ev_xor)
-                else:
-                    dups += writer.write(pdf[list(self.columns)], None)
-                rows += len(pdf)
+                pending.append(pdf)
+                buffered += len(pdf)
+                if buffered >= self.write_rows:
+                    r, d = self._write(writer, client, pending)
+                    rows, dups, buffered = rows + r, dups + d, 0
+                    pending = []
+            if pending:
+                r, d = self._write(writer, client, pending)
+                rows, dups = rows + r, dups + d
         finally:
             writer.close()
         yield pd.DataFrame(
             {"sink": [self.name], "partition": [partition], "rows": [rows], "duplicates": [dups]}
         ).astype({"partition": "int32", "rows": "int64", "duplicates": "int64"})
+
+    def _write(self, writer: Any, client: Any, frames: list[pd.DataFrame]) -> tuple[int, int]:
+        """Write (and with FT ack) one chunk; returns (rows consumed, duplicates absorbed)."""
+        from .. import acker
+
+        pdf = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        payload = pdf[list(self.columns)]
+        if not self.ft:
+            return len(pdf), writer.write(payload, None)
+        rec = u64(pdf[REC])
+        src = u64(pdf[SRC])
+        try:
+            dups = writer.write(payload, rec)  # durable on return
+        except Exception as exc:  # the write rolled back: replay these records
+            reason = f"sink {self.name}: {type(exc).__name__}: {exc}"[:500]
+            client.fail(np.unique(src), reason=reason)
+            writer.reset()
+            return 0, 0
+        ev_src, ev_xor = acker.xor_reduce(src, rec)
+        client.xor(ev_src, ev_xor)
+        return len(pdf), dups
 
 
 def check_columns(name: str, have: Sequence[str], need: Sequence[str], what: str) -> None:
