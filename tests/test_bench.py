@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import xorack
 from xorack import bench
 
 
@@ -47,6 +48,8 @@ def test_report_without_spark(tmp_path: Path) -> None:
 
 def test_missing_demo_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "xorack.demo", None)  # import fails
+    # ...also when an earlier test imported it (``from xorack import demo`` reads the attribute)
+    monkeypatch.delattr(xorack, "demo", raising=False)
     with pytest.raises(bench.DemoUnavailable):
         bench.run_demo(100, ft=True)
     report = bench.Report(machine={}, config={})
