@@ -220,6 +220,15 @@ class Tracked:
 
     def union(self, other: Tracked) -> Tracked:
         """Merge two tracked DataFrames with the same payload columns (by name)."""
+        if not isinstance(other, Tracked) or other._p is not self._p:
+            raise StageSchemaError(
+                "union: the other side must be a tracked DataFrame of the same Pipeline"
+            )
+        if other._node is self._node:
+            raise StageSchemaError(
+                "union: a tracked DataFrame cannot be unioned with itself (each row would be "
+                "emitted twice under one lineage); map it twice into two stages instead"
+            )
         if list(other._node.columns) != list(self._node.columns):
             raise StageSchemaError(
                 f"union: payload columns differ: {list(self._node.columns)} vs "
@@ -457,10 +466,10 @@ class Pipeline:
                 # their fresh ids but one: ids must be unique within a round.
                 det = u64(t.column(DET))
                 first = np.zeros(len(det), dtype=bool)
-                for i, d in enumerate(det.tolist()):
-                    if d not in seen_det:
-                        seen_det.add(d)
-                        first[i] = True
+                first[np.unique(det, return_index=True)[1]] = True
+                if seen_det:
+                    first &= ~np.isin(det, np.fromiter(seen_det, np.uint64, len(seen_det)))
+                seen_det.update(det[first].tolist())
                 corr_src.append(src[first])
                 corr_val.append(rec[first] ^ det[first])
                 rec = np.where(first, det, rec)

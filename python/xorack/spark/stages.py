@@ -117,6 +117,84 @@ def _ordinals(parent: np.ndarray) -> np.ndarray:
 # source
 
 
+_CONTENT_SEED_HI = 42
+_CONTENT_SEED_LO = 0x3C6EF372  # a second, independent Murmur3 seed: 64 bits of content hash
+
+
+def content_hash(batch: pa.RecordBatch) -> np.ndarray:
+    """A 64-bit hash of each row's payload (two Murmur3 passes over every column).
+
+    Columns of a type the Spark-exact hash does not take (lists, structs, maps) are hashed
+    through their text form (a Python loop over those columns only).
+    """
+    from .. import hashing
+
+    cols = []
+    for col in batch.columns:
+        try:
+            hashing.murmur3_hash([col.slice(0, 1)])  # the type check needs a row
+        except TypeError:
+            col = pa.array([repr(v) for v in col.to_pylist()], pa.string())
+        cols.append(col)
+    if not cols:
+        return np.zeros(batch.num_rows, dtype=np.uint64)
+    hi = hashing.murmur3_hash(cols, seed=_CONTENT_SEED_HI).view(np.uint32).astype(np.uint64)
+    lo = hashing.murmur3_hash(cols, seed=_CONTENT_SEED_LO).view(np.uint32).astype(np.uint64)
+    return (hi << np.uint64(32)) | lo
+
+
+class ContentRanks:
+    """Per task: for each row, how many earlier rows of the task had the same content hash.
+
+    Identical rows are told apart by their rank among themselves, which does not depend on where
+    they are in the partition; rows reordered by a task retry keep their ids.
+    """
+
+    def __init__(self) -> None:
+        self._hashes = np.empty(0, dtype=np.uint64)  # sorted
+        self._counts = np.empty(0, dtype=np.int64)
+
+    def __call__(self, h: np.ndarray) -> np.ndarray:
+        uniq, inv, cnt = np.unique(h, return_inverse=True, return_counts=True)
+        # rank within this batch, in order of appearance
+        order = np.argsort(inv, kind="stable")
+        starts = np.concatenate(([0], np.cumsum(cnt)[:-1]))
+        within = np.empty(len(h), dtype=np.int64)
+        within[order] = np.arange(len(h)) - np.repeat(starts, cnt)
+        # how many rows of each hash earlier batches of the task had
+        base = np.zeros(len(uniq), dtype=np.int64)
+        if len(self._hashes):
+            at = np.minimum(np.searchsorted(self._hashes, uniq), len(self._hashes) - 1)
+            found = self._hashes[at] == uniq
+            base[found] = self._counts[at[found]]
+        keep = ~np.isin(self._hashes, uniq)
+        hashes = np.concatenate([self._hashes[keep], uniq])
+        counts = np.concatenate([self._counts[keep], base + cnt])
+        order = np.argsort(hashes)
+        self._hashes, self._counts = hashes[order], counts[order]
+        return base[inv] + within
+
+
+def content_ids(
+    batch: pa.RecordBatch,
+    ranks: ContentRanks,
+    micro_batch: int,
+    source: int,
+    partition: int,
+    salt: int,
+) -> np.ndarray:
+    """Deterministic record ids of source rows: (micro-batch, source, partition, the row's
+    content, its rank among identical rows of the task). A Spark task retry that reads the same
+    rows in another order re-creates the same id for each row; different rows never share one.
+    """
+    from .. import acker
+
+    n = batch.num_rows
+    where = acker.derive_ids([micro_batch + 1], [source + 1], [partition + 1], salt)[0]
+    content = content_hash(batch) | np.uint64(1)  # derive_ids takes nonzero parents
+    return acker.derive_ids(np.full(n, where, dtype=np.uint64), content, ranks(content), salt)
+
+
 @dataclass(frozen=True)
 class SourceTagger:
     """``mapInArrow`` function of a tracked source: tag, hash keys, persist, then emit.
@@ -137,7 +215,7 @@ class SourceTagger:
         from .. import acker, hashing
 
         client = _client(self.location, self.token)
-        ordinal = 0
+        ranks = ContentRanks()
         salt = (_salt(f"source:{self.name}") ^ self.id_salt) & 0x7FFF_FFFF_FFFF_FFFF
         for batch in batches:
             n = batch.num_rows
@@ -155,15 +233,9 @@ class SourceTagger:
                     f"{batch.schema.names}"
                 )
             if self.deterministic:
-                ords = np.arange(ordinal, ordinal + n, dtype=np.uint64)
-                # (micro-batch, source, partition, row ordinal) names a source row; a Spark
-                # task retry re-reads the same rows and re-creates the same ids
-                origin = np.full(n, (self.batch + 1) << 20 | (self.source + 1), dtype=np.uint64)
-                parent = np.full(n, partition + 1, dtype=np.uint64)
-                rec = acker.derive_ids(origin, parent, ords, salt)
+                rec = content_ids(batch, ranks, self.batch, self.source, partition, salt)
             else:
                 rec = acker.new_ids(n)
-            ordinal += n
             key_hash = None
             if self.keys:
                 key_hash = hashing.murmur3_hash([batch.column(k) for k in self.keys])
@@ -288,13 +360,17 @@ def call_bisecting(
     def run(pos: np.ndarray | None, lo: int, hi: int, must_fail: bool = False) -> bool:
         # the rows pdf[lo:hi] (pos is None) or pdf.iloc[pos] (after a FailRecord(rows=...));
         # True when the part raised. must_fail: its parent raised and its sibling did not, so
-        # calling it whole would raise again: split it at once (one call saved per level)
-        size = hi - lo if pos is None else len(pos)
-        if not (must_fail and size > 1 and bisect):
+        # calling it whole would raise again: split it at once (one call saved per level).
+        # A FailRecord naming rows loops on the rest (no recursion: it may name one row a call).
+        raised = False
+        while True:
+            size = hi - lo if pos is None else len(pos)
+            if must_fail and size > 1 and bisect:
+                break
             part = pdf.iloc[lo:hi] if pos is None else pdf.iloc[pos]
             try:
                 outs.extend(_as_frames(fn(part), stage))
-                return False
+                return raised
             except (StageSchemaError, LineageError):
                 raise
             except Exception as exc:  # any user exception fails its rows
@@ -304,12 +380,14 @@ def call_bisecting(
                     bad = _failing_positions(rows, size, stage)
                     failed.append((absolute[bad], reason_of(exc)))
                     rest = np.delete(absolute, bad)
-                    if len(rest):
-                        run(rest, 0, len(rest))
-                    return True
+                    if not len(rest):
+                        return True
+                    pos, lo, hi, raised = rest, 0, len(rest), True
+                    continue
                 if size == 1 or not bisect:
                     failed.append((absolute, reason_of(exc)))
                     return True
+                break
         if pos is None:
             mid = (lo + hi) // 2
             left_raised = run(None, lo, mid)
@@ -393,7 +471,7 @@ class StageRunner:
         out = self._select(out, lineage=True) if len(out) else out.iloc[0:0]
         try:
             parent = np.asarray(acker.parent_index(in_rec, u64(out[REC])), dtype=np.int64)
-        except ValueError as exc:  # LineageError included
+        except (TypeError, ValueError) as exc:  # LineageError included; TypeError: bad dtype
             raise LineageError(f"stage {self.name!r}: {exc}") from exc
 
         keep_in = np.ones(len(pdf), dtype=bool)

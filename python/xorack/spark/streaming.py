@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from .pipeline import Pipeline
 
 
+class _StoppedBeforeBatch(Exception):
+    """A micro-batch that arrived after ``stop()``: failed on purpose so it is not committed."""
+
+
 class StreamingRun:
     """A running streaming query over a :class:`~xorack.spark.Pipeline` with one streaming
     source. Built by :meth:`Pipeline.start_stream`."""
@@ -84,8 +88,12 @@ class StreamingRun:
         p = self.pipeline
         try:
             with self._lock:
-                if self._stopping:  # stop() was called: leave this batch to the next start
-                    return
+                if self._stopping:
+                    # stop() was called: raising keeps Spark from committing the batch's offsets
+                    # (returning would commit rows that were never tagged nor persisted)
+                    raise _StoppedBeforeBatch(
+                        f"micro-batch {batch_id} started after stop(): left uncommitted"
+                    )
                 sc = p.spark.sparkContext
                 sc.setLocalProperty(ROUND_PROPERTY, str(batch_id))
                 p.round = int(batch_id)
@@ -98,6 +106,8 @@ class StreamingRun:
                 p._run_frames(frames, self.report)
                 self.batches += 1
                 self._last_batch = int(batch_id)
+        except _StoppedBeforeBatch:
+            raise
         except BaseException as exc:
             self._error = exc
             raise

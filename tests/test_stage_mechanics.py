@@ -1,0 +1,109 @@
+"""Stage mechanics that need no Spark: deterministic source ids and batch bisection."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+import xorack
+from xorack.spark.stages import ContentRanks, call_bisecting, content_ids
+
+
+def _ids(batch: pa.RecordBatch, ranks: ContentRanks | None = None) -> np.ndarray:
+    return content_ids(batch, ranks or ContentRanks(), 0, 0, 3, salt=11)
+
+
+def test_source_ids_follow_content_not_position():
+    # a Spark task retry may read the rows of a partition in another order (shuffle fetch
+    # order): each row must get its id back, or an idempotent sink would absorb a different row
+    words = ["alpha", "beta", "gamma", "delta", "beta"]
+    batch = pa.record_batch({"w": words, "n": [1, 2, 3, 4, 2]})
+    perm = np.array([4, 2, 0, 3, 1])
+    shuffled = batch.take(pa.array(perm))
+    a, b = _ids(batch), _ids(shuffled)
+    by_content_a = sorted(zip(words, [1, 2, 3, 4, 2], a.tolist(), strict=True))
+    by_content_b = sorted(
+        zip(np.array(words)[perm], np.array([1, 2, 3, 4, 2])[perm], b.tolist(), strict=True)
+    )
+    assert by_content_a == by_content_b  # identical rows may swap ids: they are the same row
+    assert len(set(a.tolist())) == len(words)  # the two identical rows still get two ids
+    assert a.all()
+
+
+def test_source_ids_differ_for_different_content_and_places():
+    batch = pa.record_batch({"w": ["alpha", "beta"]})
+    other = pa.record_batch({"w": ["beta", "alpha2"]})
+    a, b = _ids(batch), _ids(other)
+    assert a[1] == b[0]  # "beta": same content, same place -> same id, wherever it sits
+    assert a[0] not in b  # different content -> different ids
+    assert b[1] not in a
+    ranks = ContentRanks()
+    part3 = content_ids(batch, ranks, 0, 0, 3, salt=11)
+    part4 = content_ids(batch, ContentRanks(), 0, 0, 4, salt=11)
+    batch1 = content_ids(batch, ContentRanks(), 1, 0, 3, salt=11)
+    assert not set(part3.tolist()) & set(part4.tolist())
+    assert not set(part3.tolist()) & set(batch1.tolist())
+
+
+def test_identical_rows_across_batches_of_a_task_get_distinct_ids():
+    ranks = ContentRanks()
+    row = pa.record_batch({"w": ["same"] * 3})
+    first = content_ids(row, ranks, 0, 0, 0, salt=1)
+    second = content_ids(row, ranks, 0, 0, 0, salt=1)
+    assert len(set(first.tolist()) | set(second.tolist())) == 6
+    # the same six rows split differently over batches get the same six ids
+    again = ContentRanks()
+    whole = content_ids(pa.record_batch({"w": ["same"] * 6}), again, 0, 0, 0, salt=1)
+    assert set(whole.tolist()) == set(first.tolist()) | set(second.tolist())
+
+
+def test_content_hash_takes_nested_types():
+    batch = pa.record_batch({"xs": pa.array([[1, 2], [3], [1, 2]])})
+    ids = _ids(batch)
+    assert len(set(ids.tolist())) == 3
+
+
+def test_fail_record_naming_one_row_per_call_does_not_recurse():
+    # a validator that reports only the first bad row each time it is called: one FailRecord
+    # per bad row, thousands of them in one batch
+    pdf = pd.DataFrame({"v": np.arange(4000)})
+    bad_rows = set(range(0, 4000, 2))
+
+    def first_bad_only(df: pd.DataFrame) -> pd.DataFrame:
+        bad = df["v"].isin(bad_rows).to_numpy()
+        if bad.any():
+            raise xorack.FailRecord("odd one out", rows=[int(np.flatnonzero(bad)[0])])
+        return df
+
+    outs, failed = call_bisecting(first_bad_only, pdf, "validate")
+    kept = pd.concat(outs)["v"].tolist()
+    failed_rows = sorted(int(r) for pos, _ in failed for r in pos)
+    assert sorted(kept) == list(range(1, 4000, 2))
+    assert failed_rows == sorted(bad_rows)
+
+
+def test_plain_exception_is_bisected_to_the_failing_rows():
+    pdf = pd.DataFrame({"v": np.arange(100)})
+
+    def boom(df: pd.DataFrame) -> pd.DataFrame:
+        if (df["v"] % 37 == 5).any():
+            raise RuntimeError("bad value")
+        return df
+
+    outs, failed = call_bisecting(boom, pdf, "s")
+    assert sorted(int(r) for pos, _ in failed for r in pos) == [5, 42, 79]
+    assert len(pd.concat(outs)) == 97
+    assert all(reason == "RuntimeError: bad value" for _, reason in failed)
+
+
+@pytest.mark.parametrize("rows", [[True], [7], "abc"])
+def test_bad_rows_value_names_the_stage(rows):
+    pdf = pd.DataFrame({"v": [1, 2]})
+
+    def fn(df):
+        raise xorack.FailRecord("x", rows=rows)
+
+    with pytest.raises(ValueError, match="stage 'named'"):
+        call_bisecting(fn, pdf, "named")
