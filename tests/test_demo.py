@@ -10,7 +10,8 @@ import pytest
 from xorack import demo
 from xorack.spark.pipeline import REPORT_KEYS
 
-pytest.importorskip("pyspark")
+pytest.importorskip("pyspark", reason="pyspark is not installed: install xorack[test]")
+pytestmark = pytest.mark.spark
 
 
 def test_demo_json_with_failures_injected_loses_nothing(spark, capsys):

@@ -13,8 +13,10 @@ import pytest
 import xorack
 from xorack.spark import Pipeline, SQLiteSink, StageSchemaError, current_round
 
-pytest.importorskip("pyspark")
+pytest.importorskip("pyspark", reason="pyspark is not installed: install xorack[test]")
 from pyspark import cloudpickle
+
+pytestmark = pytest.mark.spark
 
 # Spark's Python workers cannot import this test module: ship its functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

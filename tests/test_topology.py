@@ -26,8 +26,10 @@ import pytest
 import xorack
 from xorack.spark import Pipeline, SQLiteSink, current_round
 
-pytest.importorskip("pyspark")
+pytest.importorskip("pyspark", reason="pyspark is not installed: install xorack[test]")
 from pyspark import cloudpickle
+
+pytestmark = pytest.mark.spark
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
