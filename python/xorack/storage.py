@@ -160,8 +160,16 @@ class Storage(ABC):
         """Payload rows and metadata of the stored ones among ``src_ids`` (in ``src_ids`` order)."""
 
     @abstractmethod
+    def stored_ids(self) -> np.ndarray:
+        """The ids of every stored record (uint64)."""
+
     def iter_pending(self, chunk_size: int = 65536) -> Iterator[RecordMeta]:
         """Every stored record, in chunks (crash recovery)."""
+        ids = self.stored_ids()
+        for start in range(0, len(ids), chunk_size):
+            meta = self.lookup(ids[start : start + chunk_size])
+            if len(meta):
+                yield meta
 
     @abstractmethod
     def dead_letter(self, src_ids: np.ndarray, reason: str) -> None:
@@ -460,13 +468,9 @@ class MemoryStorage(Storage):
             batches = {no: self._chunks[no].batch for no in nos}
             return _gather(batches, locs >> _ROW_BITS, locs & _ROW_MASK, meta.src), meta
 
-    def iter_pending(self, chunk_size: int = 65536) -> Iterator[RecordMeta]:
+    def stored_ids(self) -> np.ndarray:
         with self._lock:
-            ids = np.fromiter(self._loc.keys(), np.uint64, len(self._loc))
-        for start in range(0, len(ids), chunk_size):
-            meta = self.lookup(ids[start : start + chunk_size])
-            if len(meta):
-                yield meta
+            return np.fromiter(self._loc.keys(), np.uint64, len(self._loc))
 
     def dead_letter(self, src_ids: np.ndarray, reason: str) -> None:
         if not len(src_ids):
@@ -731,9 +735,10 @@ class SQLiteStorage(Storage):
         if not rows:
             return RecordMeta.empty(), np.empty(0, np.int64)
         a = np.array(rows, dtype=np.int64)
-        pos = {k: i for i, k in enumerate(a[:, 0].tolist())}
-        order = [pos[k] for k in src_ids.view(np.int64).tolist() if k in pos]
-        a = a[np.array(order, dtype=np.int64)]
+        a = a[np.argsort(a[:, 0], kind="stable")]
+        want = src_ids.view(np.int64)
+        at = np.minimum(np.searchsorted(a[:, 0], want), len(a) - 1)
+        a = a[at[a[at, 0] == want]]  # back in src_ids order, absent ids left out
         locs = a[:, 1].copy()
         nos = locs >> _ROW_BITS
         rows_ = locs & _ROW_MASK
@@ -814,16 +819,12 @@ class SQLiteStorage(Storage):
 
         return self._transaction("fetch", run)
 
-    def iter_pending(self, chunk_size: int = 65536) -> Iterator[RecordMeta]:
+    def stored_ids(self) -> np.ndarray:
         def run() -> np.ndarray:
             rows = self._db.execute("SELECT src FROM records").fetchall()
             return np.array(rows, dtype=np.int64).reshape(-1).view(np.uint64)
 
-        ids = self._transaction("listing pending records", run)
-        for start in range(0, len(ids), chunk_size):
-            meta = self.lookup(ids[start : start + chunk_size])
-            if len(meta):
-                yield meta
+        return self._transaction("listing pending records", run)
 
     def dead_letter(self, src_ids: np.ndarray, reason: str) -> None:
         if not len(src_ids):
