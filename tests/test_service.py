@@ -185,13 +185,13 @@ def test_client_rejects_bad_arguments_before_sending(client):
         client.xor(np.array([0], dtype=U64), np.array([1], dtype=U64))
     with pytest.raises(ValueError, match="length mismatch"):
         client.xor(np.array([1, 2], dtype=U64), np.array([1], dtype=U64))
-    with pytest.raises(ValueError, match="must not start with '_ft_'"):
+    with pytest.raises(ValueError, match="reserved column"):
         client.persist(pa.record_batch({"_ft_src": np.array([1], dtype=U64)}))
     with pytest.raises(TypeError, match="key_hash must be int32"):
         client.persist(_words(2), key_hash=np.array([1.0, 2.0]))
-    with pytest.raises(ValueError, match="key_hash must be in"):
+    with pytest.raises(ValueError, match="key_hash must fit int32"):
         client.persist(_words(2), key_hash=np.array([1, 2**31], dtype=np.int64))
-    with pytest.raises(ValueError, match="partition must be in"):
+    with pytest.raises(ValueError, match="partition must fit int32"):
         client.persist(_words(2), partition=np.array([0, 2**32], dtype=np.int64))
     with pytest.raises(ValueError, match="length mismatch"):
         client.persist(_words(2), births=[1, 2, 3])
@@ -269,10 +269,15 @@ def test_unknown_action_and_ticket_rejected(service, client):
 
 
 def test_ft_layer_errors_reach_the_client_as_service_errors(client):
-    # A negative source index is the FT layer's to reject: the client sees its reason.
-    with pytest.raises(ServiceError, match=r"rejected persist: .*source"):
-        client.persist(_words(1), source=-1)
+    # Only the acker knows which ids are pending: its refusal reaches the client with the reason.
+    ids = np.array([12345], dtype=U64)
+    client.persist(_words(1), src_ids=ids)
+    with pytest.raises(ServiceError, match=r"rejected persist: .*already pending"):
+        client.persist(_words(1), src_ids=ids)
     assert client.ping()
+    # What the client can check itself (the FT layer's own argument checks) never goes out.
+    with pytest.raises(ValueError, match="source must be in"):
+        client.persist(_words(1), source=-1)
 
 
 # ---- retries and idempotency ----------------------------------------------------------------

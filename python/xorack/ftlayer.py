@@ -191,6 +191,50 @@ def _source_arg(source: Any) -> int:
     return int(source)
 
 
+@dataclass(frozen=True)
+class PersistArgs:
+    """The arguments of ``persist``, checked once: ``FTLayer.persist`` and the service client
+    (``AckerClient.persist``) both take them through :func:`check_persist_args`, so a call is
+    accepted or refused the same way in and out of process. ``None`` = not given."""
+
+    batch: pa.RecordBatch
+    source: int
+    key_hash: np.ndarray | None  # int32 per row
+    partition: np.ndarray | None  # int32 per row, >= -1
+    births: np.ndarray | None  # uint64 per row
+    src_ids: np.ndarray | None  # uint64 per row, distinct, nonzero
+
+
+def check_persist_args(
+    batch: Any,
+    key_hash: Any = None,
+    source: Any = 0,
+    partition: Any = None,
+    births: Any = None,
+    src_ids: Any = None,
+) -> PersistArgs:
+    """Validate and normalize ``persist``'s arguments (clear TypeError/ValueError otherwise).
+
+    >>> a = check_persist_args(pa.record_batch({"v": [1, 2]}), key_hash=[7, 8], partition=3)
+    >>> a.key_hash.tolist(), a.partition.tolist(), a.births
+    ([7, 8], [3, 3], None)
+    """
+    batch = _as_batch(batch)
+    n = batch.num_rows
+    source = _source_arg(source)
+    kh = None if key_hash is None else _as_i32(key_hash, "key_hash", n, 0)
+    part = None if partition is None else _as_i32(partition, "partition", n, -1, lo=-1)
+    if births is not None:
+        births = _ids(births, "births", nonzero=False)
+        same_length(batch=np.empty(n), births=births)
+    if src_ids is not None:
+        src_ids = _ids(src_ids, "src_ids")
+        same_length(batch=np.empty(n), src_ids=src_ids)
+        if len(np.unique(src_ids)) != n:
+            raise ValueError("src_ids must be distinct")
+    return PersistArgs(batch, source, kh, part, births, src_ids)
+
+
 def _partitioner_arg(p: Any, where: str) -> ReplayPartitioner:
     if isinstance(p, str):
         return replay_partitioner_from_spec(p)
@@ -322,18 +366,12 @@ class FTLayer:
         (3, 3)
         """
         self._check_open()
-        batch = _as_batch(batch)
+        args = check_persist_args(batch, key_hash, source, partition, births, src_ids)
+        batch, source, src_ids = args.batch, args.source, args.src_ids
         n = batch.num_rows
-        source = _source_arg(source)
-        key_hash = _as_i32(key_hash, "key_hash", n, 0)
-        partition = _as_i32(partition, "partition", n, -1, lo=-1)
-        births = np.zeros(n, _U64) if births is None else _ids(births, "births", nonzero=False)
-        same_length(batch=np.empty(n), births=births)
-        if src_ids is not None:
-            src_ids = _ids(src_ids, "src_ids")
-            same_length(batch=np.empty(n), src_ids=src_ids)
-            if len(np.unique(src_ids)) != n:
-                raise ValueError("src_ids must be distinct")
+        key_hash = np.zeros(n, np.int32) if args.key_hash is None else args.key_hash
+        partition = np.full(n, -1, np.int32) if args.partition is None else args.partition
+        births = np.zeros(n, _U64) if args.births is None else args.births
         self._check_routable(source, partition)
         if n == 0:
             return _EMPTY.copy()

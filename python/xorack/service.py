@@ -82,7 +82,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from ._checks import as_i32, as_u64, same_length
+from ._checks import as_u64, same_length
 from .errors import ServiceError
 
 __all__ = [
@@ -902,42 +902,22 @@ class AckerClient:
         row, distinct and nonzero, when the caller draws the ids itself; else the acker draws
         them) are optional.
         """
-        if isinstance(batch, pa.Table):
-            batches = batch.combine_chunks().to_batches()
-            batch = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=batch.schema)
-        if not isinstance(batch, pa.RecordBatch):
-            raise TypeError(f"batch must be a pyarrow RecordBatch or Table, got {type(batch)}")
-        bad = [n for n in batch.schema.names if n.startswith(CONTROL_PREFIX)]
-        if bad:
-            raise ValueError(
-                f"payload column names must not start with '{CONTROL_PREFIX}' (reserved), got {bad}"
-            )
-        n = batch.num_rows
-        arrays = list(batch.columns)
-        names = list(batch.schema.names)
-        if key_hash is not None:  # the same conversions as FTLayer.persist
-            kh = as_i32(key_hash, "key_hash")
-            same_length(batch=np.empty(n), key_hash=kh)
-            arrays.append(pa.array(kh, pa.int32()))
-            names.append(KEY_HASH)
-        if births is not None:
-            b = as_u64(births, "births")
-            same_length(batch=np.empty(n), births=b)
-            arrays.append(pa.array(b, pa.uint64()))
-            names.append(BIRTHS)
-        if src_ids is not None:
-            ids = as_u64(src_ids, "src_ids", nonzero=True)
-            same_length(batch=np.empty(n), src_ids=ids)
-            arrays.append(pa.array(ids, pa.uint64()))
-            names.append(SRC)
-        cmd: dict[str, Any] = {"source": int(source), "req": _request_id()}
-        if partition is not None and np.ndim(partition) == 1:
-            p = as_i32(partition, "partition", minimum=-1)
-            same_length(batch=np.empty(n), partition=p)
-            arrays.append(pa.array(p, pa.int32()))
-            names.append(PARTITION)
-        elif partition is not None:
-            cmd["partition"] = int(partition)
+        from .ftlayer import check_persist_args  # the FT layer's own checks, before the wire
+
+        a = check_persist_args(batch, key_hash, source, partition, births, src_ids)
+        n = a.batch.num_rows
+        arrays = list(a.batch.columns)
+        names = list(a.batch.schema.names)
+        for column, values, kind in (
+            (KEY_HASH, a.key_hash, pa.int32()),
+            (BIRTHS, a.births, pa.uint64()),
+            (SRC, a.src_ids, pa.uint64()),
+            (PARTITION, a.partition, pa.int32()),
+        ):
+            if values is not None:
+                arrays.append(pa.array(values, kind))
+                names.append(column)
+        cmd: dict[str, Any] = {"source": a.source, "req": _request_id()}
         if n == 0:
             return _EMPTY_IDS
         wire = pa.RecordBatch.from_arrays(arrays, names=names)
