@@ -304,6 +304,7 @@ class FTLayer:
         self._waiting: dict[int, list[_Waiting]] = {}
         self._orphan_watch = _EMPTY  # sorted ids of unregistered entries put on the wheel
         self._undeleted: list[np.ndarray] = []  # completed, storage delete failed: retried
+        self._ended: list[np.ndarray] = []  # attempts that ended without completing (take_ended)
         self._born: dict[int, float] = {}  # timed 1/16 sample of big calls: src id -> start
         self._born_small: dict[int, float] = {}  # every record of small calls: src id -> start
         self._latencies: deque[float] = deque(maxlen=_LATENCY_KEEP)
@@ -542,6 +543,24 @@ class FTLayer:
             for p, a, b in zip(parts, starts, stops, strict=True)
         }
 
+    def take_ended(self) -> np.ndarray:
+        """The source ids of the attempts that ended without completing since the previous
+        call: failed, timed out or recovered (each then replayed under a new id or
+        dead-lettered). Each id is handed out once. A sink or an aggregate that kept rows of
+        such an attempt drops them: only a completed attempt's rows count.
+
+        >>> import pyarrow as pa
+        >>> ft = FTLayer()
+        >>> src = ft.persist(pa.record_batch({"x": [1, 2]}), births=[5, 6])
+        >>> _ = ft.fail(src[:1])
+        >>> ft.take_ended().tolist() == src[:1].tolist(), ft.take_ended().tolist()
+        (True, [])
+        """
+        self._check_open()
+        with self._lock:
+            ended, self._ended = self._ended, []
+        return np.concatenate(ended) if ended else _EMPTY.copy()
+
     def dead_letters(self, source: int | None = None) -> pa.Table:
         """Records that used up ``max_attempts``: payload + ``_ft_origin``, ``_ft_source``,
         ``_ft_attempts``, ``_ft_reason`` (the last failure's reason); only those of source index
@@ -639,6 +658,7 @@ class FTLayer:
         error leaves every record where it was."""
         if not len(meta):
             return _EMPTY.copy()
+        self._ended.append(np.array(meta.src, dtype=_U64))
         exhausted = meta.attempt >= self.max_attempts
         again = meta.take(~exhausted)
         routes, unroutable = self._route(again)

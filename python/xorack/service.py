@@ -135,6 +135,8 @@ _ACTIONS = {
     "stats": "JSON: the FT layer's stats plus the service's counters",
     "rotate": "one timeout rotation; returns the replayed source ids (uint64 LE)",
     "expire_all": "time out every pending record; returns the replayed source ids (uint64 LE)",
+    "take_ended": "the source ids of attempts that ended without completing since the last call "
+    "(failed, timed out, dead-lettered; uint64 LE)",
 }
 
 
@@ -623,7 +625,11 @@ class AckerService(flight.FlightServerBase):
                 return [pa.py_buffer(b"pong")]
             if kind == "stats":
                 return [pa.py_buffer(json.dumps(self.stats(), default=_json_default).encode())]
-            fn = self.ft.rotate if kind == "rotate" else self.ft.expire_all
+            fn = {
+                "rotate": self.ft.rotate,
+                "expire_all": self.ft.expire_all,
+                "take_ended": self.ft.take_ended,
+            }[kind]
             ids = self.requests.run(body.get("req"), lambda: np.asarray(fn(), dtype=np.uint64))
             return [_ids_buffer(ids)]
 
@@ -995,6 +1001,13 @@ class AckerClient:
         """Time out every pending record now; returns the new source ids of their replays."""
         return np.frombuffer(
             self._action("expire_all", {"req": _request_id()}), dtype="<u8"
+        ).astype(np.uint64)
+
+    def take_ended(self) -> np.ndarray:
+        """The source ids of attempts that ended without completing (failed, timed out or
+        dead-lettered) since the previous call: each id is handed out once."""
+        return np.frombuffer(
+            self._action("take_ended", {"req": _request_id()}), dtype="<u8"
         ).astype(np.uint64)
 
     def ping(self) -> bool:
