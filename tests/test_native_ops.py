@@ -184,7 +184,9 @@ def test_tracked_join_of_two_sources_then_aggregate(spark, tmp_path):
     events = p.source(_events(spark), name="events").map_in_pandas(
         _flaky_ids, _events(spark).schema, name="flaky"
     )
-    kinds = spark.createDataFrame([(k, f"kind{k % 3}", k) for k in range(8)], "k int, kind string, id long")
+    kinds = spark.createDataFrame(
+        [(k, f"kind{k % 3}", k) for k in range(8)], "k int, kind string, id long"
+    )
     other = p.source(kinds, name="kinds").map_in_pandas(_flaky_ids, kinds.schema, name="flaky2")
     joined = events.select("id", "k", "x").join(other.withColumnRenamed("id", "kid"), "k", "inner")
     out = joined.groupBy("kind").agg(F.sum("x").alias("sx"), F.count("*").alias("n"))
@@ -248,7 +250,8 @@ def test_a_systematic_error_stops_the_run_by_the_second_attempt(spark, tmp_path)
         p.run()
     message = str(err.value)
     assert "stage 'count_chars'" in message
-    assert "AttributeError" in message and "lines" in message
+    assert "AttributeError" in message
+    assert "lines" in message
     assert "200 of 200" in message
 
 

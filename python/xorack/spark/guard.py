@@ -55,15 +55,21 @@ class FailureTally:
         self.share = share
         self.min_records = int(min_records)
         self._previous: dict[tuple[str, str], float] = {}
+        self._first: dict[str, int] = {}  # records a stage saw in its first round (its input)
 
     def add_round(self, counts: dict[tuple[str, str], int]) -> str | None:
-        """Record one round's counts; the message of a runaway error, or None."""
+        """Record one round's counts; the message of a runaway error, or None. Shares are of
+        the records a stage saw in its first round (a replay round sees only the replays: the
+        few poison records left in the last rounds are all of what it sees)."""
         if self.share is None:
             return None
+        for (stage, reason), n in counts.items():
+            if reason == SEEN and stage not in self._first:
+                self._first[stage] = n
         current: dict[tuple[str, str], float] = {}
         message = None
         for (stage, reason), n in counts.items():
-            seen = counts.get((stage, SEEN), 0)
+            seen = self._first.get(stage, 0)
             if reason == SEEN or seen < self.min_records or n < self.min_records:
                 continue
             current[(stage, reason)] = n / seen

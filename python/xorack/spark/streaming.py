@@ -146,6 +146,11 @@ class StreamingRun:
                         work = p._build({}, replays_wanted=True)
                         p._run_frames(work.summaries, self.report)
                         self.report.rounds += 1
+                # all or nothing: the rows of attempts that ended without completing go
+                ended = p.client.take_ended()
+                for node in p._sink_nodes():
+                    if hasattr(node.sink, "retract"):
+                        self.report.retracted_rows += int(node.sink.retract(ended))
                 p._fill(self.report, p.client.stats())
                 p._dead_letters = p._safe_dead_letters()
         finally:
