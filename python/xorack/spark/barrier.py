@@ -7,9 +7,9 @@ the dead-lettered records, whichever records were replayed. A barrier gets there
 1. in every round, the rows reaching a barrier (or a native sink) are written durably by Spark
    itself (Parquet, Spark's commit protocol: a retried task leaves one copy), with each row's
    source attempt id and the XOR event it owes (its pending event and its ack);
-2. the acks are computed from what was written, in the JVM: ``groupBy(_ft_src)`` with
-   ``bit_xor``, one event per source attempt, sent by a small ``mapInArrow`` (Python sees one
-   row per source record, not one per row);
+2. the acks are computed from what was written: the staged rows' (source id, event) columns
+   are read back by a ``mapInArrow`` that reduces them per source id and sends them (Python
+   sees two int64 columns, no payload, no shuffle);
 3. an attempt that ends without completing (failed, timed out, dead-lettered) is reported by
    the FT layer (``take_ended``); its staged rows are left out;
 4. once every record upstream is completed or dead-lettered, the barrier computes its output
@@ -113,31 +113,52 @@ class Staging:
 
 @dataclass(frozen=True)
 class EventSender:
-    """``mapInArrow`` function: send (source id, XOR value) rows to the acker; yields counts."""
+    """``mapInArrow`` function over staged (source id, event) rows: reduces them per source id
+    and sends them to the acker, in calls of up to ``chunk`` rows (the events of one source id
+    may be split between calls and tasks: XOR is associative). Yields one count per task."""
 
     location: str
     token: str | None = None
+    chunk: int = 1 << 20
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from .lineage import settle
         from .stages import _client, u64
 
         client = _client(self.location, self.token)
+        sent, src, val, buffered = 0, [], [], 0
+
+        def flush() -> int:
+            if not buffered:
+                return 0
+            s, v = np.concatenate(src), np.concatenate(val)
+            ev_src, ev_val = settle(s, s, v, np.zeros(len(s), dtype=bool), ack_kept=False)
+            if len(ev_src):
+                client.xor(ev_src, ev_val)
+            return len(ev_src)
+
         for batch in batches:
             if batch.num_rows:
-                client.xor(u64(batch.column(0)), u64(batch.column(1)))
-            yield pa.record_batch([pa.array([batch.num_rows], pa.int64())], names=["n"])
+                src.append(u64(batch.column(0)))
+                val.append(u64(batch.column(1)))
+                buffered += batch.num_rows
+            if buffered >= self.chunk:
+                sent += flush()
+                src, val, buffered = [], [], 0
+        sent += flush()
+        yield pa.record_batch([pa.array([sent], pa.int64())], names=["n"])
 
 
 def send_staged_events(spark: Any, paths: Sequence[str], location: str, token: str | None) -> int:
-    """The events of the rows staged at ``paths``, reduced per source attempt in the JVM and
-    sent to the acker. Returns the number of events sent."""
+    """Send the events of the rows staged at ``paths`` (read back from what was durably
+    written: an ack never precedes its write). Python sees two int64 columns; no shuffle.
+    Returns the number of (reduced) events sent."""
     if not paths:
         return 0
     f = _f()
     parts = [spark.read.parquet(p).select(SRC, EVT) for p in paths]
-    staged = reduce(lambda a, b: a.unionByName(b), parts)
-    events = staged.groupBy(SRC).agg(f.bit_xor(EVT).alias(EVT)).where(f.col(EVT) != 0)
-    sent = events.mapInArrow(EventSender(location, token), "n long").agg(f.sum("n")).collect()
+    staged = reduce(lambda a, b: a.unionByName(b), parts).where(f.col(EVT) != 0)
+    sent = staged.mapInArrow(EventSender(location, token), "n long").agg(f.sum("n")).collect()
     return int(sent[0][0] or 0)
 
 
