@@ -97,7 +97,8 @@ class RunReport:
     wall_seconds: float = 0.0
     rounds: int = 0
     ft: bool = True
-    sink_rows: dict[str, int] = field(default_factory=dict)
+    sink_rows: dict[str, int] = field(default_factory=dict)  # rows each sink holds at the end
+    sink_duplicates: dict[str, int] = field(default_factory=dict)  # rows absorbed as duplicates
     orphans: int | None = 0
     derived_records: int = 0  # rows of barriers (aggregates, tracked joins) tracked as records
     derived_dead_lettered: int = 0  # of those, dead-lettered (a failure after the barrier)
@@ -298,7 +299,7 @@ class Tracked:
         if not callable(fn):
             raise TypeError(f"map_in_pandas: fn must be callable, got {type(fn).__name__}")
         st = self._p._struct(schema)
-        name = self._p._unique(name or getattr(fn, "__name__", "stage"))
+        name = self._p._unique(name, getattr(fn, "__name__", "stage"))
         node = _Node("stage", name, [self._node], tuple(st.fieldNames()), schema=st, fn=fn)
         return self._p._add(node)
 
@@ -324,7 +325,7 @@ class Tracked:
         keys = tuple(keys)
         check_columns("apply_in_pandas", self._node.columns, keys, "apply_in_pandas")
         st = self._p._struct(schema)
-        name = self._p._unique(name or getattr(fn, "__name__", "grouped"))
+        name = self._p._unique(name, getattr(fn, "__name__", "grouped"))
         node = _Node("group", name, [self._node], tuple(st.fieldNames()), schema=st, fn=fn)
         node.keys = keys
         return self._p._add(node)
@@ -335,7 +336,7 @@ class Tracked:
         round is built; :attr:`Pipeline.round` says which. Rows it removes are *lost* to the
         acker: they time out and their source records are replayed.
         """
-        name = self._p._unique(name or "transform")
+        name = self._p._unique(name, "transform")
         node = _Node(
             "transform", name, [self._node], self._node.columns, schema=self._node.schema, fn=fn
         )
@@ -364,7 +365,7 @@ class Tracked:
             )
         parents = [self._node, other._node]
         node = _Node(
-            "union", self._p._unique("union"), parents, self._node.columns, schema=self._node.schema
+            "union", self._p._unique(None, "union"), parents, self._node.columns, schema=self._node.schema
         )
         return self._p._add(node)
 
@@ -380,7 +381,7 @@ class Tracked:
                 f"sink: expected a xorack.spark.Sink (create, open_writer) or a native sink "
                 f"such as ParquetSink, got {type(sink)}"
             )
-        name = self._p._unique(name or "sink")
+        name = self._p._unique(name, "sink")
         node = _Node(
             "sink", name, [self._node], self._node.columns, schema=self._node.schema, sink=sink
         )
@@ -496,8 +497,21 @@ class Pipeline:
             )
         return st
 
-    def _unique(self, name: str) -> str:
-        base, i = name, 1
+    def _unique(self, name: str | None, default: str) -> str:
+        """``name`` when given (a name already used by a source, stage or sink of this
+        pipeline is an error: reports and dead letters are keyed by name), else ``default``
+        made unique with a suffix."""
+        if name is not None:
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"name must be a non-empty string, got {name!r}")
+            if name in self._names:
+                raise StageSchemaError(
+                    f"name {name!r} is already used by another source, stage or sink of this "
+                    "pipeline; give each a name of its own"
+                )
+            self._names.add(name)
+            return name
+        base, i, name = default, 1, default
         while name in self._names:
             i += 1
             name = f"{base}_{i}"
@@ -545,7 +559,7 @@ class Pipeline:
     def _native(self, parent: _Node, kind: str, make: Callable[[str], Any]) -> Tracked:
         """A native operation node: ``make(name)`` builds the operator; its output schema comes
         from applying it to the parent's empty prototype."""
-        name = self._unique(kind)
+        name = self._unique(None, kind)
         op = make(name)
         out = self._analyze(op.describe(), lambda: op.apply(self._prototype(parent), True))
         schema = self._payload_schema(out)
@@ -559,7 +573,7 @@ class Pipeline:
         protos = [self.spark.createDataFrame([], p.schema) for p in parents]
         out = self._analyze(spec.describe(), lambda: spec.compute(protos))
         schema = out.schema
-        name = self._unique(kind)
+        name = self._unique(None, kind)
         cols = tuple(schema.fieldNames())
         ops.check_output_names(spec.describe(), list(cols))
         phase = max(p.phase for p in parents) + 1
@@ -633,7 +647,7 @@ class Pipeline:
             n = df.rdd.getNumPartitions()
         node = _Node(
             "source",
-            self._unique(name or "source"),
+            self._unique(name, "source"),
             [],
             cols,
             schema=df.schema,
@@ -1124,7 +1138,9 @@ class Pipeline:
                 report.sink_rows[node.name] = node.sink.read(self.spark).count()
                 node.staging[0].remove()
             elif hasattr(node.sink, "retract"):
-                report.retracted_rows += int(node.sink.retract(ended))
+                gone = int(node.sink.retract(ended))
+                report.retracted_rows += gone
+                report.sink_rows[node.name] = report.sink_rows.get(node.name, 0) - gone
 
     def start_stream(
         self,
@@ -1157,7 +1173,10 @@ class Pipeline:
         for f in frames[1:]:
             summary = summary.unionByName(f)
         for row in summary.collect():
-            report.sink_rows[row.sink] = report.sink_rows.get(row.sink, 0) + row.rows
+            stored = int(row.rows) - int(row.duplicates)
+            report.sink_rows[row.sink] = report.sink_rows.get(row.sink, 0) + stored
+            dups = report.sink_duplicates
+            dups[row.sink] = dups.get(row.sink, 0) + int(row.duplicates)
             report.duplicates_absorbed += int(row.duplicates)
 
     def _replays_waiting(self, stats: dict[str, Any]) -> bool:

@@ -150,7 +150,10 @@ class StreamingRun:
                 ended = p.client.take_ended()
                 for node in p._sink_nodes():
                     if hasattr(node.sink, "retract"):
-                        self.report.retracted_rows += int(node.sink.retract(ended))
+                        gone = int(node.sink.retract(ended))
+                        self.report.retracted_rows += gone
+                        rows = self.report.sink_rows
+                        rows[node.name] = rows.get(node.name, 0) - gone
                 p._fill(self.report, p.client.stats())
                 p._dead_letters = p._safe_dead_letters()
         finally:
