@@ -19,53 +19,41 @@ namespace xorack {
 // needed); `early_` and `old_` the rare unregistered ids, whose events arrived before their
 // register (or after their completion: a duplicate), young and old — expire_unregistered() drops
 // the old ones and ages the young, so such entries cannot pile up forever. Usually empty, so the
-// hot path pays one size check for them. Within a call the events of a key are combined first;
-// completed ids are returned in order of their first occurrence in the input.
+// hot path pays one size check for them.
+//
+// Batching semantics (the same in the Python fallback, _fallback/ack_table.py):
+// - register() takes its (id, birth) pairs one after the other, as if each were a call of its
+//   own: registering [5, 5] with births [3, 3] in one call is exactly register(5, 3) then
+//   register(5, 3) — the second XORs the birth in again and completes 5. Splitting a register
+//   call into several never changes what completes. Completed ids come in completion order.
+// - xor() combines the events of a key within the call first (XOR is associative) and then
+//   decides: a registered id completes when its value is 0 after the whole call, so a value that
+//   passes through 0 mid-call does not complete it. Completed ids come in order of the key's
+//   first occurrence in the input.
 class AckTable {
  public:
   using Table = FlatTable<uint64_t>;
 
-  // Registers keys with their births (combined per key). An id with early events, or one already
-  // registered, gets the birth XORed in and completes if that gives 0; a fresh id waits.
-  // Appends completed ids to `done`.
+  // Registers keys with their births, one (key, birth) pair after the other in input order, as
+  // if each pair were a call of its own (so splitting a call never changes its outcome): a key
+  // with an entry (registered, or early events) gets the birth XORed in and completes if that
+  // gives 0; a fresh key is registered with its birth and waits (even a birth of 0).
+  // Appends completed ids to `done` in the order they complete.
   void register_batch(const uint64_t* keys, const uint64_t* births, size_t n,
                       std::vector<uint64_t>& done) {
     done.clear();
-    size_t m = xor_reduce(keys, births, n, ukeys_, uvals_);
-    main_.reserve(main_.size() + m);  // no resize inside the loop: homes stay valid
-    homes_.resize(m);
-    for (size_t i = 0; i < m; ++i) homes_[i] = (uint32_t)main_.home(ukeys_[i]);
-    for (size_t i = 0; i < std::min(m, kPrefetchDistance); ++i) main_.prefetch(homes_[i]);
-    auto* slots = main_.slots();
-    for (size_t i = 0; i < m; ++i) {
-      if (i + kPrefetchDistance < m) main_.prefetch(homes_[i + kPrefetchDistance]);
-      const uint64_t k = ukeys_[i];
-      uint64_t v = uvals_[i];
-      size_t s = main_.find_from(k, homes_[i]);
-      if (s != Table::npos) {  // already registered: XOR the birth in again
-        v ^= slots[s].value;
-        if (v == 0) {
-          main_.erase_at(s);
-          done.push_back(k);
-        } else {
-          slots[s].value = v;
-        }
-        continue;
+    // In chunks that fit the room left below the maximum load (each pair inserts at most one
+    // entry), so nothing resizes inside a chunk and the precomputed homes hold; re-registering
+    // present ids does not inflate the table.
+    for (size_t i = 0; i < n;) {
+      size_t room = main_.room();
+      if (room == 0) {
+        main_.reserve(main_.size() + std::min(n - i, std::max<size_t>(main_.size(), 1024)));
+        room = main_.room();
       }
-      if (any_unregistered()) {
-        size_t e;
-        Table* et = find_unregistered(k, &e);
-        if (et) {  // events came first: the birth joins them
-          v ^= et->slots()[e].value;
-          et->erase_at(e);
-          if (v == 0) {
-            done.push_back(k);
-            continue;
-          }
-        }
-      }
-      bool inserted;
-      main_.find_or_insert_from(k, homes_[i], v, &inserted);
+      const size_t m = std::min(room, n - i);
+      register_chunk(keys + i, births + i, m, done);
+      i += m;
     }
     shrink_all();
     trim_scratch();
@@ -249,10 +237,50 @@ class AckTable {
   size_t nbytes() const {
     return main_.nbytes() + early_.nbytes() + old_.nbytes() + homes_.capacity() * sizeof(uint32_t) +
            slot_of_.capacity() * sizeof(uint32_t) + filter_.capacity() * sizeof(uint64_t) +
-           (ukeys_.capacity() + uvals_.capacity() + early_done_.capacity()) * sizeof(uint64_t);
+           early_done_.capacity() * sizeof(uint64_t);
   }
 
  private:
+  // register_batch on n pairs that fit main_'s room (nothing resizes).
+  void register_chunk(const uint64_t* keys, const uint64_t* births, size_t n,
+                      std::vector<uint64_t>& done) {
+    homes_.resize(n);
+    for (size_t i = 0; i < n; ++i) homes_[i] = (uint32_t)main_.home(keys[i]);
+    for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) main_.prefetch(homes_[i]);
+    auto* slots = main_.slots();
+    const bool unregistered = any_unregistered();
+    for (size_t i = 0; i < n; ++i) {
+      if (i + kPrefetchDistance < n) main_.prefetch(homes_[i + kPrefetchDistance]);
+      const uint64_t k = keys[i];
+      uint64_t v = births[i];
+      // One probe: the key's slot, or the empty slot that ends its probe run.
+      const size_t s = main_.find_slot_from(k, homes_[i]);
+      if (slots[s].key == k) {  // already registered: XOR the birth in again
+        v ^= slots[s].value;
+        if (v == 0) {
+          main_.erase_at(s);
+          done.push_back(k);
+        } else {
+          slots[s].value = v;
+        }
+        continue;
+      }
+      if (unregistered) {
+        size_t e;
+        Table* et = find_unregistered(k, &e);
+        if (et) {  // events came first: the birth joins them
+          v ^= et->slots()[e].value;
+          et->erase_at(e);
+          if (v == 0) {
+            done.push_back(k);
+            continue;
+          }
+        }
+      }
+      main_.insert_at(s, k, v);
+    }
+  }
+
   // Clears the zero filter for a batch of n events (~2 bits per event); returns its bit mask.
   size_t reset_filter(size_t n) {
     size_t bits = 512;
@@ -267,8 +295,6 @@ class AckTable {
     const size_t keep = std::max<size_t>(size_t(1) << 16, size());
     if (homes_.capacity() > keep) std::vector<uint32_t>().swap(homes_);
     if (slot_of_.capacity() > keep) std::vector<uint32_t>().swap(slot_of_);
-    if (ukeys_.capacity() > keep) std::vector<uint64_t>().swap(ukeys_);
-    if (uvals_.capacity() > keep) std::vector<uint64_t>().swap(uvals_);
     if (early_done_.capacity() > keep) std::vector<uint64_t>().swap(early_done_);
     if (filter_.capacity() > keep / 32) std::vector<uint64_t>().swap(filter_);
   }
@@ -306,7 +332,7 @@ class AckTable {
   std::vector<uint32_t> homes_;  // slot indices fit in 32 bits (kMaxCapacity)
   std::vector<uint32_t> slot_of_;
   std::vector<uint64_t> filter_;
-  std::vector<uint64_t> ukeys_, uvals_, early_done_;
+  std::vector<uint64_t> early_done_;
 };
 
 }  // namespace xorack

@@ -139,6 +139,22 @@ class FlatTable {
   }
   size_t find(uint64_t key) const { return find_from(key, home(key)); }
 
+  // The slot holding `key`, or the empty slot ending its probe run (where it would be inserted),
+  // probing from its home `i`.
+  size_t find_slot_from(uint64_t key, size_t i) const {
+    for (;;) {
+      uint64_t k = slots_[i].key;
+      if (k == key || k == 0) return i;
+      if (++i == cap_) i = 0;
+    }
+  }
+  // Inserts into the empty slot i returned by find_slot_from (needs room: reserve() first).
+  void insert_at(size_t i, uint64_t key, V value) {
+    slots_[i].key = key;
+    slots_[i].value = value;
+    ++size_;
+  }
+
   // The slot holding `key`, probing from its home `i`; inserted (value `init`) when absent.
   // Needs room: call reserve() first. Never moves other entries.
   size_t find_or_insert_from(uint64_t key, size_t i, V init, bool* inserted) {
