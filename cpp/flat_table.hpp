@@ -382,6 +382,27 @@ class BatchIndex {
     }
   }
 
+  // Stores pos for key (inserted, or replacing the position stored before).
+  void assign(uint64_t key, uint32_t pos) {
+    for (size_t i = home(key);; i = (i + 1) & mask_) {
+      Slot& s = slots_[i];
+      if (s.epoch != epoch_ || s.key == key) {
+        s = Slot{key, pos, epoch_};
+        return;
+      }
+    }
+  }
+
+  // Memory held by the slots.
+  size_t nbytes() const { return slots_.capacity() * sizeof(Slot); }
+  // Frees the slots when they hold room for more than `keep` keys (the next reset reallocates).
+  void trim(size_t keep) {
+    if (slots_.size() > 2 * keep) {
+      std::vector<Slot>().swap(slots_);
+      epoch_ = 0;
+    }
+  }
+
   // The position stored for key, or -1.
   int64_t find(uint64_t key) const {
     for (size_t i = home(key);; i = (i + 1) & mask_) {

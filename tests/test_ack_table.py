@@ -109,11 +109,17 @@ def test_register_takes_its_pairs_one_after_the_other(backend):
     assert t.register([4, 4], [0, 0]).tolist() == [4]
 
 
-def test_completed_ids_come_in_order_of_first_occurrence(backend):
+def test_completed_ids_come_in_order_of_last_occurrence(backend):
     t = AckTable(backend=backend)
     t.register([1, 2, 3], [5, 6, 7])
-    # 1 reaches 0 at its second event (position 2), after 2 did: first occurrence order wins.
-    assert t.xor([1, 2, 1, 3], [1, 6, 4, 7]).tolist() == [1, 2, 3]
+    # 1 reaches 0 at its second event (position 2), after 2 did: it completes there.
+    assert t.xor([1, 2, 1, 3], [1, 6, 4, 7]).tolist() == [2, 1, 3]
+    # 2 passes through 0 (completed, then back): only its last occurrence counts.
+    t.register([2], [6])
+    assert t.xor([2, 2, 2], [6, 1, 1]).tolist() == [2]
+    t.register([2, 3], [6, 7])
+    assert t.xor([2, 3, 2, 2], [6, 7, 1, 0]).tolist() == [3]
+    assert t.value(2) == 1
     t.register([4, 5], [8, 9])
     assert t.xor([5, 4], [9, 8]).tolist() == [5, 4]
 
@@ -218,7 +224,7 @@ def test_random_churn_matches_a_dict_model(backend):
         acc: dict[int, int] = {}
         for k, v in zip(pick.tolist(), vals.tolist(), strict=True):
             acc[k] = acc.get(k, 0) ^ v
-        for k in dict.fromkeys(pick.tolist()):
+        for k in list(dict.fromkeys(pick.tolist()[::-1]))[::-1]:  # by last occurrence
             model[k] ^= acc[k]
             if model[k] == 0:
                 del model[k]

@@ -79,8 +79,8 @@ class AckTable:
     ids come back in completion order. ``xor`` combines the events of an id within the call
     first, then completes registered ids whose value is 0 after the call (a value passing
     through 0 mid-call does not complete); an unregistered entry back at 0 is dropped silently.
-    Its completed ids come back in order of first occurrence in the input. Completed ids are
-    removed. Id 0 is never valid (``ValueError``).
+    Its completed ids come back in order of their last occurrence in the input (where each
+    completes). Completed ids are removed. Id 0 is never valid (``ValueError``).
 
     >>> t = AckTable()
     >>> t.xor([5], [7]).tolist()         # an early event: 5 is not registered yet

@@ -47,20 +47,20 @@ def check_id(key: int, name: str) -> None:
 
 
 def combine_by_key(keys: np.ndarray, values: np.ndarray) -> tuple[list[int], list[int]]:
-    """The distinct keys in order of first occurrence and the XOR of each key's values."""
+    """The distinct keys in order of their last occurrence and the XOR of each key's values."""
     n = keys.size
     if n == 0:
         return [], []
-    uniq, first, inv = np.unique(keys, return_index=True, return_inverse=True)
+    uniq, first_rev, inv = np.unique(keys[::-1], return_index=True, return_inverse=True)
     if uniq.size == n:  # no key repeats: nothing to combine
         return keys.tolist(), values.tolist()
     order = np.argsort(inv, kind="stable")
     counts = np.bincount(inv, minlength=uniq.size)
     starts = np.zeros(uniq.size, dtype=np.int64)
     np.cumsum(counts[:-1], out=starts[1:])
-    xors = np.bitwise_xor.reduceat(values[order], starts)
-    by_first = np.argsort(first, kind="stable")
-    return uniq[by_first].tolist(), xors[by_first].tolist()
+    xors = np.bitwise_xor.reduceat(values[::-1][order], starts)
+    by_last = np.argsort(-first_rev, kind="stable")  # last occurrence = n - 1 - first_rev
+    return uniq[by_last].tolist(), xors[by_last].tolist()
 
 
 # The XOR acker table: source id -> 64-bit ack value, plus whether the id is registered.
@@ -104,7 +104,8 @@ class AckTable:
 
     @serialized
     def xor(self, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
-        """XORs events in; returns registered ids whose value is 0 after the call (first-seen)."""
+        """XORs events in; returns registered ids whose value is 0 after the call (in order of
+        their last occurrence)."""
         check_ids(keys, "src_ids")
         done: list[int] = []
         main, early = self._main, self._early
