@@ -82,8 +82,8 @@ class AckTable {
     for (size_t i = 0; i < n; ++i) {
       if (i + kPrefetchDistance < n) main_.prefetch(homes_[i + kPrefetchDistance]);
       const uint64_t k = keys[i], x = vals[i];
-      const size_t s = main_.find_slot_from(k, homes_[i]);
-      if (slots[s].key == k) {
+      const size_t s = main_.find_from(k, homes_[i]);  // plain probe: present keys are the rule
+      if (s != Table::npos) {
         const uint64_t v = slots[s].value ^ x;
         if (v != 0) {
           slots[s].value = v;
@@ -102,7 +102,7 @@ class AckTable {
           if (x != 0) {  // back from 0: registered again, no longer complete
             done[size_t(pos)] = 0;
             ++cancelled;
-            main_.insert_at(s, k, x);  // s: the empty slot ending k's probe run (room: k left)
+            main_.insert_at(main_.find_slot_from(k, homes_[i]), k, x);  // room: k left
           }
           continue;
         }
@@ -197,6 +197,17 @@ class AckTable {
       bool inserted;
       t.find_or_insert_from(keys[i], t.home(keys[i]), vals[i], &inserted);
     }
+  }
+
+  // The rare-path counters of the three tables, summed (for the tests).
+  Table::Counters counters() const {
+    Table::Counters c;
+    for (const Table* t : {&main_, &early_, &old_}) {
+      c.grows += t->counters().grows;
+      c.shrinks += t->counters().shrinks;
+      c.long_runs += t->counters().long_runs;
+    }
+    return c;
   }
 
   // Memory held: both slot arrays plus the per-batch scratch vectors.

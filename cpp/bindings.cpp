@@ -63,6 +63,15 @@ void nonzero_id(uint64_t id, const char* name) {
   if (id == 0) throw py::value_error(std::string(name) + " must be a nonzero id, got 0");
 }
 
+template <class C>
+py::dict counters_dict(const C& c) {
+  py::dict d;
+  d["grows"] = c.grows;
+  d["shrinks"] = c.shrinks;
+  d["long_runs"] = c.long_runs;
+  return d;
+}
+
 U64Array to_array(const std::vector<uint64_t>& v) {
   U64Array out(py::ssize_t(v.size()));
   if (!v.empty()) std::memcpy(out.mutable_data(), v.data(), v.size() * sizeof(uint64_t));
@@ -171,7 +180,14 @@ void bind_acker(py::module_& m) {
             }
             return box;
           })
-      .def("nbytes", [](PyAckTable& self) { return locked(self, [&] { return self.t.nbytes(); }); });
+      .def("nbytes", [](PyAckTable& self) { return locked(self, [&] { return self.t.nbytes(); }); })
+      .def("debug_counters",
+           [](PyAckTable& self) {
+             auto c = locked(self, [&] { return self.t.counters(); });
+             return counters_dict(c);
+           },
+           "How often the table grew, shrank, and swept a run longer than 64 slots (for the "
+           "tests: proof that they reach those paths). Native only.");
 
   py::class_<PyTimeoutWheel>(m, "TimeoutWheel",
                              "Raw rotating timeout buckets; see xorack.TimeoutWheel.")
@@ -226,7 +242,14 @@ void bind_acker(py::module_& m) {
              return locked(self, [&] { return self.w.contains(id); });
            })
       .def("nbytes",
-           [](PyTimeoutWheel& self) { return locked(self, [&] { return self.w.nbytes(); }); });
+           [](PyTimeoutWheel& self) { return locked(self, [&] { return self.w.nbytes(); }); })
+      .def("debug_counters",
+           [](PyTimeoutWheel& self) {
+             auto c = locked(self, [&] { return self.w.counters(); });
+             return counters_dict(c);
+           },
+           "How often the wheel's table grew, shrank, and swept a run longer than 64 slots in "
+           "rotate (for the tests). Native only.");
 
   m.def("new_ids", [](long long n) {
     if (n < 0) throw py::value_error("n must be >= 0, got " + std::to_string(n));

@@ -79,8 +79,10 @@ inline void* alloc_zeroed(size_t bytes) {
 // ---------------------------------------------------------------------------------------------
 
 // An open-addressing hash table from nonzero uint64 keys to V: one array of (key, value) slots,
-// key 0 = empty, linear probing, backward-shift deletion (no tombstones, so probe runs never
-// rot under the insert/erase churn of an acker). Any capacity (not only powers of two): the
+// key 0 = empty, linear probing in Robin Hood order (the entries of a run sorted by home slot),
+// backward-shift deletion (no tombstones, so probe runs never rot under the insert/erase churn
+// of an acker). Lookups of present keys are plain linear probing (no hashing of the entries
+// passed); Robin Hood order makes erasures stop early (see erase_at). Any capacity (not only powers of two): the
 // home slot is the high half of hash * capacity, which lets the table size follow its content.
 // Grows above kMaxLoad, shrinks below kMinLoad, to kTargetLoad in both cases.
 template <class V>
@@ -116,6 +118,13 @@ class FlatTable {
     o.size_ = 0;
   }
 
+  // How often the rare paths ran (for the tests, which must reach them; never read by the
+  // table itself): resizes up and down, and runs longer than 64 slots in erase_if.
+  struct Counters {
+    uint64_t grows = 0, shrinks = 0, long_runs = 0;
+  };
+  const Counters& counters() const { return counters_; }
+
   size_t size() const { return size_; }
   size_t capacity() const { return cap_; }
   size_t nbytes() const { return cap_ * sizeof(Slot); }
@@ -127,6 +136,8 @@ class FlatTable {
     return size_t((unsigned __int128)hash_key(key, seed_) * cap_ >> 64);
   }
   void prefetch(size_t i) const { __builtin_prefetch(slots_ + i, 1, 3); }
+  // How far slot i lies after the home of `key` (cyclically).
+  size_t displacement(size_t i, uint64_t key) const { return offset(i, home(key)); }
 
   // The slot holding `key`, probing from `i` (its home), or npos.
   size_t find_from(uint64_t key, size_t i) const {
@@ -139,56 +150,51 @@ class FlatTable {
   }
   size_t find(uint64_t key) const { return find_from(key, home(key)); }
 
-  // The slot holding `key`, or the empty slot ending its probe run (where it would be inserted),
-  // probing from its home `i`.
+  // The slot holding `key`, probing from its home `i`; when absent, the slot where it belongs
+  // in Robin Hood order (the first empty slot, or the first entry whose home lies after the
+  // key's: its displacement is smaller), which insert_at() takes.
   size_t find_slot_from(uint64_t key, size_t i) const {
-    for (;;) {
+    for (size_t d = 0;; ++d) {
       uint64_t k = slots_[i].key;
-      if (k == key || k == 0) return i;
+      if (k == key || k == 0 || displacement(i, k) < d) return i;
       if (++i == cap_) i = 0;
     }
   }
-  // Inserts into the empty slot i returned by find_slot_from (needs room: reserve() first).
+  // Inserts at slot i from find_slot_from (the key absent; needs room: reserve() first): the
+  // entries from i to the end of the run move one slot on (no hashing: a plain carry).
   void insert_at(size_t i, uint64_t key, V value) {
-    slots_[i].key = key;
-    slots_[i].value = value;
+    Slot carry{key, value};
+    for (;;) {
+      const Slot next = slots_[i];
+      slots_[i] = carry;
+      if (next.key == 0) break;
+      carry = next;
+      if (++i == cap_) i = 0;
+    }
     ++size_;
   }
 
   // The slot holding `key`, probing from its home `i`; inserted (value `init`) when absent.
-  // Needs room: call reserve() first. Never moves other entries.
+  // Needs room: call reserve() first. May move later entries of the run (slot indices taken
+  // before are stale after an insertion).
   size_t find_or_insert_from(uint64_t key, size_t i, V init, bool* inserted) {
-    for (;;) {
-      uint64_t k = slots_[i].key;
-      if (k == key) {
-        *inserted = false;
-        return i;
-      }
-      if (k == 0) {
-        slots_[i].key = key;
-        slots_[i].value = init;
-        ++size_;
-        *inserted = true;
-        return i;
-      }
-      if (++i == cap_) i = 0;
-    }
+    i = find_slot_from(key, i);
+    *inserted = slots_[i].key != key;
+    if (*inserted) insert_at(i, key, init);
+    return i;
   }
 
-  // Removes the entry in slot i; later entries of its probe run shift back into the hole.
+  // Removes the entry in slot i; the displaced entries after it shift back by one. Robin Hood
+  // order makes this short: the shift stops at the first entry in its home slot (every later
+  // entry of the run has its home after that) instead of scanning the whole rest of the run —
+  // the erase cost of the acker's completions (benchmarks/bench_acker.py, churn).
   void erase_at(size_t i) {
-    size_t j = i;
     for (;;) {
-      if (++j == cap_) j = 0;
-      uint64_t k = slots_[j].key;
-      if (k == 0) break;
-      size_t h = home(k);
-      // The entry at j may fill the hole at i unless its home lies cyclically in (i, j].
-      bool stays = (i <= j) ? (i < h && h <= j) : (i < h || h <= j);
-      if (!stays) {
-        slots_[i] = slots_[j];
-        i = j;
-      }
+      size_t j = i + 1 == cap_ ? 0 : i + 1;
+      const uint64_t k = slots_[j].key;
+      if (k == 0 || home(k) == j) break;
+      slots_[i] = slots_[j];
+      i = j;
     }
     slots_[i].key = 0;
     slots_[i].value = V(0);
@@ -208,7 +214,8 @@ class FlatTable {
   // backward shifts of all the run's removals at once: each entry is lifted in turn, and a
   // survivor goes back to the first free slot at or after its home (its own slot at worst), found
   // in a bitmap of the run's free slots. Nothing before it then moves, and nothing it passes over
-  // is free: a valid linear-probing layout.
+  // is free: a valid linear-probing layout, still in Robin Hood order (survivors keep their order,
+  // and each lands after the one before it).
   // Branch-free per entry: when one entry in three expires, a branch on it mispredicts so often
   // that it costs more than the sweep; gathering survivors and sorting them by home was 1.25x
   // slower, re-inserting them by probing 1.6x (benchmarks/bench_acker.py, wheel add+rotate).
@@ -250,6 +257,7 @@ class FlatTable {
         if (++j == cap_) j = 0;
       } while (++o < 64 && slots_[j].key != 0);
       if (slots_[j].key != 0) {  // a longer run (rare at <= 0.85 load): word by word
+        ++counters_.long_runs;
         free_words.assign(4, 0);
         free_words[0] = free0;
         do {
@@ -282,13 +290,18 @@ class FlatTable {
 
   // Makes room for `total` entries without passing kMaxLoad (may move every entry).
   void reserve(size_t total) {
-    if (double(total) > kMaxLoad * double(cap_)) rehash(size_t(double(total) / kTargetLoad) + 1);
+    if (double(total) > kMaxLoad * double(cap_)) {
+      rehash(size_t(double(total) / kTargetLoad) + 1);
+      ++counters_.grows;
+    }
   }
 
   // Gives memory back once the table is mostly empty (may move every entry).
   void maybe_shrink() {
-    if (cap_ > kMinCapacity && double(size_) < kMinLoad * double(cap_))
+    if (cap_ > kMinCapacity && double(size_) < kMinLoad * double(cap_)) {
       rehash(size_t(double(size_) / kTargetLoad) + 1);
+      ++counters_.shrinks;
+    }
   }
 
   void swap(FlatTable& o) noexcept {
@@ -296,6 +309,7 @@ class FlatTable {
     std::swap(cap_, o.cap_);
     std::swap(size_, o.size_);
     std::swap(seed_, o.seed_);
+    std::swap(counters_, o.counters_);
   }
 
   void clear() {
@@ -321,13 +335,11 @@ class FlatTable {
     Slot* old = slots_;
     size_t old_cap = cap_;
     allocate(new_cap);  // on failure the old array is untouched (strong guarantee)
+    size_ = 0;          // counted again by insert_at
     for (size_t j = 0; j < old_cap; ++j) {
       uint64_t k = old[j].key;
       if (k == 0) continue;
-      size_t i = home(k);
-      while (slots_[i].key != 0)
-        if (++i == cap_) i = 0;
-      slots_[i] = old[j];
+      insert_at(find_slot_from(k, home(k)), k, old[j].value);
     }
     std::free(old);
   }
@@ -336,6 +348,7 @@ class FlatTable {
   size_t cap_ = 0;
   size_t size_ = 0;
   uint64_t seed_;
+  Counters counters_;
 };
 
 // ---------------------------------------------------------------------------------------------

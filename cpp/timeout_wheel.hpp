@@ -99,6 +99,7 @@ class TimeoutWheel {
   size_t size() const { return table_.size(); }
   bool contains(uint64_t id) const { return table_.find(id) != Table::npos; }
   uint32_t rotation() const { return rotation_; }
+  const Table::Counters& counters() const { return table_.counters(); }
   // Memory held: the slot array plus the per-batch scratch vector.
   size_t nbytes() const { return table_.nbytes() + homes_.capacity() * sizeof(uint32_t); }
 
