@@ -133,6 +133,7 @@ class AckTable {
   }
 
   size_t size() const { return main_.size() + early_.size() + old_.size(); }
+  size_t capacity() const { return main_.capacity(); }  // of the registered ids' table
   bool contains(uint64_t k) const {
     size_t e;
     return main_.find(k) != Table::npos || find_unregistered(k, &e) != nullptr;

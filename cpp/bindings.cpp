@@ -64,8 +64,10 @@ void nonzero_id(uint64_t id, const char* name) {
 }
 
 template <class C>
-py::dict counters_dict(const C& c) {
+py::dict counters_dict(const C& c, size_t size, size_t capacity) {
   py::dict d;
+  d["size"] = size;
+  d["capacity"] = capacity;
   d["grows"] = c.grows;
   d["shrinks"] = c.shrinks;
   d["long_runs"] = c.long_runs;
@@ -183,11 +185,17 @@ void bind_acker(py::module_& m) {
       .def("nbytes", [](PyAckTable& self) { return locked(self, [&] { return self.t.nbytes(); }); })
       .def("debug_counters",
            [](PyAckTable& self) {
-             auto c = locked(self, [&] { return self.t.counters(); });
-             return counters_dict(c);
+             size_t size = 0, cap = 0;
+             auto c = locked(self, [&] {
+               size = self.t.size();
+               cap = self.t.capacity();
+               return self.t.counters();
+             });
+             return counters_dict(c, size, cap);
            },
-           "How often the table grew, shrank, and swept a run longer than 64 slots (for the "
-           "tests: proof that they reach those paths). Native only.");
+           "How often the table grew, shrank, and swept a run longer than 64 slots, with its "
+           "size and slot capacity (for the tests: proof that they reach those paths). Native "
+           "only.");
 
   py::class_<PyTimeoutWheel>(m, "TimeoutWheel",
                              "Raw rotating timeout buckets; see xorack.TimeoutWheel.")
@@ -245,8 +253,13 @@ void bind_acker(py::module_& m) {
            [](PyTimeoutWheel& self) { return locked(self, [&] { return self.w.nbytes(); }); })
       .def("debug_counters",
            [](PyTimeoutWheel& self) {
-             auto c = locked(self, [&] { return self.w.counters(); });
-             return counters_dict(c);
+             size_t size = 0, cap = 0;
+             auto c = locked(self, [&] {
+               size = self.w.size();
+               cap = self.w.capacity();
+               return self.w.counters();
+             });
+             return counters_dict(c, size, cap);
            },
            "How often the wheel's table grew, shrank, and swept a run longer than 64 slots in "
            "rotate (for the tests). Native only.");

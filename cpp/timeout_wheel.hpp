@@ -97,6 +97,7 @@ class TimeoutWheel {
   }
 
   size_t size() const { return table_.size(); }
+  size_t capacity() const { return table_.capacity(); }
   bool contains(uint64_t id) const { return table_.find(id) != Table::npos; }
   uint32_t rotation() const { return rotation_; }
   const Table::Counters& counters() const { return table_.counters(); }
