@@ -99,9 +99,12 @@ class AckTable {
         indexed = true;
         const int64_t pos = completed_.find(k);
         if (pos >= 0 && done[size_t(pos)] == k) {
-          if (x != 0) {  // back from 0: registered again, no longer complete
-            done[size_t(pos)] = 0;
-            ++cancelled;
+          done[size_t(pos)] = 0;  // its completion moves here, or is undone
+          ++cancelled;
+          if (x == 0) {  // still at 0: completes at this, its later occurrence
+            completed_.assign(k, uint32_t(done.size()));
+            done.push_back(k);
+          } else {  // back from 0: registered again, not complete
             main_.insert_at(main_.find_slot_from(k, homes_[i]), k, x);  // room: k left
           }
           continue;

@@ -120,6 +120,9 @@ def test_completed_ids_come_in_order_of_last_occurrence(backend):
     t.register([2, 3], [6, 7])
     assert t.xor([2, 3, 2, 2], [6, 7, 1, 0]).tolist() == [3]
     assert t.value(2) == 1
+    # A 0 event after its completion moves the completion to that later occurrence.
+    t.register([5, 6], [0, 0])
+    assert t.xor([5, 6, 5], [0, 0, 0]).tolist() == [6, 5]
     t.register([4, 5], [8, 9])
     assert t.xor([5, 4], [9, 8]).tolist() == [5, 4]
 
