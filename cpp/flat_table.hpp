@@ -211,71 +211,42 @@ class FlatTable {
 
   // Removes every entry for which dead(key, value) is true, writing its key to out (room for
   // size() keys); returns how many. One sequential sweep, probe run (cluster) by run, doing the
-  // backward shifts of all the run's removals at once: each entry is lifted in turn, and a
-  // survivor goes back to the first free slot at or after its home (its own slot at worst), found
-  // in a bitmap of the run's free slots. Nothing before it then moves, and nothing it passes over
-  // is free: a valid linear-probing layout, still in Robin Hood order (survivors keep their order,
-  // and each lands after the one before it).
+  // backward shifts of all the run's removals at once. Robin Hood order makes that one forward
+  // pass: the homes of a run's entries never decrease along it, so each survivor goes to the
+  // first free slot at or after its home, which is max(its home, the slot after the survivor
+  // before it); survivors keep their order (Robin Hood order holds) and nothing they pass over
+  // is free (a valid linear-probing layout). Any run length, no bitmap.
   // Branch-free per entry: when one entry in three expires, a branch on it mispredicts so often
-  // that it costs more than the sweep; gathering survivors and sorting them by home was 1.25x
-  // slower, re-inserting them by probing 1.6x (benchmarks/bench_acker.py, wheel add+rotate).
+  // that it costs more than the sweep. Measured with callgrind against the bitmap compaction it
+  // replaces (needed before runs were kept in Robin Hood order): see benchmarks/bench_acker.py,
+  // wheel add+rotate.
   template <class Dead>
   size_t erase_if(Dead dead, uint64_t* out) {
     size_t start = 0;
     while (slots_[start].key != 0) ++start;  // an empty slot exists: load < 1
-    std::vector<uint64_t> free_words;         // the free bitmap of a run longer than 64 slots
     Slot sink;                                // where a dead entry is "put back"
     size_t n_out = 0;
-    // Lifts the entry of slot j out of the table; a dead one is also written to out.
-    auto lift = [&](size_t j, bool& is_dead) {
-      const Slot e = slots_[j];
-      is_dead = dead(e.key, e.value);
-      out[n_out] = e.key;
-      n_out += is_dead;
-      slots_[j].key = 0;
-      slots_[j].value = V(0);
-      return e;
-    };
     size_t i = start;
     do {
       if (++i == cap_) i = 0;
       if (slots_[i].key == 0) continue;
       // A run starts at i (the slot before is empty): the homes of its entries lie in it, at or
       // before them, so offsets from i order them without wrapping.
-      size_t j = i, o = 0;
-      // The first 64 slots: the bitmap is one register (kept in memory, the chain of dependent
-      // updates from entry to entry made the rotation 10% slower).
-      uint64_t free0 = 0;
+      size_t j = i, o = 0, w = 0;  // w: the first free offset after the last survivor placed
       do {
-        bool d;
-        const Slot e = lift(j, d);
-        free0 |= uint64_t(1) << o;
-        const size_t h = offset(home(e.key), i);
-        const size_t t = size_t(__builtin_ctzll(free0 & (~uint64_t(0) << h)));
-        free0 &= ~(uint64_t(!d) << t);
+        const Slot e = slots_[j];
+        slots_[j].key = 0;
+        slots_[j].value = V(0);
+        const bool d = dead(e.key, e.value);
+        out[n_out] = e.key;
+        n_out += d;
+        const size_t t = std::max(w, offset(home(e.key), i));
         *(d ? &sink : &slots_[wrap(i + t)]) = e;
+        w = d ? w : t + 1;
         if (++j == cap_) j = 0;
-      } while (++o < 64 && slots_[j].key != 0);
-      if (slots_[j].key != 0) {  // a longer run (rare at <= 0.85 load): word by word
-        ++counters_.long_runs;
-        free_words.assign(4, 0);
-        free_words[0] = free0;
-        do {
-          if ((o >> 6) >= free_words.size()) free_words.resize(2 * free_words.size(), 0);
-          bool d;
-          const Slot e = lift(j, d);
-          free_words[o >> 6] |= uint64_t(1) << (o & 63);
-          const size_t h = offset(home(e.key), i);
-          size_t w = h >> 6;
-          uint64_t x = free_words[w] & (~uint64_t(0) << (h & 63));
-          while (x == 0) x = free_words[++w];  // stops at o's word at the latest
-          const size_t t = (w << 6) + size_t(__builtin_ctzll(x));
-          free_words[t >> 6] &= ~(uint64_t(!d) << (t & 63));
-          *(d ? &sink : &slots_[wrap(i + t)]) = e;
-          if (++j == cap_) j = 0;
-          ++o;
-        } while (slots_[j].key != 0);
-      }
+        ++o;
+      } while (slots_[j].key != 0);
+      counters_.long_runs += o > 64;
       i = j;  // empty (possibly `start`)
     } while (i != start);
     size_ -= n_out;
