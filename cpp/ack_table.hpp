@@ -80,7 +80,7 @@ class AckTable {
     bool indexed = false;  // completed_ holds every completion of this call so far
     size_t cancelled = 0;
     for (size_t i = 0; i < n; ++i) {
-      if (i + kPrefetchDistance < n) main_.prefetch(homes_[i + kPrefetchDistance]);
+      if (i + kPrefetchDistance < n) main_.prefetch_run(homes_[i + kPrefetchDistance]);
       const uint64_t k = keys[i], x = vals[i];
       const size_t s = main_.find_from(k, homes_[i]);  // plain probe: present keys are the rule
       if (s != Table::npos) {
@@ -225,7 +225,7 @@ class AckTable {
   void hash_batch(const uint64_t* keys, size_t n) {
     homes_.resize(n);
     for (size_t i = 0; i < n; ++i) homes_[i] = (uint32_t)main_.home(keys[i]);
-    for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) main_.prefetch(homes_[i]);
+    for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) main_.prefetch_run(homes_[i]);
   }
 
   // completed_ = key -> position in done, for the (unique, nonzero) keys of done.
@@ -259,7 +259,7 @@ class AckTable {
     auto* slots = main_.slots();
     const bool unregistered = any_unregistered();
     for (size_t i = 0; i < n; ++i) {
-      if (i + kPrefetchDistance < n) main_.prefetch(homes_[i + kPrefetchDistance]);
+      if (i + kPrefetchDistance < n) main_.prefetch_run(homes_[i + kPrefetchDistance]);
       const uint64_t k = keys[i];
       uint64_t v = births[i];
       // One probe: the key's slot, or the empty slot that ends its probe run.

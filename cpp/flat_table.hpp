@@ -136,6 +136,14 @@ class FlatTable {
     return size_t((unsigned __int128)hash_key(key, seed_) * cap_ >> 64);
   }
   void prefetch(size_t i) const { __builtin_prefetch(slots_ + i, 1, 3); }
+  // Prefetches slot i and the cache line after it: an insertion or erasure at i usually walks
+  // on into the next line (runs of several slots at the loads kept), and a miss there would
+  // otherwise be taken serially, at full memory latency. Churn, CPU time, best of 3 on the
+  // loaded 2-core machine: 18.8 vs 17.1 M events/s with one line.
+  void prefetch_run(size_t i) const {
+    __builtin_prefetch(slots_ + i, 1, 3);
+    __builtin_prefetch(slots_ + std::min(i + 64 / sizeof(Slot), cap_ - 1), 1, 3);
+  }
   // How far slot i lies after the home of `key` (cyclically).
   size_t displacement(size_t i, uint64_t key) const { return offset(i, home(key)); }
 

@@ -46,7 +46,7 @@ class TimeoutWheel {
       hash_batch(ids + i, m);
       auto* slots = table_.slots();
       for (size_t k = 0; k < m; ++k) {
-        if (k + kPrefetchDistance < m) table_.prefetch(homes_[k + kPrefetchDistance]);
+        if (k + kPrefetchDistance < m) table_.prefetch_run(homes_[k + kPrefetchDistance]);
         bool inserted;
         size_t s = table_.find_or_insert_from(ids[i + k], homes_[k], d, &inserted);
         slots[s].value = d;
