@@ -248,7 +248,8 @@ class FlatTable {
         const bool d = dead(e.key, e.value);
         out[n_out] = e.key;
         n_out += d;
-        const size_t t = std::max(w, offset(home(e.key), i));
+        // A survivor with no hole before it stays: no hashing for it.
+        const size_t t = w == o ? o : std::max(w, offset(home(e.key), i));
         *(d ? &sink : &slots_[wrap(i + t)]) = e;
         w = d ? w : t + 1;
         if (++j == cap_) j = 0;
