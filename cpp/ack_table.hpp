@@ -68,9 +68,10 @@ class AckTable {
   // (the line is in cache; a second visit later would miss again), so the completion is recorded
   // at the key's current occurrence. Should a later event of the same call name that key again
   // (rare: events are pre-reduced per source id by their senders), it finds the key absent, looks
-  // it up among this call's completions (an index built only then) and, unless its event is 0,
-  // brings it back as registered and cancels the earlier completion: the same end state as
-  // combining first. A key's completion thus always sits at its last occurrence.
+  // it up among this call's completions (an index built only then) and cancels the earlier
+  // completion: a nonzero event brings the key back as registered, a 0 event completes it again
+  // here. The same end state as combining first, and a key's completion always sits at its last
+  // occurrence.
   void xor_batch(const uint64_t* keys, const uint64_t* vals, size_t n,
                  std::vector<uint64_t>& done) {
     done.clear();
@@ -230,7 +231,8 @@ class AckTable {
 
   // completed_ = key -> position in done, for the (unique, nonzero) keys of done.
   void index_completions(const std::vector<uint64_t>& done, size_t n) {
-    if (n >= (size_t(1) << 32)) throw std::length_error("a batch must hold fewer than 2**32 events");
+    if (n >= (size_t(1) << 32))
+      throw std::length_error("a batch must hold fewer than 2**32 events");
     completed_.reset(n);
     for (size_t p = 0; p < done.size(); ++p) completed_.assign(done[p], uint32_t(p));
   }
