@@ -68,10 +68,10 @@ def current_round() -> int:
     return int(value) if value else 0
 
 
-def _client(location: str, token: str | None):
+def _client(location: str, token: str | None, tls_root_certs: bytes | None = None):
     from ..service import AckerClient
 
-    return AckerClient.get(location, token=token)
+    return AckerClient.get(location, token=token, tls_root_certs=tls_root_certs)
 
 
 def u64(values: Any) -> np.ndarray:
@@ -210,11 +210,12 @@ class SourceTagger:
     deterministic: bool = True
     id_salt: int = 0
     batch: int = 0  # the micro-batch id in streaming (0 in batch runs): part of every id
+    tls_root_certs: bytes | None = None  # PEM the executors trust for a grpc+tls:// acker
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from .. import acker, hashing
 
-        client = _client(self.location, self.token)
+        client = _client(self.location, self.token, self.tls_root_certs)
         ranks = ContentRanks()
         salt = (_salt(f"source:{self.name}") ^ self.id_salt) & 0x7FFF_FFFF_FFFF_FFFF
         for batch in batches:
@@ -420,6 +421,7 @@ class StageRunner:
     ft: bool = True
     deterministic: bool = True
     bisect: bool = True
+    tls_root_certs: bytes | None = None  # PEM the executors trust for a grpc+tls:// acker
 
     def __call__(self, pdfs: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         if not self.ft:
@@ -428,7 +430,7 @@ class StageRunner:
                     yield self._select(out, lineage=False)
             return
         assert self.location is not None
-        client = _client(self.location, self.token)
+        client = _client(self.location, self.token, self.tls_root_certs)
         for pdf in pdfs:
             out = self.process(pdf, client)
             if out is not None:
@@ -524,7 +526,7 @@ class GroupStageRunner:
                 return pd.DataFrame(columns=cols)
             return r._select(pd.concat(frames, ignore_index=True), lineage=False)
         assert r.location is not None
-        out = r.process(pdf, _client(r.location, r.token))
+        out = r.process(pdf, _client(r.location, r.token, r.tls_root_certs))
         return pd.DataFrame(columns=cols) if out is None else out
 
 
@@ -576,13 +578,14 @@ class SinkRunner:
     token: str | None = None
     ft: bool = True
     write_rows: int = 100_000
+    tls_root_certs: bytes | None = None  # PEM the executors trust for a grpc+tls:// acker
 
     def __call__(self, pdfs: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
-        client = _client(self.location, self.token) if self.ft else None
+        client = _client(self.location, self.token, self.tls_root_certs) if self.ft else None
         rows = dups = 0
         pending: list[pd.DataFrame] = []
         buffered = 0
