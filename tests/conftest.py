@@ -22,6 +22,18 @@ def _backend_params() -> list:
     ]
 
 
+def pytest_collection_modifyitems(config, items):
+    """The cluster group (tests/test_cluster.py) needs a Spark JVM of its own (one SparkContext
+    per JVM, and the other tests share a local one): it runs only when ``-m`` names it, in its
+    own pytest process: ``python -m pytest -m cluster``."""
+    if "cluster" in (config.getoption("markexpr") or ""):
+        return
+    cluster = [item for item in items if item.get_closest_marker("cluster") is not None]
+    if cluster:
+        config.hook.pytest_deselected(items=cluster)
+        items[:] = [item for item in items if item.get_closest_marker("cluster") is None]
+
+
 @pytest.fixture(params=_backend_params())
 def backend(request) -> str:
     """Each kernel test runs once per available backend ("native", "python")."""

@@ -6,8 +6,8 @@ token, over TLS on a non-loopback address), everything a task needs being serial
 JVM, and an executor JVM killed with SIGKILL in the middle of a round.
 
 A JVM hosts one SparkContext, and the other test modules share a ``local[2]`` one, so this
-group runs in a pytest process of its own: ``python -m pytest -m cluster`` (the default run
-leaves it out: ``-m "not cluster"`` in the pytest options).
+group runs in a pytest process of its own: ``python -m pytest -m cluster`` (any run whose
+``-m`` does not name ``cluster`` leaves it out: see ``tests/conftest.py``).
 """
 
 from __future__ import annotations
