@@ -14,6 +14,10 @@ Two storages share one interface, all of it batched (numpy ``uint64`` id arrays 
   blob and one row per record; every call is one transaction, so a process killed at any point
   leaves every accepted, unfinished record on disk, and reopening the file replays them.
 
+In both, a batch half of whose records are gone is rewritten with its live rows only (at once in
+memory, at SQLite's periodic sweep or :meth:`SQLiteStorage.compact`): the space kept follows the
+pending records (about twice their bytes at most), not the batches they came in.
+
 >>> import numpy as np, pyarrow as pa
 >>> from xorack.storage import open_storage, RecordMeta
 >>> s = open_storage("memory")
@@ -28,6 +32,7 @@ Two storages share one interface, all of it batched (numpy ``uint64`` id arrays 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import sqlite3
 import threading
@@ -340,9 +345,10 @@ def _schema_text(schema: pa.Schema) -> str:
 
 
 class _Chunk:
-    """One persisted batch and the per-row metadata of its records."""
+    """One persisted batch and the per-row metadata of its records (``src``: the source id each
+    row was last stored under; the row is live while the storage still locates that id here)."""
 
-    __slots__ = ("attempt", "batch", "key_hash", "live", "origin", "partition", "source")
+    __slots__ = ("attempt", "batch", "key_hash", "live", "origin", "partition", "source", "src")
 
     def __init__(self, batch: pa.RecordBatch, meta: RecordMeta) -> None:
         self.batch = batch
@@ -351,7 +357,31 @@ class _Chunk:
         self.partition = meta.partition
         self.attempt = meta.attempt.copy()
         self.origin = meta.origin
+        self.src = meta.src.copy()
         self.live = len(meta)
+
+    def wasteful(self) -> bool:
+        """Half or more of the rows are gone (and at least ``_COMPACT_MIN_GONE``): compact."""
+        gone = len(self.src) - self.live
+        return gone >= _COMPACT_MIN_GONE and 2 * self.live <= len(self.src)
+
+    def compact(self, no: int, loc: dict[int, int]) -> np.ndarray:
+        """Keep only the live rows (a copy: the old buffers are freed); returns their ids, whose
+        rows are now 0..live-1 (the caller updates ``loc``)."""
+        here = np.arange(len(self.src), dtype=np.int64) + (no << _ROW_BITS)
+        found = np.fromiter((loc.get(k, -1) for k in self.src.tolist()), np.int64, len(here))
+        rows = np.flatnonzero(found == here)
+        self.batch = self.batch.take(pa.array(rows))
+        for name in ("key_hash", "source", "partition", "attempt", "origin", "src"):
+            setattr(self, name, getattr(self, name)[rows])
+        self.live = len(rows)
+        return self.src
+
+
+#: A batch is rewritten with its live rows only once half of its rows (and at least this many)
+#: are gone: a pending record pins at most about twice its own bytes, and each row is copied
+#: O(1) times over its life (every compaction at least halves the batch).
+_COMPACT_MIN_GONE = 16
 
 
 _ROW_BITS = 32
@@ -407,6 +437,10 @@ class MemoryStorage(Storage):
             chunk.live -= k
             if chunk.live <= 0:
                 del self._chunks[no]
+            elif chunk.wasteful():
+                live = chunk.compact(no, self._loc)
+                moved = np.arange(len(live), dtype=np.int64) + (no << _ROW_BITS)
+                self._loc.update(zip(live.tolist(), moved.tolist(), strict=True))
 
     def delete(self, src_ids: np.ndarray) -> int:
         with self._lock:
@@ -456,7 +490,10 @@ class MemoryStorage(Storage):
             self._loc.update(zip(new_ids.tolist(), locs.tolist(), strict=True))
             chunk_nos = locs >> _ROW_BITS
             for no in _distinct(chunk_nos)[0].tolist():
-                self._chunks[no].attempt[locs[chunk_nos == no] & _ROW_MASK] += 1
+                rows = locs[chunk_nos == no] & _ROW_MASK
+                chunk = self._chunks[no]
+                chunk.attempt[rows] += 1
+                chunk.src[rows] = new_ids[chunk_nos == no]
 
     def fetch(self, src_ids: np.ndarray) -> tuple[pa.Table, RecordMeta]:
         with self._lock:
@@ -551,6 +588,18 @@ class _StoredBatch:
         self.partition = meta.column(2).to_numpy()
         self.origin = meta.column(3).to_numpy()
 
+    def meta_rows(self, rows: np.ndarray) -> pa.RecordBatch:
+        """The metadata batch of these rows (as stored by ``_meta_batch``)."""
+        return pa.record_batch(
+            [
+                pa.array(self.key_hash[rows], pa.int32()),
+                pa.array(self.source[rows], pa.int32()),
+                pa.array(self.partition[rows], pa.int32()),
+                pa.array(self.origin[rows], pa.uint64()),
+            ],
+            names=["key_hash", "source", "partition", "origin"],
+        )
+
 
 def _meta_batch(meta: RecordMeta) -> pa.RecordBatch:
     return pa.record_batch(
@@ -608,6 +657,7 @@ class SQLiteStorage(Storage):
         self._cache: OrderedDict[int, _StoredBatch] = OrderedDict()
         self._db: sqlite3.Connection | None = None
         self._removed_since_gc = 0
+        self._batch_rows: dict[int, int] = {}  # rows of each stored batch, once known
         self._owner = _own_file(self.path, busy_timeout)
         try:
             self._db = sqlite3.connect(
@@ -697,6 +747,7 @@ class SQLiteStorage(Storage):
         no = self._transaction("persist", run)
         self._next_batch = no + 1
         self._count += n
+        self._batch_rows[no] = n
         self._cache_put(no, _StoredBatch(batch, meta_batch))
 
     def _remove(self, src_ids: np.ndarray) -> int:
@@ -705,6 +756,7 @@ class SQLiteStorage(Storage):
         removed = self._db.executemany("DELETE FROM records WHERE src = ?", zip(ids)).rowcount
         self._removed_since_gc += removed
         if self._removed_since_gc >= max(_GC_MIN_ROWS, self._count - removed):
+            self._rewrite_sparse_batches()
             self._drop_unreferenced()
         return removed
 
@@ -714,10 +766,75 @@ class SQLiteStorage(Storage):
         )
         self._removed_since_gc = 0
 
+    def _rewrite_sparse_batches(self) -> None:
+        """Rewrite every batch that half or more of whose rows are gone (at least
+        ``_COMPACT_MIN_GONE``) with its live rows only, so that a pending record does not keep
+        its whole batch. Runs with the unreferenced-blob sweep (when as many records were
+        removed as are left): two scans of the record table in SQLite, Python work only for the
+        rows moved; each row is copied O(1) times over its life (a rewrite halves a batch)."""
+        counts = self._db.execute(
+            f"SELECT loc >> {_ROW_BITS}, count(*) FROM records GROUP BY 1"
+        ).fetchall()
+        live = dict(counts)
+        for no in [no for no in self._batch_rows if no not in live]:
+            del self._batch_rows[no]
+        sparse = []
+        for no, n in live.items():
+            rows = self._batch_rows.get(no)
+            if rows is None:  # stored before this process opened the file
+                rows = self._batch_rows[no] = self._batches([no])[no].payload.num_rows
+            if rows - n >= _COMPACT_MIN_GONE and 2 * n <= rows:
+                sparse.append(no)
+        for at in range(0, len(sparse), 500):
+            part = sparse[at : at + 500]
+            found = self._db.execute(
+                f"SELECT src, loc FROM records WHERE loc >> {_ROW_BITS} "
+                f"IN ({','.join('?' * len(part))}) ORDER BY loc",
+                part,
+            ).fetchall()
+            a = np.array(found, dtype=np.int64).reshape(-1, 2)
+            nos = a[:, 1] >> _ROW_BITS
+            cuts = np.flatnonzero(np.diff(nos)) + 1
+            bounds = np.r_[0, cuts, len(a)].tolist()
+            for start, stop in itertools.pairwise(bounds):
+                if start < stop:
+                    self._rewrite_batch(int(nos[start]), a[start:stop, 0], a[start:stop, 1])
+
+    def _rewrite_batch(self, no: int, src: np.ndarray, locs: np.ndarray) -> None:
+        """Store batch ``no``'s rows at ``locs`` (its live records ``src``) as a new batch, point
+        the records there and drop the old blobs (inside the caller's transaction)."""
+        old = self._batches([no])[no]
+        keep = locs & _ROW_MASK
+        payload = old.payload.take(pa.array(keep))
+        meta_batch = old.meta_rows(keep)
+        new_no = self._next_batch
+        self._db.execute(
+            "INSERT INTO batches VALUES (?, ?, ?)",
+            (new_no, _ipc_bytes(payload), _ipc_bytes(meta_batch)),
+        )
+        moved = np.arange(len(src), dtype=np.int64) + (new_no << _ROW_BITS)
+        self._db.executemany(
+            "UPDATE records SET loc = ? WHERE src = ?",
+            zip(moved.tolist(), src.tolist(), strict=True),
+        )
+        self._db.execute("DELETE FROM batches WHERE id = ?", (no,))
+        self._next_batch = new_no + 1
+        del self._batch_rows[no]
+        self._batch_rows[new_no] = len(src)
+        self._cache.pop(no, None)
+        self._cache_put(new_no, _StoredBatch(payload, meta_batch))
+
     def compact(self) -> None:
-        """Drop the payload blobs no stored record refers to any more (this also happens on its
-        own after enough deletes, and when the file is opened)."""
-        self._transaction("compact", self._drop_unreferenced)
+        """Rewrite the batches that half or more of whose rows are gone with their live rows
+        only, and drop the payload blobs no stored record refers to any more (this also happens
+        on its own after enough deletes; unreferenced blobs are also dropped when the file is
+        opened). Freed pages are reused by later writes (the file itself does not shrink)."""
+
+        def run() -> None:
+            self._rewrite_sparse_batches()
+            self._drop_unreferenced()
+
+        self._transaction("compact", run)
 
     def delete(self, src_ids: np.ndarray) -> int:
         if not len(src_ids):
