@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -25,6 +27,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import test_topology as topology
 from conftest import own_address
 from xorack import ServiceError, demo
 from xorack.spark import Pipeline, SQLiteSink, current_round
@@ -47,6 +50,7 @@ MASTER = "local-cluster[2,1,1024]"
 EXECUTORS = 2
 EXECUTOR_MAIN = "CoarseGrainedExecutorBackend"
 N = 2000
+SERVE = (sys.executable, "-m", "xorack", "serve", "--port", "0", "--rotate-interval", "0")
 PARTITIONS = 4
 
 
@@ -254,24 +258,58 @@ def test_an_executor_killed_mid_round_loses_nothing(spark, tmp_path):
     _assert_exact(report, sink)
 
 
+def test_the_topology_on_a_cluster(spark, tmp_path):
+    """The seed's FaultToleranceWithTopologyTest (two sources, branches, a union, failures and
+    losses injected), its tasks spread over the two executor JVMs."""
+    topology.test_fault_tolerance_with_topology(spark, tmp_path)
+
+
+@pytest.fixture
+def standalone_tls_acker(tls_files):
+    """``xorack serve`` on every interface with a token and TLS; its location at this machine's
+    own address."""
+    cert, key = tls_files
+    env = {**os.environ, "XORACK_TOKEN": "cluster-s3cret"}
+    proc = subprocess.Popen(
+        [*SERVE, "--host", "0.0.0.0", "--tls-cert", cert, "--tls-key", key],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        line = proc.stdout.readline() if ready else ""
+        assert "listening on grpc+tls://" in line, line
+        port = line.split("listening on ")[1].split()[0].rsplit(":", 1)[1]
+        yield f"grpc+tls://{own_address()}:{port}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=20)
+
+
 @pytest.mark.skipif(own_address() is None, reason="no non-loopback IPv4 address to bind")
-def test_executors_reach_a_tls_acker_on_a_non_loopback_address(spark, tmp_path, tls_files):
-    """The embedded acker binds every interface (token + TLS required there) and advertises
-    this machine's own address; the executors reach it there, with the token, over TLS."""
+@pytest.mark.parametrize("acker", ["embedded", "standalone"])
+def test_executors_reach_a_tls_acker_on_a_non_loopback_address(
+    spark, tmp_path, tls_files, acker, request
+):
+    """The acker binds every interface (token + TLS required there) and is reached at this
+    machine's own address: the embedded one (bind, advertise, certificate and key given to the
+    pipeline) or a standalone ``xorack serve`` (the pipeline trusts its certificate)."""
     cert, key = tls_files
     address = own_address()
+    if acker == "embedded":
+        where = {"acker_host": "0.0.0.0", "acker_advertise": address, "tls_key": key}
+    else:
+        where = {"service": request.getfixturevalue("standalone_tls_acker")}
     report, sink, rounds = _run_squares(
-        spark,
-        tmp_path,
-        token="cluster-s3cret",
-        acker_host="0.0.0.0",
-        acker_advertise=address,
-        tls_cert=cert,
-        tls_key=key,
+        spark, tmp_path, token="cluster-s3cret", tls_cert=cert, **where
     )
     _assert_exact(report, sink)
     service = rounds[0].stats["service"]
-    assert service["location"].startswith(f"grpc+tls://{address}:")
+    assert service["location"].startswith(
+        f"grpc+tls://{address}:" if acker == "embedded" else "grpc+tls://"
+    )
     # persists and events come only from the executors' tasks, never from the driver
     assert service["calls"]["persist"] > 0
     assert service["calls"]["xor"] > 0
