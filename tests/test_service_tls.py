@@ -54,10 +54,11 @@ def test_tls_service_refuses_untrusting_plaintext_and_tokenless_clients(ft, tls_
     cert, key = tls_files
     with AckerService.embedded(ft, token="s3cret", tls_cert=cert, tls_key=key) as svc:
         plain = svc.location.replace("grpc+tls://", "grpc://")
-        for location, roots in ((svc.location, None), (plain, None)):
-            # the system's roots do not know a self-signed certificate; plaintext gets no answer
-            with pytest.raises(ServiceError, match="unreachable"):
-                AckerClient(location, "s3cret", FAST_RETRY, roots).ping()
+        # the system's roots do not know a self-signed certificate; plaintext gets no answer
+        with pytest.raises(ServiceError, match=r"unreachable.*trust the service's certificate"):
+            AckerClient(svc.location, "s3cret", FAST_RETRY).ping()
+        with pytest.raises(ServiceError, match="unreachable"):
+            AckerClient(plain, "s3cret", FAST_RETRY).ping()
         for token in (None, "guess"):
             with pytest.raises(ServiceError, match="unauthenticated"):
                 AckerClient(svc.location, token, FAST_RETRY, _roots(tls_files)).ping()

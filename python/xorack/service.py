@@ -944,9 +944,15 @@ class AckerClient:
                 raise ServiceError(
                     f"acker service at {self.location}: {op} failed: {_clean(exc)}"
                 ) from None
+        hint = (
+            "; TLS: does the client trust the service's certificate (tls_root_certs) and does "
+            "the certificate name this host?"
+            if self.location.startswith("grpc+tls://")
+            else ""
+        )
         raise ServiceError(
             f"acker service at {self.location} unreachable after {policy.attempts} attempts "
-            f"({op}): {_clean(last) if last else 'no attempt made'}"
+            f"({op}): {_clean(last) if last else 'no attempt made'}{hint}"
         ) from None
 
     def _put(self, op: str, cmd: dict[str, Any], batch: pa.RecordBatch) -> np.ndarray:
