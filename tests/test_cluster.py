@@ -330,15 +330,11 @@ class PingFromExecutor:
     roots: bytes
 
     def __call__(self, batches):
-        from xorack.service import AckerClient, RetryPolicy
+        from xorack.service import AckerClient
 
         for pdf in batches:
-            client = AckerClient.get(
-                self.location,
-                token=self.token,
-                retry=RetryPolicy(attempts=2, initial_backoff=0.05),
-                tls_root_certs=self.roots,
-            )
+            # the default retries, as a pipeline's tasks have them (a refusal is not retried)
+            client = AckerClient.get(self.location, token=self.token, tls_root_certs=self.roots)
             try:
                 answer = "pong" if client.ping() else "no"
             except ServiceError as exc:
