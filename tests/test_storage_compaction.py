@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from xorack.storage import MemoryStorage, RecordMeta, SQLiteStorage
 
@@ -168,3 +170,96 @@ def test_sqlite_compaction_survives_reopening(tmp_path):
         assert meta.origin.tolist() == kept.tolist()
     finally:
         s.close()
+
+
+ROWS = 40  # per persisted batch: compaction starts once 30 of them are gone
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["persist", "delete", "renew", "dead_letter", "sweep"]),
+            st.integers(0, 2**32 - 1),
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_compacting_storages_agree_with_a_model(kind, ops, tmp_path_factory):
+    """Random persists, deletes, renewals, dead letters and sweeps: after each, the storage
+    holds exactly the model's records, each with its own payload and metadata."""
+    if kind == "memory":
+        storage = MemoryStorage()
+    else:
+        storage = SQLiteStorage(tmp_path_factory.mktemp("model") / "ft.db")
+    current: dict[int, int] = {}  # current id -> original id
+    attempts: dict[int, int] = {}  # original id -> attempt
+    dead: list[int] = []
+    next_id, renewed_id = 1, 1 << 40
+    try:
+        for op, seed in ops:
+            rng = np.random.default_rng(seed)
+            ids = np.array(sorted(current), dtype=U64)
+            if op == "persist":
+                new = np.arange(next_id, next_id + ROWS, dtype=U64)
+                part = np.full(ROWS, _model_partition(next_id), np.int32)
+                meta = RecordMeta.new(new, key_hash=(new % 97).astype(np.int32), partition=part)
+                storage.persist(_batch(next_id - 1, ROWS), meta)
+                current.update((i, i) for i in new.tolist())
+                attempts.update((i, 1) for i in new.tolist())
+                next_id += ROWS
+            elif op == "delete":
+                drop = ids[rng.random(len(ids)) < rng.random()]
+                assert storage.delete(drop) == len(drop)
+                for i in drop.tolist():
+                    del current[i]
+                if seed % 2:
+                    _sweep(storage)  # SQLite compacts at its sweep: often, to exercise it
+            elif op == "renew":
+                old = ids[rng.random(len(ids)) < 0.3]
+                new = np.arange(renewed_id, renewed_id + len(old), dtype=U64)
+                storage.renew(old, new)
+                for o, n in zip(old.tolist(), new.tolist(), strict=True):
+                    current[n] = current.pop(o)
+                    attempts[current[n]] += 1
+                renewed_id += len(old)
+            elif op == "dead_letter" and len(ids):
+                victims = rng.choice(ids, min(len(ids), 3), replace=False)
+                storage.dead_letter(victims, "poison")
+                dead.extend(current.pop(v) for v in victims.tolist())
+            elif op == "sweep":
+                _sweep(storage)
+            _check_model(storage, current, attempts)
+        letters = storage.dead_letters()
+        origins = letters.column("_ft_origin").to_pylist() if letters.num_rows else []
+        assert sorted(origins) == sorted(dead)
+        if letters.num_rows:
+            assert sorted(letters.column("n").to_pylist()) == sorted(o - 1 for o in dead)
+    finally:
+        storage.close()
+
+
+def _model_partition(origin: int) -> int:
+    return ((origin - 1) // ROWS) % 3
+
+
+def _check_model(storage, current: dict[int, int], attempts: dict[int, int]) -> None:
+    ids = np.array(sorted(current), dtype=U64)
+    assert sorted(storage.stored_ids().tolist()) == ids.tolist()
+    if not len(ids):
+        return
+    payload, meta = storage.fetch(ids)
+    origins = [current[i] for i in ids.tolist()]
+    assert meta.src.tolist() == ids.tolist()
+    assert meta.origin.tolist() == origins
+    assert payload.column("n").to_pylist() == [o - 1 for o in origins]
+    assert payload.column("word").to_pylist() == [f"word-{o - 1:012d}" for o in origins]
+    assert meta.key_hash.tolist() == [o % 97 for o in origins]
+    assert meta.partition.tolist() == [_model_partition(o) for o in origins]
+    assert meta.attempt.tolist() == [attempts[o] for o in origins]
