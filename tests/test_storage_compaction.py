@@ -5,6 +5,9 @@ records (payload, id, attempt, origin, key hash, partition)."""
 
 from __future__ import annotations
 
+import sqlite3
+from contextlib import closing
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -263,3 +266,25 @@ def _check_model(storage, current: dict[int, int], attempts: dict[int, int]) -> 
     assert meta.key_hash.tolist() == [o % 97 for o in origins]
     assert meta.partition.tolist() == [_model_partition(o) for o in origins]
     assert meta.attempt.tolist() == [attempts[o] for o in origins]
+
+
+def test_an_older_sqlite_file_is_read_and_marked_for_compacted_batches(tmp_path):
+    path = tmp_path / "ft.db"
+    s = SQLiteStorage(path)
+    src = _persist(s, 2, 100)
+    s.close()
+    with closing(sqlite3.connect(path)) as db:  # as the code before compaction wrote it
+        db.execute("UPDATE xorack_meta SET value = 'xorack-ft-1' WHERE key = 'format'")
+        db.commit()
+    s = SQLiteStorage(path)
+    try:
+        s.delete(src[10:])
+        s.compact()
+        payload, _ = s.fetch(src[:10])
+        assert payload.column("n").to_pylist() == list(range(10))
+        assert _compacted(s) == 1
+    finally:
+        s.close()
+    with closing(sqlite3.connect(path)) as db:  # code that knows only ft-1 now refuses the file
+        (fmt,) = db.execute("SELECT value FROM xorack_meta WHERE key = 'format'").fetchone()
+    assert fmt == "xorack-ft-2"

@@ -594,7 +594,11 @@ CREATE TABLE IF NOT EXISTS records (
     src INTEGER PRIMARY KEY, loc INTEGER NOT NULL, attempt INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS dead_letters (id INTEGER PRIMARY KEY, payload BLOB NOT NULL);
 """
-_FORMAT = "xorack-ft-1"
+# ft-2: a compacted batch's meta blob has a 5th column (the first row numbers of the rows it
+# holds). An ft-1 file is read as is and marked ft-2 when opened (this code may compact it);
+# code that knows only ft-1 then refuses the file instead of reading compacted batches wrong.
+_FORMAT = "xorack-ft-2"
+_OLDER_FORMATS = ("xorack-ft-1",)
 _BATCH_CACHE = 32  # decoded batches kept for replays (most replays are of recent batches)
 _MIN_SQLITE = (3, 35, 0)
 # Blobs no record refers to are dropped by a scan of the record table once as many records were
@@ -730,6 +734,8 @@ class SQLiteStorage(Storage):
             row = self._db.execute("SELECT value FROM xorack_meta WHERE key='format'").fetchone()
             if row is None:
                 self._db.execute("INSERT INTO xorack_meta VALUES ('format', ?)", (_FORMAT,))
+            elif row[0] in _OLDER_FORMATS:
+                self._db.execute("UPDATE xorack_meta SET value = ? WHERE key='format'", (_FORMAT,))
             elif row[0] != _FORMAT:
                 raise StorageError(f"{self.path}: unsupported storage format {row[0]!r}")
             if max_bytes is not None:
