@@ -183,6 +183,7 @@ class DemoConfig:
     seed: int = 7
     max_attempts: int = 4
     plain_failures: bool = False  # raise plain FailRecord (bisected) instead of rows=...
+    master: str | None = None  # Spark master URL; None: the embedded local session
 
 
 # ---- the pipeline's functions (picklable: module-level or frozen dataclasses) ------------------
@@ -266,7 +267,11 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
     from xorack.spark.session import get_or_create_session
 
     if spark is None:
-        spark = get_or_create_session(app_name="xorack-demo", shuffle_partitions=cfg.partitions)
+        spark = get_or_create_session(
+            **({"master": cfg.master} if cfg.master else {}),
+            app_name="xorack-demo",
+            shuffle_partitions=cfg.partitions,
+        )
     workdir = tempfile.mkdtemp(prefix="xorack-demo-")
     bar = None
     # larger Arrow batches: fewer acker round trips and sink commits (ON and OFF alike); a
@@ -442,6 +447,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="inject failures as a plain exception (the stage bisects the batch) instead of "
         "FailRecord(rows=...)",
     )
+    ap.add_argument(
+        "--master",
+        default=None,
+        help="Spark master URL, e.g. local-cluster[2,1,1024] (two executor JVMs on this "
+        "machine) or spark://host:7077; default: the embedded local session",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     return ap
@@ -483,6 +494,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
         max_attempts=args.max_attempts,
         plain_failures=args.plain_failures,
+        master=args.master,
     )
     t0 = time.perf_counter()
     report = run_demo(cfg, progress=not args.no_progress)

@@ -119,13 +119,14 @@ class EventSender:
 
     location: str
     token: str | None = None
+    tls_root_certs: bytes | None = None
     chunk: int = 1 << 20
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from .lineage import settle
         from .stages import _client, u64
 
-        client = _client(self.location, self.token)
+        client = _client(self.location, self.token, self.tls_root_certs)
         sent, src, val, buffered = 0, [], [], 0
 
         def flush() -> int:
@@ -149,7 +150,13 @@ class EventSender:
         yield pa.record_batch([pa.array([sent], pa.int64())], names=["n"])
 
 
-def send_staged_events(spark: Any, paths: Sequence[str], location: str, token: str | None) -> int:
+def send_staged_events(
+    spark: Any,
+    paths: Sequence[str],
+    location: str,
+    token: str | None,
+    tls_root_certs: bytes | None = None,
+) -> int:
     """Send the events of the rows staged at ``paths`` (read back from what was durably
     written: an ack never precedes its write). Python sees two int64 columns; no shuffle.
     Returns the number of (reduced) events sent."""
@@ -158,7 +165,8 @@ def send_staged_events(spark: Any, paths: Sequence[str], location: str, token: s
     f = _f()
     parts = [spark.read.parquet(p).select(SRC, EVT) for p in paths]
     staged = reduce(lambda a, b: a.unionByName(b), parts).where(f.col(EVT) != 0)
-    sent = staged.mapInArrow(EventSender(location, token), "n long").agg(f.sum("n")).collect()
+    sender = EventSender(location, token, tls_root_certs)
+    sent = staged.mapInArrow(sender, "n long").agg(f.sum("n")).collect()
     return int(sent[0][0] or 0)
 
 

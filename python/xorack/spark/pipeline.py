@@ -434,7 +434,11 @@ class Pipeline:
     a replayed source record re-creates the same output ids (exactly-once results with an
     idempotent sink); ``id_salt`` makes the ids of two runs over the same input differ (by
     default a re-run into the same idempotent sink is absorbed as duplicates). ``token``:
-    the service's shared token.
+    the service's shared token. On a cluster the executors must reach the embedded acker:
+    ``acker_host`` is the address it binds (default 127.0.0.1; a non-loopback one needs
+    ``token`` and TLS), ``acker_advertise`` the host name executors connect to (default
+    ``acker_host``), ``tls_cert``/``tls_key`` its PEM certificate and key (the executors trust
+    that certificate; with ``service=...`` ``tls_cert`` alone is the certificate to trust).
 
     >>> # p = Pipeline(spark, ft=True, storage="memory", max_attempts=5)
     """
@@ -451,6 +455,10 @@ class Pipeline:
         id_salt: int = 0,
         workdir: str | None = None,
         runaway_share: float | None = 0.5,
+        acker_host: str = "127.0.0.1",
+        acker_advertise: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ) -> None:
         from pyspark.sql.types import StructType  # noqa: F401 - fail early without pyspark
 
@@ -468,6 +476,11 @@ class Pipeline:
         FailureTally(runaway_share)  # checks the value now
         self.runaway_share = runaway_share
         self._tally: Any = None  # the running round's failure accumulator
+        self.acker_host = acker_host
+        self.acker_advertise = acker_advertise
+        self.tls_cert = tls_cert
+        self.tls_key = tls_key
+        self._tls_root_certs: bytes | None = None
         self.round = 0
         self.phase = 0
         self._nodes: list[_Node] = []
@@ -668,11 +681,14 @@ class Pipeline:
         return f"hash:{node.partitions}" if node.keys else "forward"
 
     def _start_service(self) -> str:
-        from ..service import AckerClient, AckerService
+        from ..service import AckerService
 
         if self.service_location is not None:
+            if self.tls_cert is not None:
+                with open(self.tls_cert, "rb") as f:
+                    self._tls_root_certs = f.read()
             try:
-                AckerClient.get(self.service_location, token=self.token).ping()
+                self._client_for(self.service_location).ping()
             except ServiceError as exc:
                 raise ServiceError(
                     f"pipeline: the acker service at {self.service_location} cannot be reached "
@@ -685,7 +701,15 @@ class Pipeline:
         self._ft_layer = xorack.FTLayer(
             storage=self.storage, max_attempts=self.max_attempts, replay_partitioners=parts
         )
-        self._service = AckerService.embedded(self._ft_layer, token=self.token)
+        self._service = AckerService.embedded(
+            self._ft_layer,
+            token=self.token,
+            host=self.acker_host,
+            advertise=self.acker_advertise,
+            tls_cert=self.tls_cert,
+            tls_key=self.tls_key,
+        )
+        self._tls_root_certs = self._service.tls_cert_pem
         return self._service.location
 
     def _stop_service(self) -> None:
@@ -699,11 +723,15 @@ class Pipeline:
     @property
     def client(self) -> Any:
         """The driver's client of the acker service (during :meth:`run`)."""
-        from ..service import AckerClient
-
         if self._location is None:
             raise RuntimeError("the pipeline's service runs only during run()")
-        return AckerClient.get(self._location, token=self.token)
+        return self._client_for(self._location)
+
+    def _client_for(self, location: str) -> Any:
+        """A client of the acker at ``location`` with this pipeline's token and TLS roots."""
+        from ..service import AckerClient
+
+        return AckerClient.get(location, token=self.token, tls_root_certs=self._tls_root_certs)
 
     # ---- building one round -------------------------------------------------------------------
 
@@ -864,6 +892,7 @@ class Pipeline:
             columns=(*node.columns, BRANCH),
             location=self._location,
             token=self.token,
+            tls_root_certs=self._tls_root_certs,
             deterministic=self.deterministic_ids,
         )
         return _with_pending(df.mapInPandas(runner, schema)).localCheckpoint(eager=True)
@@ -912,6 +941,7 @@ class Pipeline:
             keys=node.keys,
             location=self._location,
             token=self.token,
+            tls_root_certs=self._tls_root_certs,
             deterministic=self.deterministic_ids,
             id_salt=self.id_salt,
             batch=self.round,
@@ -928,6 +958,7 @@ class Pipeline:
             columns=node.columns,
             location=self._location,
             token=self.token,
+            tls_root_certs=self._tls_root_certs,
             ft=self.ft,
             deterministic=self.deterministic_ids,
             bisect=node.kind == "stage",
@@ -950,6 +981,7 @@ class Pipeline:
             columns=node.columns,
             location=self._location,
             token=self.token,
+            tls_root_certs=self._tls_root_certs,
             ft=self.ft,
             tally=self._tally,
         )
@@ -1050,7 +1082,9 @@ class Pipeline:
             if not self.ft:
                 break
             paths = [st.write(df, f"p{phase}-r{round_no}") for st, df in work.staged]
-            send_staged_events(self.spark, paths, self._location, self.token)
+            send_staged_events(
+                self.spark, paths, self._location, self.token, self._tls_root_certs
+            )
             runaway = guard.add_round(dict(self._tally.value))
             if runaway is not None:
                 raise RunawayFailure(runaway)

@@ -67,10 +67,10 @@ def current_round() -> int:
     return int(value) if value else 0
 
 
-def _client(location: str, token: str | None):
+def _client(location: str, token: str | None, tls_root_certs: bytes | None = None):
     from ..service import AckerClient
 
-    return AckerClient.get(location, token=token)
+    return AckerClient.get(location, token=token, tls_root_certs=tls_root_certs)
 
 
 def u64(values: Any) -> np.ndarray:
@@ -209,11 +209,12 @@ class SourceTagger:
     deterministic: bool = True
     id_salt: int = 0
     batch: int = 0  # the micro-batch id in streaming (0 in batch runs): part of every id
+    tls_root_certs: bytes | None = None  # PEM the executors trust for a grpc+tls:// acker
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from .. import acker, hashing
 
-        client = _client(self.location, self.token)
+        client = _client(self.location, self.token, self.tls_root_certs)
         ranks = ContentRanks()
         salt = (_salt(f"source:{self.name}") ^ self.id_salt) & 0x7FFF_FFFF_FFFF_FFFF
         for batch in batches:
@@ -450,6 +451,7 @@ class StageRunner:
     bisect: bool = True
     single_record_groups: bool = False  # apply_in_pandas: a group must hold one source record
     tally: Any = None  # the round's failure accumulator (the runaway guard), or None
+    tls_root_certs: bytes | None = None  # PEM the executors trust for a grpc+tls:// acker
 
     def __call__(self, pdfs: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         if not self.ft:
@@ -458,7 +460,7 @@ class StageRunner:
                     yield self._select(out, lineage=False)
             return
         assert self.location is not None
-        client = _client(self.location, self.token)
+        client = _client(self.location, self.token, self.tls_root_certs)
         for pdf in pdfs:
             out = self.process(pdf, client)
             if out is not None:
@@ -565,7 +567,7 @@ class GroupStageRunner:
                 return pd.DataFrame(columns=cols)
             return r._select(pd.concat(frames, ignore_index=True), lineage=False)
         assert r.location is not None
-        out = r.process(pdf, _client(r.location, r.token))
+        out = r.process(pdf, _client(r.location, r.token, r.tls_root_certs))
         return pd.DataFrame(columns=cols) if out is None else out
 
 
@@ -618,13 +620,14 @@ class SinkRunner:
     ft: bool = True
     write_rows: int = 100_000
     tally: Any = None  # the round's failure accumulator (the runaway guard), or None
+    tls_root_certs: bytes | None = None  # PEM the executors trust for a grpc+tls:// acker
 
     def __call__(self, pdfs: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
-        client = _client(self.location, self.token) if self.ft else None
+        client = _client(self.location, self.token, self.tls_root_certs) if self.ft else None
         rows = dups = 0
         pending: list[pd.DataFrame] = []
         buffered = 0
