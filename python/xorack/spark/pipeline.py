@@ -365,7 +365,11 @@ class Tracked:
             )
         parents = [self._node, other._node]
         node = _Node(
-            "union", self._p._unique(None, "union"), parents, self._node.columns, schema=self._node.schema
+            "union",
+            self._p._unique(None, "union"),
+            parents,
+            self._node.columns,
+            schema=self._node.schema,
         )
         return self._p._add(node)
 
@@ -1082,9 +1086,7 @@ class Pipeline:
             if not self.ft:
                 break
             paths = [st.write(df, f"p{phase}-r{round_no}") for st, df in work.staged]
-            send_staged_events(
-                self.spark, paths, self._location, self.token, self._tls_root_certs
-            )
+            send_staged_events(self.spark, paths, self._location, self.token, self._tls_root_certs)
             runaway = guard.add_round(dict(self._tally.value))
             if runaway is not None:
                 raise RunawayFailure(runaway)
