@@ -314,9 +314,10 @@ class Tracked:
         group. Every output row keeps the ``_ft_rec`` of the one input row it derives from
         (per-key dedupe, top-n, ranking, annotating rows with group statistics); inputs
         without outputs are acked. An exception fails the whole group's records (no
-        bisection: the group is one unit). Not for aggregates that merge several source
-        records into one row: a row has one parent, so the other records' part in it would
-        not be tracked.
+        bisection: the group is one unit). A group must hold the rows of one source record
+        (group by the source key): a group spanning several records is refused with a clear
+        error at run time, since a replayed record would be grouped without the others (a
+        partial aggregate). Aggregate with :meth:`groupBy` ``.agg(...)``, which is exact.
 
         >>> # latest = events.apply_in_pandas(["user"], keep_latest, "user string, ts long")
         """
