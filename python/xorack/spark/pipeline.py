@@ -143,6 +143,7 @@ class _Node:
     spec: Any = None  # a barrier's operator (AggregateSpec, JoinSpec)
     derived: _Node | None = None  # a source that is a barrier's output: the barrier
     staging: list[Staging] = field(default_factory=list)  # a barrier's / native sink's inputs
+    proto: Any = None  # an empty DataFrame of the node's output (declaration-time analysis)
 
     def prepare(self, df: Any) -> Any:
         """The source's own partitioning applied to an input DataFrame (or micro-batch)."""
@@ -547,10 +548,14 @@ class Pipeline:
         declaration against Spark's analyzer without running anything)."""
         from pyspark.sql.types import BooleanType, LongType, StructField, StructType
 
-        lineage = [
-            StructField(c, BooleanType() if c == KEEP else LongType(), False) for c in LINEAGE
-        ]
-        return self.spark.createDataFrame([], StructType([*node.schema.fields, *lineage]))
+        if node.proto is None:  # a native node keeps the frame its declaration analyzed
+            lineage = [
+                StructField(c, BooleanType() if c == KEEP else LongType(), False)
+                for c in LINEAGE
+            ]
+            fields = [*node.schema.fields, *(lineage if self.ft else [])]
+            node.proto = self.spark.createDataFrame([], StructType(fields))
+        return node.proto
 
     def _analyze(self, what: str, build: Callable[[], Any]) -> Any:
         """Run ``build`` (a lazy DataFrame construction) and turn Spark's analysis errors into
@@ -579,9 +584,10 @@ class Pipeline:
         from applying it to the parent's empty prototype."""
         name = self._unique(None, kind)
         op = make(name)
-        out = self._analyze(op.describe(), lambda: op.apply(self._prototype(parent), True))
+        out = self._analyze(op.describe(), lambda: op.apply(self._prototype(parent), self.ft))
         schema = self._payload_schema(out)
         node = _Node("native", name, [parent], tuple(schema.fieldNames()), schema=schema, fn=op)
+        node.proto = out
         return self._add(node)
 
     def _barrier(
