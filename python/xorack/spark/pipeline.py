@@ -550,8 +550,7 @@ class Pipeline:
 
         if node.proto is None:  # a native node keeps the frame its declaration analyzed
             lineage = [
-                StructField(c, BooleanType() if c == KEEP else LongType(), False)
-                for c in LINEAGE
+                StructField(c, BooleanType() if c == KEEP else LongType(), False) for c in LINEAGE
             ]
             fields = [*node.schema.fields, *(lineage if self.ft else [])]
             node.proto = self.spark.createDataFrame([], StructType(fields))
@@ -1081,7 +1080,7 @@ class Pipeline:
                 fresh = {
                     n.source_index: n.df
                     for n in self._sources
-                    if n.phase == phase and n.df is not None
+                    if n.phase == phase and n.df is not None and not self._direct(n)
                 }
             work = self._build(fresh, replays_wanted=round_no > 0)
             if round_no > 0 and work.empty():
@@ -1143,6 +1142,18 @@ class Pipeline:
                 inputs = [st.rows(self.spark, ended_df) for st in barrier.staging]
                 node.df = barrier.spec.compute(inputs)
 
+    def _direct(self, node: _Node) -> bool:
+        """A barrier output read only by native sinks needs no tracking: nothing between the
+        barrier and the sink can fail a row, and the sink's write is Spark's own (all or
+        nothing per task, retried by Spark). It is written straight to the sinks at publish
+        time, which saves its phase (tagging, persisting, staging, acking)."""
+        if node.derived is None:
+            return False
+        consumers = [n for n in self._nodes if any(p is node for p in n.parents)]
+        return bool(consumers) and all(
+            n.kind == "sink" and getattr(n.sink, "native", False) for n in consumers
+        )
+
     def _derived_persisted(self, phase: int, before: int) -> int:
         """Records persisted by the barrier outputs of ``phase`` (they are not input records)."""
         return max(0, int(self.client.stats().get("persisted", 0)) - before)
@@ -1175,9 +1186,13 @@ class Pipeline:
         ended_df = None
         for node in sinks:
             if getattr(node.sink, "native", False):
-                if ended_df is None and len(ended):
-                    ended_df = ids_frame(self.spark, ended)
-                node.sink.write(node.staging[0].rows(self.spark, ended_df))
+                parent = node.parents[0]
+                if self._direct(parent):  # a barrier's output, written as Spark computes it
+                    node.sink.write(parent.df.select(*node.columns))
+                else:
+                    if ended_df is None and len(ended):
+                        ended_df = ids_frame(self.spark, ended)
+                    node.sink.write(node.staging[0].rows(self.spark, ended_df))
                 report.sink_rows[node.name] = node.sink.read(self.spark).count()
                 node.staging[0].remove()
             elif hasattr(node.sink, "retract"):
