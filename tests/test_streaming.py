@@ -212,3 +212,15 @@ def test_current_attempt_looks_rows_up_among_the_micro_batch_replays(monkeypatch
     monkeypatch.setenv("XORACK_ROUND", "2")
     assert current_attempt() == 3
     assert current_attempt(pd.DataFrame({"x": [1]})).tolist() == [3]
+
+
+@pytest.mark.parametrize("ft", [True, False])
+def test_streaming_refuses_barriers_with_ft_on_and_off(spark, tmp_path, ft):
+    from pyspark.sql import functions as F
+
+    p = Pipeline(spark, ft=ft)
+    words = p.source(_stream(spark, tmp_path), name="files", partitions=2)
+    counts = words.groupBy("word").agg(F.count("*").alias("n"))
+    counts.sink(SQLiteSink(str(tmp_path / "counts.db"), "counts"), name="counts")
+    with pytest.raises(ValueError, match=r"aggregations and tracked joins \(\['aggregate'\]\)"):
+        p.start_stream(available_now=True)

@@ -65,12 +65,6 @@ class StreamingRun:
         checkpoint_location: str | None = None,
         available_now: bool = False,
     ) -> None:
-        streaming = [n for n in pipeline._sources if n.df.isStreaming]
-        if len(streaming) != 1 or len(pipeline._sources) != 1:
-            raise ValueError(
-                "start_stream: the pipeline needs exactly one source, a streaming DataFrame "
-                f"(got {len(pipeline._sources)} source(s), {len(streaming)} streaming)"
-            )
         barriers = [n.name for n in pipeline._nodes if n.kind == "barrier"]
         native = [n.name for n in pipeline._nodes if getattr(n.sink, "native", False)]
         if barriers or native:
@@ -80,6 +74,12 @@ class StreamingRun:
                 "input to settle before they produce rows; in streaming, aggregate in the sink "
                 "(or run the pipeline in batch with p.run()). Native row operations (filter, "
                 "select, explode, lookup joins) work in streaming."
+            )
+        streaming = [n for n in pipeline._sources if n.df is not None and n.df.isStreaming]
+        if len(streaming) != 1 or len(pipeline._sources) != 1:
+            raise ValueError(
+                "start_stream: the pipeline needs exactly one source, a streaming DataFrame "
+                f"(got {len(pipeline._sources)} source(s), {len(streaming)} streaming)"
             )
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
