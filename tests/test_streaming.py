@@ -148,6 +148,7 @@ def test_wait_on_an_endless_query_times_out_then_stop_drains(spark, tmp_path):
     with pytest.raises(TimeoutError, match=r"still running .* stop"):
         run.wait(timeout=2.0)
     report = run.stop()
+    assert run.stop() is report  # stopped once
     assert report.lost == 0
     assert sorted(sink.read()["value"]) == list(range(report.source_records))
 

@@ -493,6 +493,8 @@ class Pipeline:
         self._service: Any = None
         self._ft_layer: Any = None
         self._location: str | None = None
+        # streaming: told the replay tables each round takes (for current_attempt(pdf))
+        self._on_replays: Callable[[list[pa.Table]], None] | None = None
 
     # ---- declaration --------------------------------------------------------------------------
 
@@ -758,9 +760,8 @@ class Pipeline:
 
         parts = self.client.take_replays(source=node.source_index)
         tables = [t for _, t in sorted(parts.items()) if t.num_rows]
-        on_replays = getattr(self, "_on_replays", None)
-        if on_replays is not None:  # streaming: the attempts for current_attempt(pdf)
-            on_replays(tables)
+        if self._on_replays is not None:  # streaming: the attempts for current_attempt(pdf)
+            self._on_replays(tables)
         if not tables:
             return None, 0
         n = node.partitions

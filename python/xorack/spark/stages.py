@@ -56,7 +56,8 @@ def current_round() -> int:
     record, r on the r-th replay round); 0 outside xorack-run tasks.
 
     In batch runs every record processed in round r is on its attempt r + 1, so a function can
-    inject failures "on the first attempt only" deterministically:
+    inject failures "on the first attempt only" deterministically (in streaming, where a
+    micro-batch mixes attempts, use :func:`current_attempt` ``(pdf)``):
 
     >>> current_round()
     0

@@ -101,6 +101,7 @@ class StreamingRun:
         self._next_rotation = time.monotonic()
         self._error: BaseException | None = None
         self._stopping = False
+        self._stopped = False
         sinks = pipeline._sink_nodes()
         pipeline._on_replays = self._replays_taken
         self._embedded_rotation = False
@@ -214,8 +215,11 @@ class StreamingRun:
     def stop(self, drain: bool = True) -> RunReport:
         """Stop the query; with ``drain``, run what is still pending in batch rounds (timed
         out now: no micro-batch is running any more) until it completes or is dead-lettered.
-        Returns the report of the whole run."""
+        Returns the report of the whole run (a second call returns it again)."""
         p = self.pipeline
+        if self._stopped:
+            return self.report
+        self._stopped = True
         try:
             with self._lock:  # let the running micro-batch finish; no new one starts its work
                 self._stopping = True
