@@ -111,10 +111,19 @@ def test_available_now_runs_to_the_end_of_the_input(spark, tmp_path):
     assert (got["whole"] == -1).all()  # current_attempt() without the frame: ValueError
 
 
+def _double_and_attempt(pdf: pd.DataFrame) -> pd.DataFrame:
+    from xorack.spark import current_attempt
+
+    return _double(pdf).assign(attempt=current_attempt(pdf))
+
+
 def test_streaming_with_ft_off_equals_ft_on_on_failure_free_input(spark, tmp_path):
-    p_on, sink_on = _pipeline(spark, tmp_path, _double, ft=True, name="on")
+    schema = OUT + ", attempt long"
+    p_on, sink_on = _pipeline(spark, tmp_path, _double_and_attempt, name="on", schema=schema)
     on = p_on.start_stream(available_now=True).wait(timeout=WAIT)
-    p_off, sink_off = _pipeline(spark, tmp_path, _double, ft=False, name="off")
+    p_off, sink_off = _pipeline(
+        spark, tmp_path, _double_and_attempt, ft=False, name="off", schema=schema
+    )
     off = p_off.start_stream(available_now=True).wait(timeout=WAIT)
 
     assert on.lost == 0
@@ -124,11 +133,12 @@ def test_streaming_with_ft_off_equals_ft_on_on_failure_free_input(spark, tmp_pat
     for k in ("source_records", "completed", "failed", "timed_out", "replayed", "lost"):
         assert getattr(off, k) is None, k
     assert off.sink_rows == {"out": N} == on.sink_rows
-    key = ["value", "word", "double"]
+    key = ["value", "word", "double", "attempt"]
     a = sink_on.read().sort_values("value").reset_index(drop=True)[key]
     b = sink_off.read().sort_values("value").reset_index(drop=True)[key]
     pd.testing.assert_frame_equal(a, b)
     assert sorted(b["value"]) == list(range(N))
+    assert (b["attempt"] == 1).all()  # FT off: every record on its first (only) attempt
 
 
 def test_available_now_takes_no_trigger_seconds(spark, tmp_path):
