@@ -123,7 +123,9 @@ def current_attempt(pdf: pd.DataFrame | None = None) -> Any:
     * Outside a xorack task (a function called directly): ``current_round() + 1``, 1 by default.
 
     ``pdf`` must carry the lineage column ``_ft_src`` when FT is on (a stage's input does);
-    with FT off every record is on its first attempt.
+    with FT off every record is on its first attempt. In streaming the micro-batch's replays
+    (source id and attempt, about 13 characters each) travel to every task as a Spark local
+    property, decoded once per Python worker and micro-batch.
 
     >>> import pandas as pd
     >>> current_attempt(), current_attempt(pd.DataFrame({"x": [7, 8]})).tolist()
