@@ -9,7 +9,7 @@ from .guard import RunawayFailure
 from .ops import TrackedOperationError
 from .pipeline import REPORT_KEYS, GroupedTracked, Pipeline, RoundInfo, RunReport, Tracked
 from .sinks import ParquetSink, Sink, SQLiteSink
-from .stages import LINEAGE_COLUMNS, StageSchemaError, current_round
+from .stages import LINEAGE_COLUMNS, StageSchemaError, current_attempt, current_round
 
 __all__ = [
     "LINEAGE_COLUMNS",
@@ -25,5 +25,6 @@ __all__ = [
     "StageSchemaError",
     "Tracked",
     "TrackedOperationError",
+    "current_attempt",
     "current_round",
 ]

@@ -495,6 +495,8 @@ class Pipeline:
         self._service: Any = None
         self._ft_layer: Any = None
         self._location: str | None = None
+        # streaming: told the replay tables each round takes (for current_attempt(pdf))
+        self._on_replays: Callable[[list[pa.Table]], None] | None = None
 
     # ---- declaration --------------------------------------------------------------------------
 
@@ -764,6 +766,8 @@ class Pipeline:
 
         parts = self.client.take_replays(source=node.source_index)
         tables = [t for _, t in sorted(parts.items()) if t.num_rows]
+        if self._on_replays is not None:  # streaming: the attempts for current_attempt(pdf)
+            self._on_replays(tables)
         if not tables:
             return None, 0
         n = node.partitions
@@ -1205,17 +1209,22 @@ class Pipeline:
         timeout: float = 30.0,
         trigger_seconds: float | None = None,
         checkpoint_location: str | None = None,
+        available_now: bool = False,
     ) -> Any:
         """Run the pipeline over its streaming source in ``foreachBatch``; returns a
-        :class:`~xorack.spark.streaming.StreamingRun` (``.query``, ``.stop() -> RunReport``).
-        Records not completed ``timeout`` seconds after they were persisted or replayed are
-        replayed in a later micro-batch.
+        :class:`~xorack.spark.streaming.StreamingRun` (``.query``, ``.stop() -> RunReport``,
+        ``.wait() -> RunReport``). Records not completed ``timeout`` seconds after they were
+        persisted or replayed are replayed in a later micro-batch. ``available_now=True``
+        (Spark's ``trigger(availableNow=True)``) reads what the source holds when the query
+        starts and ends; ``run.wait()`` then drains and returns the report. With ``ft=False``
+        the same stages run without tracking (the report's counts are ``None``).
 
         >>> # run = p.start_stream(timeout=10.0); ...; report = run.stop()
+        >>> # report = p.start_stream(available_now=True).wait()
         """
         from .streaming import StreamingRun
 
-        return StreamingRun(self, timeout, trigger_seconds, checkpoint_location)
+        return StreamingRun(self, timeout, trigger_seconds, checkpoint_location, available_now)
 
     def _sink_nodes(self) -> list[_Node]:
         sinks = [n for n in self._nodes if n.kind == "sink"]

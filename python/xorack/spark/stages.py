@@ -40,6 +40,9 @@ ORIG_PART = "_xorack_part"  # persisted with the payload: the partition the reco
 PART = "_ft_part"  # spark_partition_id() of the source's own partitioning, read by the tagger
 BRANCH = "_ft_branch"  # which consumer of a branch point a tee'd copy belongs to
 ROUND_PROPERTY = "xorack.round"  # Spark local property: the batch round (0 = first attempt)
+# Spark local property set in streaming: "s:" + the replays of the running micro-batch (their
+# _ft_src ids, sorted, and attempts), base64; absent in batch runs (attempt = round + 1)
+ATTEMPTS_PROPERTY = "xorack.attempts"
 
 UserFunction = Callable[[pd.DataFrame], "pd.DataFrame | Iterable[pd.DataFrame]"]
 
@@ -53,7 +56,8 @@ def current_round() -> int:
     record, r on the r-th replay round); 0 outside xorack-run tasks.
 
     In batch runs every record processed in round r is on its attempt r + 1, so a function can
-    inject failures "on the first attempt only" deterministically:
+    inject failures "on the first attempt only" deterministically (in streaming, where a
+    micro-batch mixes attempts, use :func:`current_attempt` ``(pdf)``):
 
     >>> current_round()
     0
@@ -65,6 +69,96 @@ def current_round() -> int:
         return int(os.environ.get("XORACK_ROUND", "0"))
     value = ctx.getLocalProperty(ROUND_PROPERTY)
     return int(value) if value else 0
+
+
+def encode_attempts(src: np.ndarray, attempt: np.ndarray) -> str:
+    """The value of :data:`ATTEMPTS_PROPERTY` for a micro-batch whose replays have source ids
+    ``src`` on attempts ``attempt`` (the other rows are on their first attempt)."""
+    import base64
+
+    src = np.asarray(src, dtype=np.uint64)
+    order = np.argsort(src, kind="stable")
+    att = np.asarray(attempt, dtype=np.int64)[order].astype(np.uint16)
+    raw = np.ascontiguousarray(src[order]).tobytes() + np.ascontiguousarray(att).tobytes()
+    return "s:" + base64.b64encode(raw).decode("ascii")
+
+
+_decoded: tuple[str, np.ndarray, np.ndarray] | None = None  # the last property decoded (per worker)
+
+
+def _decode_attempts(value: str) -> tuple[np.ndarray, np.ndarray]:
+    global _decoded
+    cached = _decoded
+    if cached is not None and cached[0] == value:
+        return cached[1], cached[2]
+    import base64
+
+    raw = base64.b64decode(value[2:])
+    n = len(raw) // 10
+    src = np.frombuffer(raw[: 8 * n], dtype=np.uint64)
+    att = np.frombuffer(raw[8 * n :], dtype=np.uint16).astype(np.int64)
+    _decoded = (value, src, att)
+    return src, att
+
+
+def _local_property(key: str) -> str | None:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return None if ctx is None else ctx.getLocalProperty(key)
+
+
+def current_attempt(pdf: pd.DataFrame | None = None) -> Any:
+    """Which attempt the records a stage function is processing are on (1 = first).
+
+    * Batch runs (:meth:`~xorack.spark.Pipeline.run`): every record of round r of a phase is
+      on attempt r + 1, so ``current_attempt()`` is ``current_round() + 1`` (an ``int``) and
+      ``current_attempt(pdf)`` that number for each row (a numpy ``int64`` array).
+    * Streaming (:meth:`~xorack.spark.Pipeline.start_stream`): a micro-batch mixes fresh
+      records (attempt 1) and replays of earlier micro-batches (attempt >= 2), so pass the
+      function's input frame: ``current_attempt(pdf)`` is each row's attempt, looked up by its
+      ``_ft_src`` among the replays the micro-batch was given (rows a stage derived from a
+      source record are on that record's attempt). The drain rounds of ``stop()`` / ``wait()``
+      are answered the same way. Without ``pdf`` it raises ``ValueError`` in streaming.
+    * Outside a xorack task (a function called directly): ``current_round() + 1``, 1 by default.
+
+    ``pdf`` must carry the lineage column ``_ft_src`` when FT is on (a stage's input does);
+    with FT off every record is on its first attempt. In streaming the micro-batch's replays
+    (source id and attempt, about 13 characters each) travel to every task as a Spark local
+    property, decoded once per Python worker and micro-batch.
+
+    >>> import pandas as pd
+    >>> current_attempt(), current_attempt(pd.DataFrame({"x": [7, 8]})).tolist()
+    (1, [1, 1])
+    >>> def flaky(pdf):  # fails each record's first attempt, in batch and in streaming
+    ...     first = current_attempt(pdf) == 1
+    ...     if first.any():
+    ...         raise FailRecord("first attempt", rows=first)
+    ...     return pdf
+    """
+    value = _local_property(ATTEMPTS_PROPERTY)
+    if value is None or not value.startswith("s:"):
+        attempt = current_round() + 1
+        return attempt if pdf is None else np.full(len(pdf), attempt, dtype=np.int64)
+    if pdf is None:
+        raise ValueError(
+            "current_attempt(): in streaming a micro-batch mixes fresh records (attempt 1) and "
+            "replays; pass the stage's input frame, current_attempt(pdf), for each row's attempt"
+        )
+    src, att = _decode_attempts(value)
+    out = np.ones(len(pdf), dtype=np.int64)
+    if not len(src) or not len(pdf):  # no replay in this micro-batch (or FT off)
+        return out
+    if SRC not in pdf.columns:
+        raise LineageError(
+            f"current_attempt(pdf): the frame has no lineage column {SRC!r} (columns "
+            f"{list(pdf.columns)}); pass the frame the stage function was called on"
+        )
+    ids = u64(pdf[SRC].to_numpy())
+    at = np.minimum(np.searchsorted(src, ids), len(src) - 1)
+    found = src[at] == ids
+    out[found] = att[at[found]]
+    return out
 
 
 def _client(location: str, token: str | None, tls_root_certs: bytes | None = None):

@@ -7,10 +7,19 @@ time: a record not completed ``timeout`` seconds after it was persisted or repla
 in a later micro-batch. :meth:`StreamingRun.stop` stops the query and drains: what is still
 pending is run in batch rounds until it is completed or dead-lettered.
 
-In streaming, :func:`xorack.spark.current_round` is the micro-batch id (then the drain rounds).
+With ``available_now=True`` the query reads what the source holds when it starts (Spark's
+``trigger(availableNow=True)``) and ends by itself; :meth:`StreamingRun.wait` waits for that,
+then drains and returns the report. With ``Pipeline(spark, ft=False)`` the same stages run in
+``foreachBatch`` without tagging, service or extra columns (for comparison; the report's
+tracking counts are ``None``, as in batch runs with FT off).
+
+In streaming, :func:`xorack.spark.current_round` is the micro-batch id (then the drain rounds)
+and :func:`xorack.spark.current_attempt` ``(pdf)`` gives each row's attempt (a micro-batch mixes
+fresh records and replays).
 
 >>> # run = p.start_stream(timeout=30.0)          # p.source(spark.readStream..., partitions=4)
 >>> # ...; report = run.stop(); assert report.lost == 0
+>>> # report = p.start_stream(available_now=True).wait()   # a file source, read to the end
 """
 
 from __future__ import annotations
@@ -19,11 +28,25 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .pipeline import RunReport
-from .stages import ROUND_PROPERTY
+from .stages import ATTEMPTS_PROPERTY, ROUND_PROPERTY, encode_attempts, u64
 
 if TYPE_CHECKING:
     from .pipeline import Pipeline
+
+
+_TRACKING_COUNTS = (
+    "source_records",
+    "completed",
+    "failed",
+    "timed_out",
+    "replayed",
+    "dead_lettered",
+    "lost",
+    "orphans",
+)  # None in the report of a run with FT off
 
 
 class _StoppedBeforeBatch(Exception):
@@ -40,15 +63,8 @@ class StreamingRun:
         timeout: float = 30.0,
         trigger_seconds: float | None = None,
         checkpoint_location: str | None = None,
+        available_now: bool = False,
     ) -> None:
-        streaming = [n for n in pipeline._sources if n.df.isStreaming]
-        if len(streaming) != 1 or len(pipeline._sources) != 1:
-            raise ValueError(
-                "start_stream: the pipeline needs exactly one source, a streaming DataFrame "
-                f"(got {len(pipeline._sources)} source(s), {len(streaming)} streaming)"
-            )
-        if not pipeline.ft:
-            raise ValueError("start_stream: use ft=True (with FT off run the stages yourself)")
         barriers = [n.name for n in pipeline._nodes if n.kind == "barrier"]
         native = [n.name for n in pipeline._nodes if getattr(n.sink, "native", False)]
         if barriers or native:
@@ -59,11 +75,24 @@ class StreamingRun:
                 "(or run the pipeline in batch with p.run()). Native row operations (filter, "
                 "select, explode, lookup joins) work in streaming."
             )
+        streaming = [n for n in pipeline._sources if n.df is not None and n.df.isStreaming]
+        if len(streaming) != 1 or len(pipeline._sources) != 1:
+            raise ValueError(
+                "start_stream: the pipeline needs exactly one source, a streaming DataFrame "
+                f"(got {len(pipeline._sources)} source(s), {len(streaming)} streaming)"
+            )
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        if available_now and trigger_seconds is not None:
+            raise ValueError(
+                "start_stream: available_now=True reads the input to its end as fast as it can; "
+                f"it takes no trigger_seconds (got {trigger_seconds}): give one or the other"
+            )
         self.pipeline = pipeline
         self.timeout = float(timeout)
-        self.report = RunReport()
+        self.ft = pipeline.ft
+        self.available_now = bool(available_now)
+        self.report = RunReport(ft=self.ft)
         self.batches = 0
         self._source = streaming[0]
         self._lock = threading.Lock()
@@ -72,27 +101,48 @@ class StreamingRun:
         self._next_rotation = time.monotonic()
         self._error: BaseException | None = None
         self._stopping = False
+        self._stopped = False
         sinks = pipeline._sink_nodes()
-        pipeline._location = pipeline._start_service()
+        pipeline._on_replays = self._replays_taken
+        self._embedded_rotation = False
+        self._interval = self.timeout
+        if self.ft:
+            pipeline._location = pipeline._start_service()
         try:
-            ft = pipeline._ft_layer
-            num_buckets = getattr(ft, "num_buckets", 3)
-            self._interval = self.timeout / num_buckets
-            self._embedded_rotation = ft is not None and hasattr(ft, "start")
-            if self._embedded_rotation:
-                ft.start(self._interval)  # background rotations on wall-clock time
+            if self.ft:
+                ft = pipeline._ft_layer
+                num_buckets = getattr(ft, "num_buckets", 3)
+                self._interval = self.timeout / num_buckets
+                self._embedded_rotation = ft is not None and hasattr(ft, "start")
+                if self._embedded_rotation:
+                    ft.start(self._interval)  # background rotations on wall-clock time
             for node in sinks:
                 node.sink.create(list(node.columns))
             writer = self._source.df.writeStream.foreachBatch(self._on_batch)
             if trigger_seconds is not None:
                 writer = writer.trigger(processingTime=f"{trigger_seconds} seconds")
+            elif self.available_now:
+                writer = writer.trigger(availableNow=True)
             if checkpoint_location is not None:
                 writer = writer.option("checkpointLocation", checkpoint_location)
             self.query = writer.start()
         except BaseException:
+            pipeline._on_replays = None
             pipeline._stop_service()
             pipeline._location = None
             raise
+
+    def _replays_taken(self, tables: list[Any]) -> None:
+        """Called by the pipeline with the replay tables it feeds to the round being built:
+        their attempts, for :func:`~xorack.spark.current_attempt` in the round's tasks."""
+        if not tables:
+            return
+        src = np.concatenate([u64(t.column("_ft_src")) for t in tables])
+        attempt = np.concatenate(
+            [t.column("_ft_attempt").to_numpy(zero_copy_only=False) for t in tables]
+        )
+        sc = self.pipeline.spark.sparkContext
+        sc.setLocalProperty(ATTEMPTS_PROPERTY, encode_attempts(src, attempt))
 
     def _on_batch(self, batch_df: Any, batch_id: int) -> None:
         p = self.pipeline
@@ -106,7 +156,14 @@ class StreamingRun:
                     )
                 sc = p.spark.sparkContext
                 sc.setLocalProperty(ROUND_PROPERTY, str(batch_id))
+                sc.setLocalProperty(ATTEMPTS_PROPERTY, encode_attempts([], []))  # all fresh
                 p.round = int(batch_id)
+                if not self.ft:
+                    work = p._build({self._source.source_index: batch_df}, replays_wanted=False)
+                    p._run_frames(work.summaries, self.report)
+                    self.batches += 1
+                    self._last_batch = int(batch_id)
+                    return
                 if not self._embedded_rotation:
                     now = time.monotonic()
                     while now >= self._next_rotation:  # an external acker: rotate from here
@@ -122,11 +179,47 @@ class StreamingRun:
             self._error = exc
             raise
 
+    def wait(self, timeout: float | None = None) -> RunReport:
+        """Wait until the query terminates, then :meth:`stop` (drain) and return the report.
+
+        With ``available_now=True`` the query ends by itself once it has read everything the
+        source held when it started; then the replays still waiting and the records still
+        pending are run in batch rounds, so the report accounts for the whole input. (Any
+        other query runs until stopped: ``wait`` then blocks until one of its micro-batches
+        fails, or raises ``TimeoutError`` after ``timeout`` seconds.) A failed micro-batch's
+        error is raised after the drain.
+
+        >>> # report = p.start_stream(available_now=True).wait(timeout=600)
+        >>> # assert report.lost == 0
+        """
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"wait: timeout must be > 0 seconds or None, got {timeout}")
+        try:
+            if timeout is None:
+                self.query.awaitTermination()
+                ended = True
+            else:
+                ended = bool(self.query.awaitTermination(timeout))
+        except Exception as exc:  # StreamingQueryException: a micro-batch failed
+            if self._error is None:
+                self._error = exc
+            ended = True
+        if not ended:
+            raise TimeoutError(
+                f"wait: the streaming query is still running after {timeout} s (only "
+                "available_now=True queries end by themselves); call wait() again, or stop() "
+                "to end it and drain"
+            )
+        return self.stop()
+
     def stop(self, drain: bool = True) -> RunReport:
         """Stop the query; with ``drain``, run what is still pending in batch rounds (timed
         out now: no micro-batch is running any more) until it completes or is dead-lettered.
-        Returns the report of the whole run."""
+        Returns the report of the whole run (a second call returns it again)."""
         p = self.pipeline
+        if self._stopped:
+            return self.report
+        self._stopped = True
         try:
             with self._lock:  # let the running micro-batch finish; no new one starts its work
                 self._stopping = True
@@ -134,30 +227,15 @@ class StreamingRun:
             if self._embedded_rotation:
                 p._ft_layer.stop()
             with self._lock:
-                if drain:
-                    sc = p.spark.sparkContext
-                    for r in range(p.max_attempts + 1):
-                        p.round = self._last_batch + 1 + r
-                        sc.setLocalProperty(ROUND_PROPERTY, str(p.round))
-                        p.client.expire_all()
-                        stats = p.client.stats()
-                        if not stats.get("pending", 0):
-                            break
-                        work = p._build({}, replays_wanted=True)
-                        p._run_frames(work.summaries, self.report)
-                        self.report.rounds += 1
-                # all or nothing: the rows of attempts that ended without completing go
-                ended = p.client.take_ended()
-                for node in p._sink_nodes():
-                    if hasattr(node.sink, "retract"):
-                        gone = int(node.sink.retract(ended))
-                        self.report.retracted_rows += gone
-                        rows = self.report.sink_rows
-                        rows[node.name] = rows.get(node.name, 0) - gone
-                p._fill(self.report, p.client.stats())
-                p._dead_letters = p._safe_dead_letters()
+                if self.ft:
+                    self._finish(drain)
+                else:
+                    for k in _TRACKING_COUNTS:
+                        setattr(self.report, k, None)
         finally:
             p.spark.sparkContext.setLocalProperty(ROUND_PROPERTY, None)
+            p.spark.sparkContext.setLocalProperty(ATTEMPTS_PROPERTY, None)
+            p._on_replays = None
             p.round = 0
             p._stop_service()
             p._location = None
@@ -166,6 +244,33 @@ class StreamingRun:
         if self._error is not None:
             raise self._error
         return self.report
+
+    def _finish(self, drain: bool) -> None:
+        """With FT on, after the query stopped: drain, retract, fill the report."""
+        p = self.pipeline
+        if drain:
+            sc = p.spark.sparkContext
+            for r in range(p.max_attempts + 1):
+                p.round = self._last_batch + 1 + r
+                sc.setLocalProperty(ROUND_PROPERTY, str(p.round))
+                sc.setLocalProperty(ATTEMPTS_PROPERTY, encode_attempts([], []))
+                p.client.expire_all()
+                stats = p.client.stats()
+                if not stats.get("pending", 0):
+                    break
+                work = p._build({}, replays_wanted=True)
+                p._run_frames(work.summaries, self.report)
+                self.report.rounds += 1
+        # all or nothing: the rows of attempts that ended without completing go
+        ended = p.client.take_ended()
+        for node in p._sink_nodes():
+            if hasattr(node.sink, "retract"):
+                gone = int(node.sink.retract(ended))
+                self.report.retracted_rows += gone
+                rows = self.report.sink_rows
+                rows[node.name] = rows.get(node.name, 0) - gone
+        p._fill(self.report, p.client.stats())
+        p._dead_letters = p._safe_dead_letters()
 
 
 __all__ = ["StreamingRun"]

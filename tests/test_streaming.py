@@ -1,0 +1,237 @@
+"""Streaming conveniences: ``available_now`` runs to the end of the input, ``ft=False``
+streaming for comparison, and ``current_attempt`` per row.
+
+The tests read a file source written here (a few small JSON files, one per micro-batch) with
+``trigger(availableNow=True)``, so the query ends by itself. Timeouts are wall-clock based:
+they are generous and the assertions are on the guarantee (the sink holds exactly the input
+minus the dead letters), not on how many records timed out.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pandas as pd
+import pytest
+
+import xorack
+from xorack.spark import Pipeline, SQLiteSink
+
+pytest.importorskip("pyspark", reason="pyspark is not installed: install xorack[test]")
+from pyspark import cloudpickle
+
+pytestmark = pytest.mark.spark
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the stage functions below
+
+FILES = 4
+ROWS = 25  # per file
+N = FILES * ROWS
+SCHEMA = "value long, word string"
+WAIT = 600.0  # seconds: generous on a loaded 2-core machine; a healthy run takes ~20 s
+
+
+def _write_input(directory) -> None:
+    directory.mkdir(parents=True)
+    for f in range(FILES):
+        with open(directory / f"part-{f}.json", "w") as out:
+            for v in range(f * ROWS, (f + 1) * ROWS):
+                out.write(json.dumps({"value": v, "word": f"w{v % 5}"}) + "\n")
+
+
+def _stream(spark, tmp_path):
+    directory = tmp_path / "in"
+    _write_input(directory)
+    return spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(directory))
+
+
+def _double(pdf: pd.DataFrame) -> pd.DataFrame:
+    return pdf.assign(double=pdf["value"] * 2)
+
+
+def _poison_and_flaky(pdf: pd.DataFrame) -> pd.DataFrame:
+    # value % 50 == 1 fails on every attempt (dead letters); value % 7 == 0 fails on its
+    # first attempt only (replayed in a later micro-batch or in the drain, then completes).
+    # The output records the attempt each row completed on.
+    from xorack.spark import current_attempt
+
+    attempt = current_attempt(pdf)
+    bad = (pdf["value"] % 50 == 1).to_numpy()
+    bad |= (pdf["value"] % 7 == 0).to_numpy() & (attempt == 1)
+    if bad.any():
+        raise xorack.FailRecord("injected", rows=bad)
+    try:
+        current_attempt()  # a micro-batch mixes attempts: streaming needs the frame
+        whole = 0
+    except ValueError:
+        whole = -1
+    return _double(pdf).assign(attempt=attempt, whole=whole)
+
+
+OUT = "value long, word string, double long"
+FLAKY_OUT = OUT + ", attempt long, whole long"
+
+
+def _pipeline(spark, tmp_path, fn, ft=True, name="out", schema=OUT):
+    sink = SQLiteSink(str(tmp_path / f"{name}.db"), "out")
+    p = Pipeline(spark, ft=ft, max_attempts=3)
+    src = p.source(_stream(spark, tmp_path / name), name="files", partitions=2)
+    src.map_in_pandas(fn, schema, name="double").sink(sink, name="out")
+    return p, sink
+
+
+def test_available_now_runs_to_the_end_of_the_input(spark, tmp_path):
+    p, sink = _pipeline(spark, tmp_path, _poison_and_flaky, schema=FLAKY_OUT)
+    # a timeout far beyond a micro-batch's duration: only the injected failures replay
+    run = p.start_stream(timeout=300.0, available_now=True)
+    report = run.wait(timeout=WAIT)
+
+    assert not run.query.isActive
+    assert run.batches >= 1
+    dead = set(p.dead_letters().column("value").to_pylist())
+    poison = {v for v in range(N) if v % 50 == 1}
+    assert poison <= dead  # the poisoned records used up their attempts
+    assert len(dead) == report.dead_lettered
+    got = sink.read()
+    assert sorted(got["value"]) == [v for v in range(N) if v not in dead]  # exactly once
+    assert (got["double"] == got["value"] * 2).all()
+    assert report.source_records == N
+    assert report.lost == 0
+    assert report.completed == N - len(dead)
+    assert report.failed >= len(poison) * 3  # every attempt of a poisoned record failed
+    assert report.replayed > 0
+    assert report.sink_rows["out"] == N - len(dead)
+    # current_attempt(pdf) per row: fresh records of every micro-batch on attempt 1, the
+    # replays (in later micro-batches or the drain rounds) on attempt 2
+    flaky = got["value"] % 7 == 0
+    assert flaky.sum() > 0
+    assert (got.loc[flaky, "attempt"] == 2).all()
+    assert (got.loc[~flaky, "attempt"] == 1).all()
+    assert (got["whole"] == -1).all()  # current_attempt() without the frame: ValueError
+
+
+def _double_and_attempt(pdf: pd.DataFrame) -> pd.DataFrame:
+    from xorack.spark import current_attempt
+
+    return _double(pdf).assign(attempt=current_attempt(pdf))
+
+
+def test_streaming_with_ft_off_equals_ft_on_on_failure_free_input(spark, tmp_path):
+    schema = OUT + ", attempt long"
+    p_on, sink_on = _pipeline(spark, tmp_path, _double_and_attempt, name="on", schema=schema)
+    on = p_on.start_stream(available_now=True).wait(timeout=WAIT)
+    p_off, sink_off = _pipeline(
+        spark, tmp_path, _double_and_attempt, ft=False, name="off", schema=schema
+    )
+    off = p_off.start_stream(available_now=True).wait(timeout=WAIT)
+
+    assert on.lost == 0
+    assert on.completed == N
+    assert on.dead_lettered == 0
+    assert off.ft is False
+    for k in ("source_records", "completed", "failed", "timed_out", "replayed", "lost"):
+        assert getattr(off, k) is None, k
+    assert off.sink_rows == {"out": N} == on.sink_rows
+    key = ["value", "word", "double", "attempt"]
+    a = sink_on.read().sort_values("value").reset_index(drop=True)[key]
+    b = sink_off.read().sort_values("value").reset_index(drop=True)[key]
+    pd.testing.assert_frame_equal(a, b)
+    assert sorted(b["value"]) == list(range(N))
+    assert (b["attempt"] == 1).all()  # FT off: every record on its first (only) attempt
+
+
+def test_available_now_takes_no_trigger_seconds(spark, tmp_path):
+    p, _ = _pipeline(spark, tmp_path, _double)
+    with pytest.raises(ValueError, match=r"available_now=True .* no trigger_seconds"):
+        p.start_stream(trigger_seconds=1.0, available_now=True)
+
+
+def test_wait_on_an_endless_query_times_out_then_stop_drains(spark, tmp_path):
+    stream = spark.readStream.format("rate").option("rowsPerSecond", 5).load().select("value")
+    sink = SQLiteSink(str(tmp_path / "rate.db"), "out")
+    p = Pipeline(spark)
+    p.source(stream, name="rate", partitions=2).map_in_pandas(
+        lambda df: df, "value long", name="same"
+    ).sink(sink, name="out")
+    run = p.start_stream(timeout=60.0, trigger_seconds=0.5)
+    with pytest.raises(TimeoutError, match=r"still running .* stop"):
+        run.wait(timeout=2.0)
+    report = run.stop()
+    assert run.stop() is report  # stopped once
+    assert report.lost == 0
+    assert sorted(sink.read()["value"]) == list(range(report.source_records))
+
+
+def _batch_attempts(pdf: pd.DataFrame) -> pd.DataFrame:
+    from xorack.spark import current_attempt, current_round
+
+    attempt = current_attempt(pdf)
+    bad = (pdf["value"] % 50 == 1).to_numpy()
+    bad |= (pdf["value"] % 7 == 0).to_numpy() & (attempt == 1)
+    if bad.any():
+        raise xorack.FailRecord("injected", rows=bad)
+    return _double(pdf).assign(
+        attempt=attempt, whole=current_attempt(), round_plus_one=current_round() + 1
+    )
+
+
+def test_current_attempt_in_batch_runs_is_round_plus_one(spark, tmp_path):
+    rows = [(v, f"w{v % 5}") for v in range(N)]
+    df = spark.createDataFrame(rows, SCHEMA).repartition(2)
+    sink = SQLiteSink(str(tmp_path / "batch.db"), "out")
+    p = Pipeline(spark, max_attempts=3)
+    p.source(df, name="rows").map_in_pandas(
+        _batch_attempts, FLAKY_OUT + ", round_plus_one long", name="double"
+    ).sink(sink, name="out")
+    report = p.run()
+
+    assert report.lost == 0
+    poison = {v for v in range(N) if v % 50 == 1}
+    assert set(p.dead_letters().column("value").to_pylist()) == poison
+    got = sink.read()
+    assert sorted(got["value"]) == [v for v in range(N) if v not in poison]
+    flaky = got["value"] % 7 == 0
+    assert (got.loc[flaky, "attempt"] == 2).all()  # failed in round 0, completed in round 1
+    assert (got.loc[~flaky, "attempt"] == 1).all()
+    assert (got["whole"] == got["attempt"]).all()  # in batch the whole round is on one attempt
+    assert (got["round_plus_one"] == got["attempt"]).all()
+
+
+def test_current_attempt_looks_rows_up_among_the_micro_batch_replays(monkeypatch):
+    import numpy as np
+
+    from xorack.errors import LineageError
+    from xorack.spark import current_attempt, stages
+
+    replays = np.array([2**63 + 5, 7, 2**40], dtype=np.uint64)  # ids above 2**63 included
+    value = stages.encode_attempts(replays, [3, 2, 4])
+    monkeypatch.setattr(stages, "_local_property", lambda key: value)
+    src = np.array([7, 8, 2**63 + 5, 2**40, 0], dtype=np.uint64).view(np.int64)
+    pdf = pd.DataFrame({"x": range(5), "_ft_src": src})
+    assert current_attempt(pdf).tolist() == [2, 1, 3, 4, 1]
+    assert current_attempt(pdf.iloc[0:0]).tolist() == []
+    with pytest.raises(ValueError, match=r"current_attempt\(pdf\)"):
+        current_attempt()
+    with pytest.raises(LineageError, match="no lineage column '_ft_src'"):
+        current_attempt(pdf.drop(columns="_ft_src"))
+    # a micro-batch without replays (or streaming with FT off): every row on attempt 1
+    monkeypatch.setattr(stages, "_local_property", lambda key: stages.encode_attempts([], []))
+    assert current_attempt(pd.DataFrame({"x": [1, 2]})).tolist() == [1, 1]
+    # outside streaming: the round's attempt
+    monkeypatch.setattr(stages, "_local_property", lambda key: None)
+    monkeypatch.setenv("XORACK_ROUND", "2")
+    assert current_attempt() == 3
+    assert current_attempt(pd.DataFrame({"x": [1]})).tolist() == [3]
+
+
+@pytest.mark.parametrize("ft", [True, False])
+def test_streaming_refuses_barriers_with_ft_on_and_off(spark, tmp_path, ft):
+    from pyspark.sql import functions as F
+
+    p = Pipeline(spark, ft=ft)
+    words = p.source(_stream(spark, tmp_path), name="files", partitions=2)
+    counts = words.groupBy("word").agg(F.count("*").alias("n"))
+    counts.sink(SQLiteSink(str(tmp_path / "counts.db"), "counts"), name="counts")
+    with pytest.raises(ValueError, match=r"aggregations and tracked joins \(\['aggregate'\]\)"):
+        p.start_stream(available_now=True)
