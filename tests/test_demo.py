@@ -42,6 +42,8 @@ def test_demo_json_with_failures_injected_loses_nothing(spark, capsys):
     # the counts come from the aggregation inside the pipeline (one row per word): words of
     # the attempts that did not complete were staged but left out, never counted twice
     assert report["derived_records"] == report["distinct_words"] > 0
+    # the words lost in transit are counted where they vanished: the untracked transform
+    assert report["vanished_rows"]["lossy-network"] > 0
 
 
 def test_demo_reference_excludes_exactly_the_poisoned_sentences():

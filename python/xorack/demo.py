@@ -401,6 +401,12 @@ def format_report(r: dict[str, Any]) -> str:
         f"{r['word_occurrences']} occurrences",
         f"  wall time              {r['wall_seconds']:.2f} s",
     ]
+    for name, rows in (r.get("vanished_rows") or {}).items():
+        lines.insert(
+            6,
+            f"                         ({rows} rows vanished in the untracked transform "
+            f"{name!r}: their records timed out)",
+        )
     if r.get("dead_lettered_not_poisoned"):
         lines.insert(
             8,

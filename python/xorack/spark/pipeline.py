@@ -103,6 +103,9 @@ class RunReport:
     derived_records: int = 0  # rows of barriers (aggregates, tracked joins) tracked as records
     derived_dead_lettered: int = 0  # of those, dead-lettered (a failure after the barrier)
     retracted_rows: int = 0  # rows of attempts that did not complete, removed from sinks
+    # live rows an untracked transform removed, by transform: their records timed out (use
+    # filter/where to drop rows on purpose: those are acked)
+    vanished_rows: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """The report as a dict whose first keys are :data:`REPORT_KEYS`, in that order."""
@@ -165,6 +168,7 @@ class _Round:
     plain_barriers: dict[int, Any] = field(default_factory=dict)
     plain_writes: list[tuple[Any, Any]] = field(default_factory=list)
     replays: int = 0
+    observed: list[tuple[str, Any, Any]] = field(default_factory=list)  # transform, in, out
 
     def empty(self) -> bool:
         return not (self.summaries or self.staged or self.plain_writes)
@@ -860,8 +864,7 @@ class Pipeline:
                     live = [x for x in inputs if x is not None]
                     df = live[0] if len(live) == 1 else live[0].unionByName(live[1])
                 elif node.kind == "transform":
-                    df = node.fn(inputs[0])
-                    check_columns(node.name, df.columns, self._lineage(node.columns), "transform")
+                    df = self._observed_transform(node, inputs[0], work)
                 elif node.kind == "native":
                     df = node.fn.apply(inputs[0], self.ft)
                 elif node.kind in ("stage", "group"):
@@ -1097,6 +1100,7 @@ class Pipeline:
                 break
             paths = [st.write(df, f"p{phase}-r{round_no}") for st, df in work.staged]
             send_staged_events(self.spark, paths, self._location, self.token, self._tls_root_certs)
+            self._count_vanished(work, report)
             runaway = guard.add_round(dict(self._tally.value))
             if runaway is not None:
                 raise RunawayFailure(runaway)
@@ -1145,6 +1149,33 @@ class Pipeline:
                 barrier = node.derived
                 inputs = [st.rows(self.spark, ended_df) for st in barrier.staging]
                 node.df = barrier.spec.compute(inputs)
+
+    def _observed_transform(self, node: _Node, df: Any, work: _Round) -> Any:
+        """An untracked ``transform``: with FT on, the live rows going in and coming out are
+        counted by Spark's observed metrics (no extra pass), so the report can name the
+        transform where rows vanished (their records time out)."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        live = F.sum(F.col(KEEP).cast("long")).alias("rows")
+        if self.ft:
+            seen_in, seen_out = Observation(), Observation()
+            df = df.observe(seen_in, live)
+        out = node.fn(df)
+        check_columns(node.name, out.columns, self._lineage(node.columns), "transform")
+        if self.ft:
+            out = out.observe(seen_out, live)
+            work.observed.append((node.name, seen_in, seen_out))
+        return out
+
+    def _count_vanished(self, work: _Round, report: RunReport) -> None:
+        """Rows the round's transforms removed (after the round's actions ran)."""
+        for name, seen_in, seen_out in work.observed:
+            rows_in = int(seen_in.get.get("rows") or 0)
+            rows_out = int(seen_out.get.get("rows") or 0)
+            if rows_out < rows_in:
+                gone = report.vanished_rows
+                gone[name] = gone.get(name, 0) + rows_in - rows_out
 
     def _direct(self, node: _Node) -> bool:
         """A barrier output read only by native sinks needs no tracking: nothing between the
