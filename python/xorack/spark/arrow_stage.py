@@ -92,6 +92,22 @@ def settle_batch(batch: pa.RecordBatch, client: Any, ack_kept: bool) -> pa.Recor
     return out if keep.all() else out.filter(pa.array(keep))
 
 
+def declared_arrow_schema(struct: Any, large_types: bool = False) -> pa.Schema:
+    """The Arrow schema ``mapInArrow`` exchanges for a Spark ``StructType`` (timestamps in UTC,
+    as Spark sends them; ``large_types``: Spark's ``arrow.useLargeVarTypes``).
+
+    >>> from pyspark.sql.types import LongType, StructField, StructType, TimestampType
+    >>> declared_arrow_schema(StructType([StructField("t", TimestampType())])).field("t").type
+    TimestampType(timestamp[us, tz=UTC])
+    """
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    try:  # PySpark >= 4.1 takes the time zone
+        return to_arrow_schema(struct, prefers_large_types=large_types, timezone="UTC")
+    except TypeError:  # PySpark 4.0: UTC timestamps by default
+        return to_arrow_schema(struct, prefers_large_types=large_types)
+
+
 @dataclass(frozen=True)
 class ArrowStageRunner:
     """``mapInArrow`` function of a tracked Arrow stage (:meth:`Tracked.map_in_arrow`).
@@ -214,4 +230,10 @@ class ArrowStageRunner:
         return pa.Table.from_arrays(arrays, names=names).combine_chunks().to_batches()
 
 
-__all__ = ["ARROW_ROWS", "ArrowFunction", "ArrowStageRunner", "settle_batch"]
+__all__ = [
+    "ARROW_ROWS",
+    "ArrowFunction",
+    "ArrowStageRunner",
+    "declared_arrow_schema",
+    "settle_batch",
+]

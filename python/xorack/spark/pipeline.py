@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from ..errors import ServiceError
 from . import ops
-from .arrow_stage import ArrowFunction, ArrowStageRunner
+from .arrow_stage import ArrowFunction, ArrowStageRunner, declared_arrow_schema
 from .barrier import AggregateSpec, JoinSpec, Staging, ids_frame, send_staged_events
 from .guard import FailureTally, RunawayFailure, tally_param
 from .lineage import EV, KEEP, LINEAGE
@@ -984,13 +984,11 @@ class Pipeline:
 
     def _stage_frame(self, node: _Node, df: Any) -> Any:
         if node.kind == "arrow":
-            from pyspark.sql.pandas.types import to_arrow_schema
-
             large = self.spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false")
             arrow = ArrowStageRunner(
                 name=node.name,
                 fn=node.fn,
-                schema=to_arrow_schema(node.schema, prefers_large_types=large == "true"),
+                schema=declared_arrow_schema(node.schema, large.lower() == "true"),
                 location=self._location,
                 token=self.token,
                 tls_root_certs=self._tls_root_certs,
