@@ -235,6 +235,17 @@ def test_bad_output_is_a_clear_error_naming_the_stage(fn, error, message):
         _arrow_runner(fn).process(_tracked_batch(), _Client())
 
 
+def test_an_iterable_of_batches_is_one_output():
+    def in_pieces(b):
+        out = _split_arrow(b)
+        yield out.slice(0, 5)
+        yield pa.Table.from_batches([out.slice(5)])  # a Table counts as its batches
+
+    whole = _arrow_runner(_split_arrow).process(_tracked_batch(), _Client())
+    pieces = _arrow_runner(in_pieces).process(_tracked_batch(), _Client())
+    assert pa.Table.from_batches(pieces).equals(pa.Table.from_batches(whole))
+
+
 def test_a_safe_type_difference_is_cast_to_the_declared_type():
     def fn(b):
         out = _split_arrow(b)
