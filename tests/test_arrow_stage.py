@@ -371,3 +371,24 @@ def test_map_in_arrow_checks_its_declaration(spark):
     lines.map_in_arrow(_split_arrow, "id long, word string", name="split")
     with pytest.raises(StageSchemaError, match="name 'split' is already used"):
         lines.map_in_arrow(_split_arrow, "id long, word string", name="split")
+
+
+def _typo(b: pa.RecordBatch) -> pa.RecordBatch:
+    return b.append_column("n", pc.utf8_length(b.column("lines")))  # 'lines': it is 'line'
+
+
+@pytest.mark.spark
+def test_a_systematic_error_in_an_arrow_stage_stops_the_run(spark, tmp_path):
+    from xorack.spark import Pipeline, RunawayFailure, SQLiteSink
+
+    p = Pipeline(spark)
+    src = p.source(_lines(spark), name="lines")
+    src.map_in_arrow(_typo, "id long, n int", name="count_chars").sink(
+        SQLiteSink(str(tmp_path / "t.db"), "t")
+    )
+    with pytest.raises(RunawayFailure) as err:
+        p.run()
+    message = str(err.value)
+    assert "stage 'count_chars'" in message
+    assert "KeyError" in message
+    assert f"{N} of {N}" in message
