@@ -20,6 +20,8 @@ MODULES = [
     "xorack.service",
     "xorack.cli",
     "xorack._checks",
+    "xorack.spark.stages",
+    "xorack.spark.arrow_stage",
 ]
 
 

@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from ..errors import ServiceError
 from . import ops
+from .arrow_stage import ArrowFunction, ArrowStageRunner, declared_arrow_schema
 from .barrier import AggregateSpec, JoinSpec, Staging, ids_frame, send_staged_events
 from .guard import FailureTally, RunawayFailure, tally_param
 from .lineage import EV, KEEP, LINEAGE
@@ -129,7 +130,8 @@ class RoundInfo:
 
 @dataclass(eq=False)
 class _Node:
-    # "source" | "native" | "stage" | "group" | "transform" | "union" | "barrier" | "sink"
+    # "source" | "native" | "stage" | "arrow" | "group" | "transform" | "union" | "barrier"
+    # | "sink"
     kind: str
     name: str
     parents: list[_Node]
@@ -306,6 +308,31 @@ class Tracked:
         st = self._p._struct(schema)
         name = self._p._unique(name, getattr(fn, "__name__", "stage"))
         node = _Node("stage", name, [self._node], tuple(st.fieldNames()), schema=st, fn=fn)
+        return self._p._add(node)
+
+    def map_in_arrow(self, fn: ArrowFunction, schema: Any, name: str | None = None) -> Tracked:
+        """A tracked stage on ``mapInArrow``: ``fn(batch) -> batch`` (or an iterable of
+        batches) per ``pyarrow.RecordBatch``, with no pandas conversion.
+
+        The same contract as :meth:`map_in_pandas`: with FT on, ``batch`` carries ``_ft_src``
+        and ``_ft_rec`` (int64), and every output row must keep the ``_ft_rec`` of the input row
+        it comes from (``batch.take(indices)``, ``batch.filter(mask)`` keep it); ``fn`` may be
+        called on parts of a batch; ``xorack.FailRecord(reason, rows=mask_or_positions)`` (a
+        pyarrow boolean array works as the mask) fails exactly those rows. Output columns of
+        another type than declared are cast when the cast is safe.
+
+        >>> # import pyarrow.compute as pc
+        >>> # def split(b):
+        >>> #     words = pc.split_pattern(b.column("line"), " ")
+        >>> #     rows = b.take(pc.list_parent_indices(words))
+        >>> #     return rows.append_column("word", pc.list_flatten(words))
+        >>> # words = lines.map_in_arrow(split, "word string", name="split")
+        """
+        if not callable(fn):
+            raise TypeError(f"map_in_arrow: fn must be callable, got {type(fn).__name__}")
+        st = self._p._struct(schema)
+        name = self._p._unique(name, getattr(fn, "__name__", "stage"))
+        node = _Node("arrow", name, [self._node], tuple(st.fieldNames()), schema=st, fn=fn)
         return self._p._add(node)
 
     def apply_in_pandas(
@@ -867,7 +894,7 @@ class Pipeline:
                     df = self._observed_transform(node, inputs[0], work)
                 elif node.kind == "native":
                     df = node.fn.apply(inputs[0], self.ft)
-                elif node.kind in ("stage", "group"):
+                elif node.kind in ("stage", "group", "arrow"):
                     df = self._stage_frame(node, inputs[0])
                 elif node.kind == "barrier":
                     if self.ft:  # stage what arrives; the output comes in the barrier's phase
@@ -969,6 +996,21 @@ class Pipeline:
         return df.mapInArrow(tagger, self._tagged_schema(node))
 
     def _stage_frame(self, node: _Node, df: Any) -> Any:
+        if node.kind == "arrow":
+            large = self.spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false")
+            arrow = ArrowStageRunner(
+                name=node.name,
+                fn=node.fn,
+                schema=declared_arrow_schema(node.schema, large.lower() == "true"),
+                location=self._location,
+                token=self.token,
+                tls_root_certs=self._tls_root_certs,
+                ft=self.ft,
+                deterministic=self.deterministic_ids,
+                tally=self._tally,
+            )
+            out = df.mapInArrow(arrow, self._tagged_schema(node))
+            return _with_pending(out) if self.ft else out
         runner = StageRunner(
             name=node.name,
             fn=node.fn,

@@ -385,7 +385,11 @@ def _failing_positions(rows: Any, n: int, stage: str) -> np.ndarray:
     if isinstance(rows, pd.DataFrame):
         raise bad("got a DataFrame")
     try:
-        if isinstance(rows, (pd.Series, pd.api.extensions.ExtensionArray)):
+        if isinstance(rows, (pa.Array, pa.ChunkedArray)):  # an Arrow stage's mask/positions
+            if pa.types.is_boolean(rows.type):  # e.g. from pyarrow.compute: null = not failing
+                rows = rows.fill_null(False)
+            rows = rows.to_numpy(zero_copy_only=False)
+        elif isinstance(rows, (pd.Series, pd.api.extensions.ExtensionArray)):
             # nullable booleans (e.g. from string-dtype .str ops): NA counts as not failing
             if pd.api.types.is_bool_dtype(rows.dtype):
                 rows = rows.to_numpy(dtype=bool, na_value=False)
@@ -415,18 +419,53 @@ def _failing_positions(rows: Any, n: int, stage: str) -> np.ndarray:
     return pos.astype(np.int64)
 
 
+@dataclass(frozen=True)
+class Rows:
+    """How :func:`call_bisecting` cuts a batch and reads a function's result: the batch's
+    length, a contiguous slice ``[lo, hi)``, a take by positions, and the result as a list of
+    batches (``outputs(result, stage)``). :data:`PANDAS_ROWS` for pandas frames; the Arrow stage
+    has its own (:data:`xorack.spark.arrow_stage.ARROW_ROWS`).
+
+    >>> import pandas as pd
+    >>> PANDAS_ROWS.take(pd.DataFrame({"x": [5, 6, 7]}), np.array([0, 2])).x.tolist()
+    [5, 7]
+    """
+
+    length: Callable[[Any], int]
+    slice: Callable[[Any, int, int], Any]
+    take: Callable[[Any, np.ndarray], Any]
+    outputs: Callable[[Any, str], list[Any]]
+
+
+def _pandas_slice(pdf: pd.DataFrame, lo: int, hi: int) -> pd.DataFrame:
+    return pdf.iloc[lo:hi]
+
+
+def _pandas_take(pdf: pd.DataFrame, pos: np.ndarray) -> pd.DataFrame:
+    return pdf.iloc[pos]
+
+
+PANDAS_ROWS = Rows(len, _pandas_slice, _pandas_take, _as_frames)
+
+
 def call_bisecting(
-    fn: UserFunction, pdf: pd.DataFrame, stage: str, bisect: bool = True
-) -> tuple[list[pd.DataFrame], list[tuple[np.ndarray, str]]]:
+    fn: Callable[[Any], Any],
+    pdf: Any,
+    stage: str,
+    bisect: bool = True,
+    rows: Rows = PANDAS_ROWS,
+) -> tuple[list[Any], list[tuple[np.ndarray, str]]]:
     """Call ``fn`` on ``pdf``; when it raises, call it on the two halves, recursively, so that
     only the rows whose own processing raises are failed.
 
     When it raises ``FailRecord(reason, rows=...)`` the named rows fail at once and ``fn`` is
     called once more on the remaining rows (no bisection).
 
-    Returns (output frames of the rows that succeeded, [(failing row positions, reason)]).
-    With ``bisect=False`` (grouped stages: a group is one unit) the whole frame fails.
+    Returns (output batches of the rows that succeeded, [(failing row positions, reason)]).
+    With ``bisect=False`` (grouped stages: a group is one unit) the whole batch fails.
     :class:`StageSchemaError` and :class:`LineageError` are programming errors, never bisected.
+    ``rows`` says how to cut the batch (pandas frames by default; any batch type with a
+    :class:`Rows`).
 
     >>> import pandas as pd
     >>> def f(df):
@@ -445,33 +484,34 @@ def call_bisecting(
     >>> sorted(pd.concat(outs).x), [(p.tolist(), r) for p, r in failed]
     ([1, 3], [([1, 3], 'even')])
     """
-    outs: list[pd.DataFrame] = []
+    outs: list[Any] = []
     failed: list[tuple[np.ndarray, str]] = []
 
     def reason_of(exc: Exception) -> str:
         return (str(exc) if isinstance(exc, FailRecord) else f"{type(exc).__name__}: {exc}")[:500]
 
     def run(pos: np.ndarray | None, lo: int, hi: int, must_fail: bool = False) -> bool:
-        # the rows pdf[lo:hi] (pos is None) or pdf.iloc[pos] (after a FailRecord(rows=...));
-        # True when the part raised. must_fail: its parent raised and its sibling did not, so
-        # calling it whole would raise again: split it at once (one call saved per level).
-        # A FailRecord naming rows loops on the rest (no recursion: it may name one row a call).
+        # the rows [lo, hi) of the batch (pos is None) or the rows at pos (after a
+        # FailRecord(rows=...)); True when the part raised. must_fail: its parent raised and its
+        # sibling did not, so calling it whole would raise again: split it at once (one call
+        # saved per level). A FailRecord naming rows loops on the rest (no recursion: it may
+        # name one row a call).
         raised = False
         while True:
             size = hi - lo if pos is None else len(pos)
             if must_fail and size > 1 and bisect:
                 break
-            part = pdf.iloc[lo:hi] if pos is None else pdf.iloc[pos]
+            part = rows.slice(pdf, lo, hi) if pos is None else rows.take(pdf, pos)
             try:
-                outs.extend(_as_frames(fn(part), stage))
+                outs.extend(rows.outputs(fn(part), stage))
                 return raised
             except (StageSchemaError, LineageError):
                 raise
             except Exception as exc:  # any user exception fails its rows
                 absolute = np.arange(lo, hi, dtype=np.int64) if pos is None else pos
-                rows = getattr(exc, "rows", None) if isinstance(exc, FailRecord) else None
-                if rows is not None and bisect:
-                    bad = _failing_positions(rows, size, stage)
+                named = getattr(exc, "rows", None) if isinstance(exc, FailRecord) else None
+                if named is not None and bisect:
+                    bad = _failing_positions(named, size, stage)
                     failed.append((absolute[bad], reason_of(exc)))
                     rest = np.delete(absolute, bad)
                     if not len(rest):
@@ -492,8 +532,9 @@ def call_bisecting(
             run(pos[mid:], 0, len(pos) - mid, must_fail=not left_raised)
         return True
 
-    if len(pdf):
-        run(None, 0, len(pdf))
+    n = rows.length(pdf)
+    if n:
+        run(None, 0, n)
     return outs, failed
 
 
@@ -524,6 +565,55 @@ def settle_frame(pdf: pd.DataFrame, client: Any, ack_kept: bool) -> pd.DataFrame
         client.xor(ev_src, ev_val)
     out = pdf.drop(columns=[EV, KEEP])
     return out if keep.all() else out[keep]
+
+
+def anchor_outputs(
+    stage: str,
+    in_src: np.ndarray,
+    in_rec: np.ndarray,
+    parent: np.ndarray,
+    failures: Sequence[tuple[np.ndarray, str]],
+    client: Any,
+    deterministic: bool,
+) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """A stage's lineage step for one batch (pandas or Arrow alike): fail the source records of
+    the failing rows (one ``fail`` call per reason), drop the outputs of every failed record,
+    draw the outputs' ids (deterministic: derived from the parent's id and the output's rank
+    among its siblings) and send one combined event per kept input row (``anchor``, one
+    ``xor`` call). ``parent[i]`` is the input position of output ``i``.
+
+    Returns (positions of the outputs kept, or None when all are; their ``_ft_src``; their
+    ``_ft_rec``).
+    """
+    from .. import acker
+
+    kept = None
+    if failures:
+        by_reason: dict[str, list[np.ndarray]] = {}
+        for pos, reason in failures:
+            by_reason.setdefault(reason, []).append(pos)
+        failed_all: list[np.ndarray] = []
+        for reason, parts in by_reason.items():
+            srcs = np.unique(in_src[np.concatenate(parts)])
+            failed_all.append(srcs)
+            client.fail(srcs, reason=f"stage {stage}: {reason}")
+        failed_src = np.unique(np.concatenate(failed_all))
+        keep_in = ~np.isin(in_src, failed_src)
+        keep_out = keep_in[parent] if len(parent) else np.ones(0, dtype=bool)
+        # re-index parents into the kept inputs
+        new_pos = np.cumsum(keep_in) - 1
+        kept = np.flatnonzero(keep_out)
+        parent = new_pos[parent[keep_out]]
+        in_src, in_rec = in_src[keep_in], in_rec[keep_in]
+
+    out_rec = None
+    if deterministic and len(parent):
+        salt = _salt(f"stage:{stage}")
+        out_rec = acker.derive_ids(in_rec[parent], in_rec[parent], _ordinals(parent), salt)
+    out_src, out_rec, ev_src, ev_xor = acker.anchor(in_src, in_rec, parent, out_rec)
+    if len(ev_src):
+        client.xor(ev_src, ev_xor)
+    return kept, np.asarray(out_src, dtype=np.uint64), np.asarray(out_rec, dtype=np.uint64)
 
 
 @dataclass(frozen=True)
@@ -611,32 +701,11 @@ class StageRunner:
         except (TypeError, ValueError) as exc:  # LineageError included; TypeError: bad dtype
             raise LineageError(f"stage {self.name!r}: {exc}") from exc
 
-        keep_in = np.ones(len(pdf), dtype=bool)
-        if failures:
-            by_reason: dict[str, list[np.ndarray]] = {}
-            for pos, reason in failures:
-                by_reason.setdefault(reason, []).append(pos)
-            failed_all: list[np.ndarray] = []
-            for reason, parts in by_reason.items():
-                srcs = np.unique(in_src[np.concatenate(parts)])
-                failed_all.append(srcs)
-                client.fail(srcs, reason=f"stage {self.name}: {reason}")
-            failed_src = np.unique(np.concatenate(failed_all))
-            keep_in = ~np.isin(in_src, failed_src)
-            keep_out = keep_in[parent] if len(parent) else np.ones(0, dtype=bool)
-            # re-index parents into the kept inputs
-            new_pos = np.cumsum(keep_in) - 1
-            out = out.iloc[np.flatnonzero(keep_out)].reset_index(drop=True)
-            parent = new_pos[parent[keep_out]]
-            in_src, in_rec = in_src[keep_in], in_rec[keep_in]
-
-        out_rec = None
-        if self.deterministic and len(parent):
-            salt = _salt(f"stage:{self.name}")
-            out_rec = acker.derive_ids(in_rec[parent], in_rec[parent], _ordinals(parent), salt)
-        out_src, out_rec, ev_src, ev_xor = acker.anchor(in_src, in_rec, parent, out_rec)
-        if len(ev_src):
-            client.xor(ev_src, ev_xor)
+        kept, out_src, out_rec = anchor_outputs(
+            self.name, in_src, in_rec, parent, failures, client, self.deterministic
+        )
+        if kept is not None:
+            out = out.iloc[kept].reset_index(drop=True)
         if not len(out):
             return None
         out = out.copy()

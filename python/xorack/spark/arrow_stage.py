@@ -1,0 +1,239 @@
+"""A tracked stage on ``mapInArrow``: the user function gets and returns ``pyarrow.RecordBatch``es,
+the lineage columns stay Arrow/numpy (no pandas conversion anywhere on the way).
+
+:class:`ArrowStageRunner` follows :class:`~xorack.spark.stages.StageRunner` step for step:
+settle the events native operators left pending (:func:`settle_batch`), call the function
+(bisecting on an exception, failing exactly the rows a ``FailRecord(rows=...)`` names), map each
+output row to its parent through ``_ft_rec``, anchor the outputs and send one combined event per
+input row before yielding.
+
+>>> import pyarrow as pa
+>>> b = pa.record_batch({"x": [1, 2, 3]})
+>>> ARROW_ROWS.take(b, np.array([0, 2])).column("x").to_pylist()
+[1, 3]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import LineageError
+from .lineage import EV, KEEP, REC, SRC, settle
+from .stages import (
+    LINEAGE_COLUMNS,
+    Rows,
+    StageSchemaError,
+    _client,
+    _count,
+    anchor_outputs,
+    call_bisecting,
+    i64,
+    u64,
+)
+
+ArrowFunction = Callable[[pa.RecordBatch], "pa.RecordBatch | Iterable[pa.RecordBatch]"]
+
+
+def _as_batches(result: Any, stage: str) -> list[pa.RecordBatch]:
+    """The function's result as a list of record batches (a Table counts as its batches)."""
+
+    def one(x: Any) -> list[pa.RecordBatch]:
+        if isinstance(x, pa.RecordBatch):
+            return [x]
+        if isinstance(x, pa.Table):
+            return x.to_batches()
+        raise StageSchemaError(
+            f"stage {stage!r}: the function must return pyarrow RecordBatches (or an iterable "
+            f"of them), got {type(x).__name__}"
+        )
+
+    if result is None:
+        return []
+    if isinstance(result, (pa.RecordBatch, pa.Table)):
+        return one(result)
+    if isinstance(result, (list, tuple, Iterator)):  # not any iterable: a DataFrame is one
+        return [b for x in result for b in one(x)]
+    return one(result)
+
+
+def _slice(batch: pa.RecordBatch, lo: int, hi: int) -> pa.RecordBatch:
+    return batch.slice(lo, hi - lo)
+
+
+def _take(batch: pa.RecordBatch, pos: np.ndarray) -> pa.RecordBatch:
+    return batch.take(pa.array(pos, pa.int64()))
+
+
+def _length(batch: pa.RecordBatch) -> int:
+    return batch.num_rows
+
+
+ARROW_ROWS = Rows(_length, _slice, _take, _as_batches)
+
+
+def settle_batch(batch: pa.RecordBatch, client: Any, ack_kept: bool) -> pa.RecordBatch:
+    """:func:`~xorack.spark.stages.settle_frame` on a record batch: send the events native
+    operators left pending (``_ft_ev``; with ``ack_kept`` also the ack of every live row), drop
+    the ghost rows (``_ft_keep`` false) and the two pending columns."""
+    names = batch.schema.names
+    if EV not in names:
+        return batch
+    keep = batch.column(KEEP).fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
+    src, rec, ev = (u64(batch.column(c)) for c in (SRC, REC, EV))
+    ev_src, ev_val = settle(src, rec, ev, keep, ack_kept)
+    if len(ev_src):
+        client.xor(ev_src, ev_val)
+    out = batch.select([c for c in names if c not in (EV, KEEP)])
+    return out if keep.all() else out.filter(pa.array(keep))
+
+
+def declared_arrow_schema(struct: Any, large_types: bool = False) -> pa.Schema:
+    """The Arrow schema ``mapInArrow`` exchanges for a Spark ``StructType`` (timestamps in UTC,
+    as Spark sends them; ``large_types``: Spark's ``arrow.useLargeVarTypes``).
+
+    >>> from pyspark.sql.types import LongType, StructField, StructType, TimestampType
+    >>> declared_arrow_schema(StructType([StructField("t", TimestampType())])).field("t").type
+    TimestampType(timestamp[us, tz=UTC])
+    """
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    try:  # PySpark >= 4.1 takes the time zone
+        return to_arrow_schema(struct, prefers_large_types=large_types, timezone="UTC")
+    except TypeError:  # PySpark 4.0: UTC timestamps by default
+        return to_arrow_schema(struct, prefers_large_types=large_types)
+
+
+@dataclass(frozen=True)
+class ArrowStageRunner:
+    """``mapInArrow`` function of a tracked Arrow stage (:meth:`Tracked.map_in_arrow`).
+
+    ``schema`` is the declared payload as an Arrow schema: the output carries its columns (cast
+    to the declared types when the function returned another type that converts safely),
+    followed by ``_ft_src``, ``_ft_rec``. With ``ft=False`` the runner only calls the function
+    and selects the declared columns.
+
+    >>> import pyarrow as pa
+    >>> r = ArrowStageRunner("twice", lambda b: b, pa.schema([("x", pa.int64())]), ft=False)
+    >>> [b.column("x").to_pylist() for b in r(iter([pa.record_batch({"x": [1, 2]})]))]
+    [[1, 2]]
+    """
+
+    name: str
+    fn: ArrowFunction
+    schema: pa.Schema
+    location: str | None = None
+    token: str | None = None
+    ft: bool = True
+    deterministic: bool = True
+    tally: Any = None  # the round's failure accumulator (the runaway guard), or None
+    tls_root_certs: bytes | None = None  # PEM the executors trust for a grpc+tls:// acker
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        if not self.ft:
+            for batch in batches:
+                for out in _as_batches(self.fn(batch), self.name):
+                    if out.num_rows:
+                        yield self._select(out, lineage=False)
+            return
+        assert self.location is not None
+        client = _client(self.location, self.token, self.tls_root_certs)
+        for batch in batches:
+            yield from self.process(batch, client)
+
+    def _select(self, out: pa.RecordBatch, lineage: bool) -> pa.RecordBatch:
+        """The declared columns of one output batch, in order and of the declared types (plus
+        ``_ft_rec`` when ``lineage``)."""
+        names = out.schema.names
+        missing = [f.name for f in self.schema if f.name not in names]
+        if missing:
+            raise StageSchemaError(
+                f"stage {self.name!r}: the function's output lacks declared column(s) {missing} "
+                f"(it returned {names})"
+            )
+        arrays = []
+        for f in self.schema:
+            col = out.column(f.name)
+            if col.type != f.type:
+                try:
+                    col = col.cast(f.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                    raise StageSchemaError(
+                        f"stage {self.name!r}: output column {f.name!r} has type {col.type}, "
+                        f"declared {f.type}, and does not convert ({exc}); return the declared "
+                        "type or change the declared schema"
+                    ) from None
+            arrays.append(col)
+        fields = list(self.schema)
+        if lineage:
+            rec = out.column(REC)
+            if not (pa.types.is_int64(rec.type) or pa.types.is_uint64(rec.type)):
+                raise LineageError(
+                    f"stage {self.name!r}: the function's output column {REC!r} has type "
+                    f"{rec.type}; it must be the int64 {REC} of the input row each output row "
+                    "comes from (take or filter the input column, do not rebuild it)"
+                )
+            arrays.append(rec.view(pa.int64()) if pa.types.is_uint64(rec.type) else rec)
+            fields.append(pa.field(REC, pa.int64()))
+        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+
+    def process(self, batch: pa.RecordBatch, client: Any) -> list[pa.RecordBatch]:
+        """Run the function on one input batch; send the failures and events; return the
+        output batches (none when every row was dropped or failed)."""
+        from .. import acker
+
+        for c in LINEAGE_COLUMNS:
+            if c not in batch.schema.names:
+                raise LineageError(
+                    f"stage {self.name!r}: its input has no lineage column {c!r} (columns "
+                    f"{batch.schema.names}); a tracked stage must read a tracked DataFrame"
+                )
+        batch = settle_batch(batch, client, ack_kept=False)
+        if batch.num_rows == 0:
+            return []
+        in_src = u64(batch.column(SRC))
+        in_rec = u64(batch.column(REC))
+        outs, failures = call_bisecting(self.fn, batch, self.name, True, ARROW_ROWS)
+        _count(self.tally, f"stage {self.name!r}", in_src, failures)
+        outs = [o for o in outs if o.num_rows]
+        for o in outs:
+            if REC not in o.schema.names:
+                raise LineageError(
+                    f"stage {self.name!r}: the function's output has no {REC!r} column: output "
+                    f"rows must keep the {REC} of the input row they come from (take or filter "
+                    f"the input batch's columns keep it)"
+                )
+        if not outs:  # every input acked as dropped (or failed)
+            none = np.empty(0, np.int64)
+            anchor_outputs(self.name, in_src, in_rec, none, failures, client, self.deterministic)
+            return []
+        selected = [self._select(o, lineage=True) for o in outs]
+        out = pa.Table.from_batches(selected).combine_chunks()
+        try:
+            parent = np.asarray(acker.parent_index(in_rec, u64(out.column(REC))), dtype=np.int64)
+        except (TypeError, ValueError) as exc:  # LineageError included; TypeError: bad dtype
+            raise LineageError(f"stage {self.name!r}: {exc}") from exc
+        kept, out_src, out_rec = anchor_outputs(
+            self.name, in_src, in_rec, parent, failures, client, self.deterministic
+        )
+        if kept is not None:
+            out = out.take(pa.array(kept, pa.int64()))
+        if out.num_rows == 0:
+            return []
+        k = len(self.schema)
+        arrays = [*out.columns[:k], pa.array(i64(out_src)), pa.array(i64(out_rec))]
+        names = [*self.schema.names, SRC, REC]
+        return pa.Table.from_arrays(arrays, names=names).combine_chunks().to_batches()
+
+
+__all__ = [
+    "ARROW_ROWS",
+    "ArrowFunction",
+    "ArrowStageRunner",
+    "declared_arrow_schema",
+    "settle_batch",
+]
