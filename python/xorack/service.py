@@ -167,41 +167,79 @@ def _location(host: str, port: int) -> str:
 
 @dataclass
 class _Entry:
+    op: str
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     error: BaseException | None = None
 
 
+#: What a request id may be: the client draws 32 hex digits; anything printable up to 128.
+REQUEST_ID_MAX = 128
+
+
+def check_request_id(value: Any) -> str | None:
+    """``value`` if it is a valid request id (None, or a string of 1-128 printable ASCII
+    characters); ``ValueError`` otherwise. Checked before a request is applied.
+
+    >>> check_request_id("5f0c"), check_request_id(None)
+    ('5f0c', None)
+    """
+    if value is None:
+        return None
+    if (
+        not isinstance(value, str)
+        or not 0 < len(value) <= REQUEST_ID_MAX
+        or not value.isascii()
+        or not value.isprintable()
+    ):
+        raise ValueError(
+            f"'req' (the request id) must be a string of 1-{REQUEST_ID_MAX} printable ASCII "
+            f"characters, got {value!r:.80}"
+        )
+    return value
+
+
+class RequestIdReused(ValueError):
+    """A request id already used for another operation: the client must draw a fresh one."""
+
+
 class RequestLog:
-    """Remembers recent request ids and their results, so that a retried request is answered
-    from memory instead of being applied twice.
+    """Remembers recent requests by (operation, request id) with their results, so that a
+    retried request is answered from memory instead of being applied twice.
 
     An entry is kept ``ttl`` seconds after its request completed; beyond ``max_bytes`` of
     remembered results (each entry counted with its own bookkeeping, ``ENTRY_BYTES``, so that
     many small results are bounded too) the oldest completed entries are dropped early (counted
     in ``evicted_early``; the newest one always stays). A request that failed is forgotten
     (nothing was applied: a retry runs it again). A duplicate that arrives while the first
-    attempt still runs waits for its result. Each call costs O(1) amortized.
+    attempt still runs waits for its result (at most ``max_waiters`` threads wait at once; more
+    are told to retry later). A request id seen with another operation is refused
+    (``RequestIdReused``): an xor must never be answered with a persist's result. Each call
+    costs O(1) amortized.
 
     >>> log = RequestLog()
     >>> calls = []
-    >>> log.run("r1", lambda: calls.append(1) or "applied")
+    >>> log.run("r1", lambda: calls.append(1) or "applied", op="xor")
     'applied'
-    >>> log.run("r1", lambda: calls.append(1) or "applied again"), len(calls)
+    >>> log.run("r1", lambda: calls.append(1) or "applied again", op="xor"), len(calls)
     ('applied', 1)
     """
 
     #: What remembering one completed request costs besides its result (key, entry, dict slot).
     ENTRY_BYTES = 384
 
-    def __init__(self, ttl: float = 600.0, max_bytes: int = 256 << 20) -> None:
+    def __init__(
+        self, ttl: float = 600.0, max_bytes: int = 256 << 20, max_waiters: int = 64
+    ) -> None:
         self.ttl = float(ttl)
         self.max_bytes = int(max_bytes)
-        self._running: dict[str, _Entry] = {}
-        # completed: req id -> (result, counted bytes, finished at), in completion order
-        self._done: OrderedDict[str, tuple[Any, int, float]] = OrderedDict()
+        self.max_waiters = int(max_waiters)
+        self._running: dict[Any, _Entry] = {}
+        # completed: key -> (op, result, counted bytes, finished at), in completion order
+        self._done: OrderedDict[Any, tuple[str, Any, int, float]] = OrderedDict()
         self._lock = threading.Lock()
         self._bytes = 0
+        self._waiters = 0
         self.hits = 0
         self.evicted_early = 0
 
@@ -214,33 +252,56 @@ class RequestLog:
         """The bytes counted for the completed requests remembered now."""
         return self._bytes
 
-    def run(self, req_id: str | None, fn: Callable[[], T], *, wait: float = 300.0) -> T:
-        """``fn()`` applied at most once per ``req_id`` while remembered; its result otherwise."""
-        if not req_id:
+    @property
+    def running(self) -> int:
+        """Requests being applied now (their ids are remembered until they finish)."""
+        with self._lock:
+            return len(self._running)
+
+    def run(self, req_id: Any, fn: Callable[[], T], *, op: str = "", wait: float = 300.0) -> T:
+        """``fn()`` applied at most once per ``req_id`` while remembered; its result otherwise.
+
+        ``req_id`` is a string, or any hashable key (a tuple of a job and a request id); None
+        means "not deduplicated". ``op`` names the operation: the same id with another op is
+        refused with ``RequestIdReused`` before anything is applied."""
+        if req_id is None or req_id == "":
             return fn()
         with self._lock:
             self._expire(time.monotonic())
             done = self._done.get(req_id)
             if done is not None:
+                self._same_op(req_id, done[0], op)
                 self.hits += 1
-                return done[0]
+                return done[1]
             entry = self._running.get(req_id)
             owner = entry is None
             if owner:
-                entry = self._running[req_id] = _Entry()
+                entry = self._running[req_id] = _Entry(op)
             else:
+                self._same_op(req_id, entry.op, op)
+                if self._waiters >= self.max_waiters:
+                    raise flight.FlightUnavailableError(
+                        f"request {_key_text(req_id)} is still being applied and "
+                        f"{self._waiters} duplicates already wait: retry later"
+                    )
+                self._waiters += 1
                 self.hits += 1
         assert entry is not None
         if not owner:
-            if not entry.done.wait(wait):
-                raise flight.FlightTimedOutError(
-                    f"request {req_id} is still being applied by an earlier attempt"
-                )
+            try:
+                if not entry.done.wait(wait):
+                    raise flight.FlightTimedOutError(
+                        f"request {_key_text(req_id)} is still being applied by an earlier attempt"
+                    )
+            finally:
+                with self._lock:
+                    self._waiters -= 1
             if entry.error is not None:
                 raise entry.error
             return entry.result
         try:
             result = fn()
+            size = _nbytes(result) + self.ENTRY_BYTES + len(_key_text(req_id))
         except BaseException as exc:
             entry.error = exc
             with self._lock:
@@ -248,20 +309,27 @@ class RequestLog:
             entry.done.set()
             raise
         entry.result = result
-        size = _nbytes(result) + self.ENTRY_BYTES + len(req_id)
         with self._lock:
             self._running.pop(req_id, None)
-            self._done[req_id] = (result, size, time.monotonic())
+            self._done[req_id] = (op, result, size, time.monotonic())
             self._bytes += size
             self._shrink()
         entry.done.set()
         return result
 
+    @staticmethod
+    def _same_op(req_id: Any, seen: str, op: str) -> None:
+        if seen != op:
+            raise RequestIdReused(
+                f"request id {_key_text(req_id)} was already used for {seen or 'another op'!r}, "
+                f"not {op or 'this op'!r}: draw a fresh request id for each logical call"
+            )
+
     def _expire(self, now: float) -> None:
         done = self._done
         while done:
             key = next(iter(done))
-            if now - done[key][2] < self.ttl:
+            if now - done[key][3] < self.ttl:
                 break
             self._drop(key)
 
@@ -270,9 +338,13 @@ class RequestLog:
             self._drop(next(iter(self._done)))
             self.evicted_early += 1
 
-    def _drop(self, key: str) -> None:
-        _result, size, _at = self._done.pop(key)
+    def _drop(self, key: Any) -> None:
+        _op, _result, size, _at = self._done.pop(key)
         self._bytes -= size
+
+
+def _key_text(key: Any) -> str:
+    return key if isinstance(key, str) else ":".join(map(str, key))
 
 
 def _nbytes(result: Any) -> int:
@@ -526,9 +598,10 @@ class AckerService(flight.FlightServerBase):
             op = cmd["op"]
             if op not in _PUT_OPS:
                 raise _RequestError(f"unknown put op {op!r}: expected one of {_PUT_OPS}")
+            req = check_request_id(cmd.get("req"))  # before anything is applied
             _check_put_schema(op, reader.schema)  # before reading a foreign stream's data
             table = reader.read_all()
-            result = self.requests.run(cmd.get("req"), lambda: self._apply_put(op, cmd, table))
+            result = self.requests.run(req, lambda: self._apply_put(op, cmd, table), op=op)
             if result is not None:
                 writer.write(_ids_buffer(result))
 
@@ -593,7 +666,8 @@ class AckerService(flight.FlightServerBase):
                 raise _RequestError(f"unknown ticket op {op!r}: expected one of {_GET_OPS}")
             source = _opt_int(cmd, "source", 0)
             partition = _opt_int(cmd, "partition", None)
-            table = self.requests.run(cmd.get("req"), lambda: self._take(source, partition))
+            req = check_request_id(cmd.get("req"))
+            table = self.requests.run(req, lambda: self._take(source, partition), op=op)
             return flight.RecordBatchStream(table)
 
         return self._guard(_op_name(ticket.ticket, "get"), handle)
@@ -630,7 +704,8 @@ class AckerService(flight.FlightServerBase):
                 "expire_all": self.ft.expire_all,
                 "take_ended": self.ft.take_ended,
             }[kind]
-            ids = self.requests.run(body.get("req"), lambda: np.asarray(fn(), dtype=np.uint64))
+            req = check_request_id(body.get("req"))
+            ids = self.requests.run(req, lambda: np.asarray(fn(), dtype=np.uint64), op=kind)
             return [_ids_buffer(ids)]
 
         return iter(self._guard(action.type, handle))

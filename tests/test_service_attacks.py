@@ -1,0 +1,133 @@
+"""Regression tests of issue 11 (the acker service, the FT layer and SQLite storage under attack):
+each test here failed before its fix."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+
+from xorack import FTLayer, ServiceError
+from xorack.service import (
+    XOR_SCHEMA,
+    AckerClient,
+    AckerService,
+    RequestIdReused,
+    RequestLog,
+    RetryPolicy,
+)
+
+U64 = np.uint64
+FAST_RETRY = RetryPolicy(attempts=3, initial_backoff=0.01, max_backoff=0.02, call_timeout=5.0)
+
+
+@pytest.fixture
+def ft():
+    layer = FTLayer(storage="memory", num_buckets=3, max_attempts=3)
+    yield layer
+    layer.close()
+
+
+@pytest.fixture
+def service(ft):
+    with AckerService.embedded(ft) as svc:
+        yield svc
+
+
+@pytest.fixture
+def client(service):
+    c = AckerClient(service.location, retry=FAST_RETRY)
+    yield c
+    c.close()
+
+
+def _words(n: int, start: int = 0) -> pa.RecordBatch:
+    return pa.record_batch(
+        {"word": [f"w{i}" for i in range(start, start + n)], "n": np.arange(start, start + n)}
+    )
+
+
+def _raw_put(location: str, command: dict, batch: pa.RecordBatch) -> None:
+    raw = flight.FlightClient(location)
+    try:
+        descriptor = flight.FlightDescriptor.for_command(json.dumps(command).encode())
+        writer, reader = raw.do_put(descriptor, batch.schema)
+        writer.write_batch(batch)
+        writer.done_writing()
+        reader.read()
+        writer.close()
+    finally:
+        raw.close()
+
+
+# ---- defect 3: a request id that is not a string ---------------------------------------------
+
+
+@pytest.mark.parametrize("req", [12345, ["a"], {"a": 1}, "", "x" * 129, "tab\there", "é"])
+def test_a_bad_request_id_is_refused_before_anything_is_applied(service, client, ft, req):
+    with pytest.raises(flight.FlightServerError, match="request id"):
+        _raw_put(service.location, {"op": "persist", "req": req}, _words(3))
+    assert ft.pending == 0  # nothing applied (before the fix: persisted, reported "rejected")
+    assert service.requests.running == 0  # no in-flight entry left behind
+    assert client.ping()
+
+
+def test_request_log_releases_its_entry_on_every_path_and_bounds_waiters():
+    log = RequestLog(max_waiters=1)
+    started, release = threading.Event(), threading.Event()
+
+    def slow():
+        started.set()
+        release.wait(5)
+        return "first"
+
+    results = []
+    owner = threading.Thread(target=lambda: results.append(log.run("r", slow, op="xor")))
+    owner.start()
+    started.wait(5)
+    waiter = threading.Thread(target=lambda: results.append(log.run("r", slow, op="xor")))
+    waiter.start()
+    for _ in range(500):  # until the waiter waits
+        if log._waiters:
+            break
+        threading.Event().wait(0.01)
+    with pytest.raises(flight.FlightUnavailableError, match="retry later"):
+        log.run("r", slow, op="xor")  # a third thread is not parked
+    release.set()
+    owner.join(5)
+    waiter.join(5)
+    assert results == ["first", "first"]
+    assert log.running == 0
+    assert log._waiters == 0
+
+
+# ---- defect 4: dedupe keyed by (operation, request id) ------------------------------------------
+
+
+def test_a_request_id_reused_by_another_op_is_refused(client, ft):
+    src = client._put(
+        "persist", {"req": "one-id"}, _words(1).append_column("_ft_rec", pa.array([5], pa.uint64()))
+    )
+    assert src.size == 1
+    events = pa.RecordBatch.from_arrays(
+        [pa.array(src), pa.array([5], pa.uint64())], schema=XOR_SCHEMA
+    )
+    with pytest.raises(ServiceError, match="already used for 'persist'"):
+        client._put("xor", {"req": "one-id"}, events)  # before: the persist's answer, not applied
+    with pytest.raises(ServiceError, match="already used for 'persist'"):
+        client._action("rotate", {"req": "one-id"})  # before: the persist's ids as "replayed"
+    assert ft.pending == 1
+    assert ft.stats().rotations == 0
+    assert client._put("xor", {"req": "another-id"}, events).tolist() == src.tolist()
+
+
+def test_request_log_keys_by_op():
+    log = RequestLog()
+    assert log.run("r", lambda: "persisted", op="persist") == "persisted"
+    with pytest.raises(RequestIdReused):
+        log.run("r", lambda: "xored", op="xor")
+    assert log.run("r", lambda: "again", op="persist") == "persisted"
