@@ -131,3 +131,26 @@ def test_request_log_keys_by_op():
     with pytest.raises(RequestIdReused):
         log.run("r", lambda: "xored", op="xor")
     assert log.run("r", lambda: "again", op="persist") == "persisted"
+
+
+# ---- defect 8: a zero-column batch with rows ----------------------------------------------------
+
+
+def test_a_zero_column_batch_is_refused_at_every_entry_point(service, client, ft, tmp_path):
+    from xorack.storage import MemoryStorage, RecordMeta, SQLiteStorage
+
+    no_columns = pa.record_batch({"x": [1, 2, 3]}).select([])
+    assert no_columns.num_rows == 3
+    with pytest.raises(ValueError, match="no columns"):
+        ft.persist(no_columns)  # before: accepted, then take_replays raised ArrowInvalid forever
+    with pytest.raises(ValueError, match="no columns"):
+        client.persist(no_columns)
+    with pytest.raises(flight.FlightServerError, match="no payload columns"):
+        _raw_put(service.location, {"op": "persist"}, no_columns)
+    meta = RecordMeta.new(np.array([1, 2, 3], dtype=U64))
+    with SQLiteStorage(tmp_path / "ft.db") as sqlite:
+        for storage in (MemoryStorage(), sqlite):
+            with pytest.raises(ValueError, match="no columns"):
+                storage.persist(no_columns, meta)
+            assert len(storage) == 0
+    assert ft.pending == 0

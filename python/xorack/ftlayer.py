@@ -142,6 +142,11 @@ def _as_batch(batch: Any) -> pa.RecordBatch:
     elif not isinstance(batch, pa.RecordBatch):
         raise TypeError(f"batch must be a pyarrow RecordBatch or Table, got {type(batch).__name__}")
     cols = batch.schema.names
+    if not cols:
+        raise ValueError(
+            f"batch has no columns ({batch.num_rows} rows): a record is replayed from its "
+            "persisted payload, so persist at least one payload column"
+        )
     reserved = [c for c in cols if c.startswith(_RESERVED_PREFIX)]
     if reserved:
         raise ValueError(

@@ -331,6 +331,14 @@ def _gather(
     )
 
 
+def _check_batch(batch: pa.RecordBatch, n: int) -> None:
+    """A batch a storage can persist: ``n`` rows (one per record), at least one column."""
+    if batch.num_rows != n:
+        raise ValueError(f"batch has {batch.num_rows} rows but meta has {n}")
+    if n and not batch.num_columns:
+        raise ValueError(f"batch has {n} rows but no columns: a record needs a payload to replay")
+
+
 def _schema_text(schema: pa.Schema) -> str:
     return ", ".join(f"{f.name}: {f.type}" for f in schema)
 
@@ -382,8 +390,7 @@ class MemoryStorage(Storage):
 
     def persist(self, batch: pa.RecordBatch, meta: RecordMeta) -> None:
         n = len(meta)
-        if batch.num_rows != n:
-            raise ValueError(f"batch has {batch.num_rows} rows but meta has {n}")
+        _check_batch(batch, n)
         if n == 0:
             return
         with self._lock:
@@ -673,8 +680,7 @@ class SQLiteStorage(Storage):
 
     def persist(self, batch: pa.RecordBatch, meta: RecordMeta) -> None:
         n = len(meta)
-        if batch.num_rows != n:
-            raise ValueError(f"batch has {batch.num_rows} rows but meta has {n}")
+        _check_batch(batch, n)
         if n == 0:
             return
         meta_batch = _meta_batch(meta)
