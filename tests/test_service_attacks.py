@@ -4,7 +4,12 @@ each test here failed before its fix."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +27,7 @@ from xorack.service import (
 )
 
 U64 = np.uint64
+PYTHONPATH = str(Path(__file__).resolve().parents[1] / "python")
 FAST_RETRY = RetryPolicy(attempts=3, initial_backoff=0.01, max_backoff=0.02, call_timeout=5.0)
 
 
@@ -154,3 +160,52 @@ def test_a_zero_column_batch_is_refused_at_every_entry_point(service, client, ft
                 storage.persist(no_columns, meta)
             assert len(storage) == 0
     assert ft.pending == 0
+
+
+# ---- defect 9: tokens no client can send ---------------------------------------------------------
+
+
+def _serve_once(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``xorack serve`` expecting it to exit at once (killed after 30 s if it serves)."""
+    full_env = {k: v for k, v in os.environ.items() if k != "XORACK_TOKEN"}
+    full_env.update(PYTHONPATH=PYTHONPATH, **(env or {}))
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "xorack", "serve", "--port", "0", *args],
+            capture_output=True,
+            text=True,
+            env=full_env,
+            timeout=30,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"xorack serve {args} started serving: {exc.stdout!r}") from None
+
+
+@pytest.mark.parametrize(
+    ("token", "message"),
+    [
+        ("tab\there", r"'\\t' at position 3"),
+        ("new\nline", r"'\\n' at position 3"),
+        ("caf\u00e9", "non-ASCII"),
+        ("with space", "' ' at position 4"),
+        ("x" * 16385, "16385 characters long"),
+    ],
+)
+@pytest.mark.parametrize("via", ["option", "environment"])
+def test_serve_refuses_a_token_no_client_can_send(token, message, via):
+    if via == "option":
+        done = _serve_once("--token", token)
+    else:
+        done = _serve_once(env={"XORACK_TOKEN": token})
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr  # one line, no traceback
+    assert done.stderr.startswith("xorack serve: error: ")
+    assert re.search(message, done.stderr), done.stderr
+    assert token not in done.stderr  # the secret is not echoed
+
+
+def test_service_and_client_refuse_a_token_no_client_can_send(ft):
+    with pytest.raises(ServiceError, match="only visible ASCII"):
+        AckerService(ft, token="bad\ttoken")
+    with pytest.raises(ValueError, match="only visible ASCII"):
+        AckerClient("grpc://127.0.0.1:1", token="bad\ntoken")

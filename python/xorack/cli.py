@@ -185,9 +185,15 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser | None = Non
     """Run the acker service until SIGINT/SIGTERM; returns 0 after a clean shutdown."""
     from .errors import ServiceError, XorackError
     from .ftlayer import FTLayer
-    from .service import AckerService, is_loopback
+    from .service import AckerService, check_token, is_loopback
 
     token = getattr(args, "token", None) or os.environ.get("XORACK_TOKEN") or None
+    try:
+        token = check_token(token)
+    except ValueError as exc:
+        where = "--token" if getattr(args, "token", None) else "XORACK_TOKEN"
+        print(f"xorack serve: error: {where}: {exc}", file=sys.stderr)
+        return 2
     if not is_loopback(args.host) and not token:
         msg = (
             f"--host {args.host} is not a loopback address: pass --token (or set XORACK_TOKEN) "

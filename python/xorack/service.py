@@ -145,6 +145,37 @@ _ACTIONS = {
 # --------------------------------------------------------------------------------------------
 
 
+#: Longest token accepted: it travels in an HTTP/2 header (gRPC's header budget is 8 KiB).
+TOKEN_MAX = 4096
+
+
+def check_token(token: Any) -> str | None:
+    """``token`` if a client can send it (None/empty = no token): 1-4096 visible ASCII
+    characters (``!`` to ``~``, no space, tab, newline or non-ASCII: an HTTP/2 header value);
+    ``ValueError`` saying what is wrong otherwise.
+
+    >>> check_token("s3cret-token"), check_token(None)
+    ('s3cret-token', None)
+    """
+    if token is None or token == "":
+        return None
+    if not isinstance(token, str):
+        raise ValueError(f"the token must be a string, got {type(token).__name__}")
+    if len(token) > TOKEN_MAX:
+        raise ValueError(
+            f"the token is {len(token)} characters long; at most {TOKEN_MAX} fit in the header "
+            "every call carries: use a shorter secret"
+        )
+    bad = next((c for c in token if not "!" <= c <= "~"), None)
+    if bad is not None:
+        raise ValueError(
+            f"the token contains {bad!r} at position {token.index(bad)}: only visible ASCII "
+            "characters ('!' to '~') can travel in a call's header (no spaces, tabs, newlines "
+            "or non-ASCII)"
+        )
+    return token
+
+
 def is_loopback(host: str) -> bool:
     """True when ``host`` names only this machine (127.0.0.0/8, ::1, ``localhost``).
 
@@ -477,6 +508,10 @@ class AckerService(flight.FlightServerBase):
         dedup_max_bytes: int = 256 << 20,
         close_ft: bool = False,
     ) -> None:
+        try:
+            token = check_token(token)
+        except ValueError as exc:
+            raise ServiceError(f"cannot serve with this token: {exc}") from None
         if not is_loopback(host) and not token:
             raise ServiceError(
                 f"refusing to listen on non-loopback address {host!r} without a token: "
@@ -850,6 +885,7 @@ class AckerClient:
             raise ValueError(f"location must look like grpc://host:port, got {location!r}")
         self.location = location
         self.retry = retry or RetryPolicy()
+        token = check_token(token)
         self._pid = os.getpid()
         headers = [(AUTH_HEADER.encode(), f"Bearer {token}".encode())] if token else []
         self._options = flight.FlightCallOptions(timeout=self.retry.call_timeout, headers=headers)
