@@ -630,7 +630,7 @@ def test_reopen_accounts_for_every_origin_exactly_once(tmp_path, backend):
         assert sorted(origin_of[o] for o in reps.column("_ft_origin").to_pylist()) == values[3:]
         assert all(r["v"] == origin_of[r["_ft_origin"]] for r in reps.to_pylist())
         attempts = {origin_of[r["_ft_origin"]]: r["_ft_attempt"] for r in reps.to_pylist()}
-        assert attempts == {3: 3, 4: 3, 5: 2, 6: 2, 7: 2, 8: 2, 9: 2}
+        assert attempts == {3: 2, 4: 2, 5: 1, 6: 1, 7: 1, 8: 1, 9: 1}  # a restart: none
         done = ft.xor(reps.column("_ft_src"), reps.column("_ft_rec").to_numpy())
         assert len(done) == 7
         assert ft.pending == 0

@@ -81,7 +81,9 @@ class FTStats:
     ``unknown_failures`` counts fails of unknown/completed ids); ``timed_out`` (by rotate or
     expire_all); ``replayed`` (replays created, ``replayed_by_source`` per source index);
     ``dead_lettered``; ``orphans`` (entries of never-persisted ids that timed out);
-    ``recovered`` (records found in storage when the layer opened); ``pending`` (records neither
+    ``recovered`` (records found in storage when the layer opened: a restart of the acker,
+    which replays them without using up an attempt; ``restarts`` is 1 then, each record's
+    ``attempt`` stays as it was); ``pending`` (records neither
     completed nor dead-lettered, including ``replays_waiting``, the replays not yet handed out by
     ``take_replays``); ``rotations``; completion latency percentiles in seconds of the layer's
     clock (None before any completion; every record persisted or replayed in a call of fewer
@@ -100,6 +102,7 @@ class FTStats:
     dead_lettered: int = 0
     orphans: int = 0
     recovered: int = 0
+    restarts: int = 0
     pending: int = 0
     replays_waiting: int = 0
     rotations: int = 0
@@ -655,16 +658,18 @@ class FTLayer:
 
     # ---------------------------------------------------------------- decision logic
 
-    def _retry(self, meta: RecordMeta, reason: str) -> np.ndarray:
-        """The records of ``meta`` failed (explicitly, by timeout or by a crash): replay each one
-        with a new source id, attempt + 1, to the partition its source's replay partitioner
-        picks — or dead-letter it once ``max_attempts`` are used up (or when no partition can
-        be computed for it). Returns the new ids. Routing first and storage next, so that an
-        error leaves every record where it was."""
+    def _retry(self, meta: RecordMeta, reason: str, *, attempt: bool = True) -> np.ndarray:
+        """The records of ``meta`` failed (explicitly or by timeout): replay each one with a new
+        source id, attempt + 1, to the partition its source's replay partitioner picks — or
+        dead-letter it once ``max_attempts`` are used up (or when no partition can be computed
+        for it). With ``attempt=False`` (recovery after a restart: the record's run was cut
+        short by the acker, not by the record) the replay keeps its attempt number and nothing
+        is dead-lettered for attempts. Returns the new ids. Routing first and storage next, so
+        that an error leaves every record where it was."""
         if not len(meta):
             return _EMPTY.copy()
         self._ended.append(np.array(meta.src, dtype=_U64))
-        exhausted = meta.attempt >= self.max_attempts
+        exhausted = (meta.attempt >= self.max_attempts) & attempt
         again = meta.take(~exhausted)
         routes, unroutable = self._route(again)
         self._dead_letter(meta.take(exhausted), reason)
@@ -678,7 +683,10 @@ class FTLayer:
             routed = np.unique(np.concatenate([rows for _, rows, _, _ in routes]))
         new = np.zeros(len(again), _U64)
         new[routed] = new_ids(len(routed), backend=self.backend)
-        self._storage.renew(again.src[routed], new[routed])
+        if attempt:
+            self._storage.renew(again.src[routed], new[routed])
+        else:
+            self._storage.renew(again.src[routed], new[routed], next_attempt=False)
         self._forget(again.src[routed])
         births = np.zeros(len(again), _U64)
         for source, rows, parts, count in routes:
@@ -761,7 +769,8 @@ class FTLayer:
         for meta in self._storage.iter_pending():
             self._registered += len(meta)
             self._stats.recovered += len(meta)
-            self._retry(meta, RECOVERED)
+            self._stats.restarts = 1
+            self._retry(meta, RECOVERED, attempt=False)  # a restart is no attempt of the record
 
     def _check_routable(self, source: int, partition: np.ndarray) -> None:
         p = self._partitioners.get(source)

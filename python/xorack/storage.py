@@ -151,9 +151,11 @@ class Storage(ABC):
         """Metadata of the stored ones among ``src_ids`` (in ``src_ids`` order)."""
 
     @abstractmethod
-    def renew(self, old_ids: np.ndarray, new_ids: np.ndarray) -> None:
-        """Replay bookkeeping: record ``old_ids[i]`` becomes ``new_ids[i]``, attempt + 1; the
-        payload row stays where it is. Every ``old_ids`` must be stored."""
+    def renew(self, old_ids: np.ndarray, new_ids: np.ndarray, *, next_attempt: bool = True) -> None:
+        """Replay bookkeeping: record ``old_ids[i]`` becomes ``new_ids[i]``, attempt + 1 (the
+        same attempt with ``next_attempt=False``: a replay after a restart of the FT layer,
+        which is no attempt of the record); the payload row stays where it is. Every
+        ``old_ids`` must be stored."""
 
     @abstractmethod
     def fetch(self, src_ids: np.ndarray) -> tuple[pa.Table, RecordMeta]:
@@ -451,7 +453,7 @@ class MemoryStorage(Storage):
             found, locs = self._locate(src_ids, pop=False)
             return self._meta_at(src_ids[found], locs)
 
-    def renew(self, old_ids: np.ndarray, new_ids: np.ndarray) -> None:
+    def renew(self, old_ids: np.ndarray, new_ids: np.ndarray, *, next_attempt: bool = True) -> None:
         if len(old_ids) != len(new_ids):
             raise ValueError("old_ids and new_ids must have the same length")
         with self._lock:
@@ -462,8 +464,9 @@ class MemoryStorage(Storage):
                 raise ValueError("renew: some old_ids are not stored")
             self._loc.update(zip(new_ids.tolist(), locs.tolist(), strict=True))
             chunk_nos = locs >> _ROW_BITS
-            for no in _distinct(chunk_nos)[0].tolist():
-                self._chunks[no].attempt[locs[chunk_nos == no] & _ROW_MASK] += 1
+            if next_attempt:
+                for no in _distinct(chunk_nos)[0].tolist():
+                    self._chunks[no].attempt[locs[chunk_nos == no] & _ROW_MASK] += 1
 
     def fetch(self, src_ids: np.ndarray) -> tuple[pa.Table, RecordMeta]:
         with self._lock:
@@ -765,15 +768,16 @@ class SQLiteStorage(Storage):
             return RecordMeta.empty()
         return self._transaction("lookup", lambda: self._select(src_ids)[0])
 
-    def renew(self, old_ids: np.ndarray, new_ids: np.ndarray) -> None:
+    def renew(self, old_ids: np.ndarray, new_ids: np.ndarray, *, next_attempt: bool = True) -> None:
         if len(old_ids) != len(new_ids):
             raise ValueError("old_ids and new_ids must have the same length")
         if not len(old_ids):
             return
+        step = 1 if next_attempt else 0
 
         def run() -> None:
             cur = self._db.executemany(
-                "UPDATE records SET src = ?, attempt = attempt + 1 WHERE src = ?",
+                f"UPDATE records SET src = ?, attempt = attempt + {step} WHERE src = ?",
                 zip(_i64(new_ids), _i64(old_ids), strict=True),
             )
             if cur.rowcount != len(old_ids):
