@@ -257,3 +257,23 @@ def test_sqlite_locked_file_raises_storage_error(tmp_path):
     s.persist(pa.record_batch({"x": [2]}), meta_for(u64(2)))  # works again once released
     assert sorted(s.lookup(u64(1, 2)).src.tolist()) == [1, 2]
     s.close()
+
+
+@pytest.mark.parametrize("link", ["file", "directory"])
+def test_sqlite_single_owner_lock_holds_through_a_symlink(tmp_path, link):
+    """Issue 11, defect 6: a second FT layer opened the same database through a symlink and
+    both recovered the same records. The lock is on the database's real path."""
+    (tmp_path / "real").mkdir()
+    path = tmp_path / "real" / "ft.db"
+    if link == "file":
+        other = tmp_path / "alias.db"
+        other.symlink_to(path)
+    else:
+        (tmp_path / "alias").symlink_to(tmp_path / "real")
+        other = tmp_path / "alias" / "ft.db"
+    with SQLiteStorage(path) as s:
+        s.persist(pa.record_batch({"x": [1]}), meta_for(u64(1)))
+        with pytest.raises(StorageError, match="in use by another FT layer"):
+            SQLiteStorage(other, busy_timeout=0.05)
+    with SQLiteStorage(other) as s:  # free again once the first one closed
+        assert len(s) == 1

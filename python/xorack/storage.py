@@ -880,13 +880,16 @@ class SQLiteStorage(Storage):
 
 def _own_file(path: str, timeout: float) -> tuple[int, int] | None:
     """Make this storage the only one using the SQLite file ``path``: an exclusive ``flock`` on
-    ``path + ".lock"``, held until close (the OS drops it when the process dies, so a restart
+    ``<real path> + ".lock"`` (symbolic links resolved, so that another name for the same
+    database — a link to it, or to a directory on its path — finds the same lock), held until
+    close (the OS drops it when the process dies, so a restart
     after a crash gets it). Two FT layers on one file would each replay the other's pending
     records as "recovered" (duplicate replays, wrong counts): the second one waits up to
     ``timeout`` seconds for the first to close, then gets a StorageError. None where ``flock``
     is not available, or for an in-memory database."""
     if path == ":memory:" or path.startswith("file:") or fcntl is None:
         return None
+    path = os.path.realpath(path)  # the database itself, not the name it was opened by
     try:
         fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
