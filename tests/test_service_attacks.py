@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -209,3 +210,57 @@ def test_service_and_client_refuse_a_token_no_client_can_send(ft):
         AckerService(ft, token="bad\ttoken")
     with pytest.raises(ValueError, match="only visible ASCII"):
         AckerClient("grpc://127.0.0.1:1", token="bad\ntoken")
+
+
+# ---- defect 7: a corrupt database behind `xorack serve` ------------------------------------------
+
+
+def _serve_until_listening(*args: str) -> tuple[str, str]:
+    """Start ``xorack serve``, wait for its first line, stop it; (stdout, stderr)."""
+    env = {k: v for k, v in os.environ.items() if k != "XORACK_TOKEN"}
+    env["PYTHONPATH"] = PYTHONPATH
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "xorack", "serve", "--port", "0", "--rotate-interval", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        first = proc.stdout.readline()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    return first + out, err
+
+
+def test_serve_on_a_corrupt_database_quarantines_and_serves_the_healthy_records(tmp_path):
+    import sqlite3
+
+    from xorack.storage import RecordMeta, SQLiteStorage
+
+    path = tmp_path / "acker.db"
+    with SQLiteStorage(path) as s:
+        s.persist(
+            pa.record_batch({"x": np.arange(400)}), RecordMeta.new(np.arange(1, 401, dtype=U64))
+        )
+        s.persist(pa.record_batch({"x": [7]}), RecordMeta.new(np.array([999], dtype=U64)))
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("UPDATE batches SET meta = ? WHERE id = 2", (b"\x01\x02garbage",))
+    db.close()
+    out, err = _serve_until_listening("--storage", f"sqlite:///{path}")
+    assert "listening on" in out, err  # before: a traceback (ArrowInvalid), exit 1
+    assert "pending=400" in out
+    assert "Traceback" not in err
+    warnings = [line for line in err.splitlines() if "quarantined" in line]
+    assert len(warnings) == 1
+    assert "batch 2 (1 records)" in warnings[0]
+
+
+def test_serve_on_an_unusable_database_is_one_line(tmp_path):
+    path = tmp_path / "acker.db"
+    path.write_bytes(b"not a database" * 500)
+    done = _serve_once("--storage", f"sqlite:///{path}")
+    assert done.returncode == 1
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "acker.db" in done.stderr

@@ -277,3 +277,106 @@ def test_sqlite_single_owner_lock_holds_through_a_symlink(tmp_path, link):
             SQLiteStorage(other, busy_timeout=0.05)
     with SQLiteStorage(other) as s:  # free again once the first one closed
         assert len(s) == 1
+
+
+# ---- issue 11, defect 7: a corrupt database ----------------------------------------------------
+
+
+def _store_two_batches(path) -> None:
+    """400 healthy records in batch 1, 5 in batch 2."""
+    with SQLiteStorage(path) as s:
+        s.persist(
+            pa.record_batch({"x": np.arange(400)}), meta_for(np.arange(1, 401, dtype=np.uint64))
+        )
+        s.persist(
+            pa.record_batch({"x": np.arange(5)}), meta_for(np.arange(1001, 1006, dtype=np.uint64))
+        )
+
+
+def _corrupt(path, sql: str, *params) -> None:
+    import sqlite3
+
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute(sql, params)
+    db.close()
+
+
+@pytest.mark.parametrize(
+    ("sql", "params", "note"),
+    [
+        ("UPDATE batches SET payload = ? WHERE id = 2", (b"\xff" * 64,), "batch 2 (5 records)"),
+        ("UPDATE batches SET meta = substr(meta, 1, 40) WHERE id = 2", (), "batch 2 (5 records)"),
+        ("UPDATE batches SET meta = ? WHERE id = 2", (b"",), "batch 2 (5 records)"),
+        ("UPDATE batches SET payload = 12345 WHERE id = 2", (), "batch 2 (5 records)"),
+        ("UPDATE records SET loc = 'garbage' WHERE src > 1000", (), "5 records: record row"),
+        ("UPDATE records SET loc = loc + 999 WHERE src > 1000", (), "past the end"),
+        ("UPDATE records SET loc = 77 << 32 WHERE src > 1000", (), "missing batch"),
+    ],
+)
+def test_sqlite_corrupt_records_are_quarantined_and_the_healthy_ones_recovered(
+    tmp_path, sql, params, note
+):
+    """One corrupt blob made the whole store unopenable (IndexError, TypeError, ArrowInvalid),
+    hiding 400 healthy records."""
+    from xorack import FTLayer
+
+    path = tmp_path / "ft.db"
+    _store_two_batches(path)
+    _corrupt(path, sql, *params)
+    with SQLiteStorage(path) as s:
+        assert len(s) == 400
+        assert s.quarantined == 5
+        assert any(note in n for n in s.quarantine_notes), s.quarantine_notes
+        assert sorted(s.stored_ids().tolist()) == list(range(1, 401))
+    with FTLayer(f"sqlite:///{path}", default_partitions=1) as ft:  # reopened: healthy now
+        stats = ft.stats()
+        assert (stats.recovered, stats.quarantined) == (400, 0)
+        (rep,) = ft.take_replays().values()
+        assert sorted(rep.column("x").to_pylist()) == list(range(400))
+    import sqlite3
+
+    db = sqlite3.connect(path)
+    (kept,) = db.execute("SELECT count(*) FROM quarantine").fetchone()
+    db.close()
+    assert kept == 1  # set aside for a human, not deleted
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["not a database", "truncated", "foreign tables", "directory"],
+)
+def test_sqlite_unopenable_file_is_a_storage_error_naming_the_file(tmp_path, damage):
+    import sqlite3
+
+    path = tmp_path / "ft.db"
+    if damage == "not a database":
+        path.write_bytes(b"this is not a database file" * 200)
+    elif damage == "truncated":
+        _store_two_batches(path)
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "foreign tables":
+        db = sqlite3.connect(path)
+        db.execute("CREATE TABLE records (a, b)")
+        db.close()
+    else:
+        path.mkdir()
+
+    def open_and_read() -> None:
+        with SQLiteStorage(path) as s:
+            s.lookup(u64(1))  # a truncated file may open: its first read reports it
+
+    with pytest.raises(StorageError, match=str(path.name)):
+        open_and_read()
+
+
+def test_sqlite_corrupt_dead_letters_are_quarantined_the_others_read(tmp_path):
+    path = tmp_path / "ft.db"
+    with SQLiteStorage(path) as s:
+        s.persist(pa.record_batch({"x": [1, 2]}), meta_for(u64(1, 2)))
+        s.dead_letter(u64(1), "first")
+        s.dead_letter(u64(2), "second")
+    _corrupt(path, "UPDATE dead_letters SET payload = ? WHERE id = 1", b"\x00" * 10)
+    with SQLiteStorage(path) as s:
+        assert s.dead_letters().column("_ft_reason").to_pylist() == ["second"]
+        assert any("dead letters 1" in n for n in s.quarantine_notes)

@@ -210,9 +210,14 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser | None = Non
             replay_partitioners=dict(args.replay_partitioner) or None,
             default_partitions=args.default_partitions,
         )
-    except (XorackError, ValueError, TypeError, OSError) as exc:
-        print(f"xorack serve: error: cannot open the FT layer: {exc}", file=sys.stderr)
+    except Exception as exc:  # one line, never a traceback: what is wrong and with what
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        if not isinstance(exc, (XorackError, ValueError, TypeError, OSError)):
+            text = f"{type(exc).__name__}: {text}"
+        print(f"xorack serve: error: cannot open the FT layer: {text}", file=sys.stderr)
         return 1
+    for note in getattr(ft.storage, "quarantine_notes", ()):
+        print(f"xorack serve: warning: corrupt storage, quarantined {note}", file=sys.stderr)
     try:
         service = AckerService(ft, args.host, args.port, token=token, close_ft=True)
     except ServiceError as exc:

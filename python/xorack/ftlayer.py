@@ -83,11 +83,13 @@ class FTStats:
     ``dead_lettered``; ``orphans`` (entries of never-persisted ids that timed out);
     ``recovered`` (records found in storage when the layer opened: a restart of the acker,
     which replays them without using up an attempt; ``restarts`` is 1 then, each record's
-    ``attempt`` stays as it was); ``pending`` (records neither
-    completed nor dead-lettered, including ``replays_waiting``, the replays not yet handed out by
-    ``take_replays``); ``rotations``; completion latency percentiles in seconds of the layer's
-    clock (None before any completion; every record persisted or replayed in a call of fewer
-    than 1024 records is timed, of bigger calls a fixed 1 in 16, so big batches cost nothing).
+    ``attempt`` stays as it was); ``quarantined`` (records the storage found corrupt and set
+    aside instead of recovering them: see ``storage.quarantine_notes``); ``pending`` (records
+    neither completed nor dead-lettered, including ``replays_waiting``, the replays not yet
+    handed out by ``take_replays``); ``rotations``; completion latency percentiles in seconds
+    of the layer's clock (None before any completion; every record persisted or replayed in a
+    call of fewer than 1024 records is timed, of bigger calls a fixed 1 in 16, so big batches
+    cost nothing).
 
     >>> FTStats().as_dict()["pending"]
     0
@@ -103,6 +105,7 @@ class FTStats:
     orphans: int = 0
     recovered: int = 0
     restarts: int = 0
+    quarantined: int = 0
     pending: int = 0
     replays_waiting: int = 0
     rotations: int = 0
@@ -588,6 +591,7 @@ class FTLayer:
                 }
             )
             s.pending = self._registered
+            s.quarantined = int(getattr(self._storage, "quarantined", 0))
             s.replays_waiting = sum(
                 len(np.unique(np.concatenate([q.src for q in queue])))
                 for queue in self._waiting.values()

@@ -28,6 +28,8 @@ Two storages share one interface, all of it batched (numpy ``uint64`` id arrays 
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import os
 import sqlite3
 import threading
@@ -57,6 +59,8 @@ __all__ = [
     "Storage",
     "open_storage",
 ]
+
+log = logging.getLogger(__name__)
 
 _EMPTY_U64 = np.empty(0, dtype=np.uint64)
 _EMPTY_I32 = np.empty(0, dtype=np.int32)
@@ -135,8 +139,17 @@ class Storage(ABC):
     Every method takes and returns whole arrays; ids are ``uint64``. Unknown ids are ignored by
     ``delete``/``lookup``/``fetch``/``renew`` (the FT layer decides what an unknown id means).
     Implementations are thread-safe and raise :class:`xorack.StorageError` when the medium fails;
-    a failed call changes nothing.
+    a failed call changes nothing. ``quarantined`` counts the records a durable storage found
+    corrupt (and set aside, ``quarantine_notes`` saying what was wrong) instead of recovering.
     """
+
+    quarantined: int = 0
+    quarantine_notes: list[str]
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Storage:
+        self = super().__new__(cls)
+        self.quarantine_notes = []
+        return self
 
     @abstractmethod
     def persist(self, batch: pa.RecordBatch, meta: RecordMeta) -> None:
@@ -518,7 +531,20 @@ CREATE TABLE IF NOT EXISTS batches (
 CREATE TABLE IF NOT EXISTS records (
     src INTEGER PRIMARY KEY, loc INTEGER NOT NULL, attempt INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS dead_letters (id INTEGER PRIMARY KEY, payload BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS quarantine (
+    id INTEGER PRIMARY KEY, what TEXT NOT NULL, reason TEXT NOT NULL,
+    payload BLOB, meta BLOB, records TEXT);
 """
+#: The columns each table must have (a file with other tables of these names is not ours).
+_TABLES = {
+    "xorack_meta": ["key", "value"],
+    "batches": ["id", "payload", "meta"],
+    "records": ["src", "loc", "attempt"],
+    "dead_letters": ["id", "payload"],
+    "quarantine": ["id", "what", "reason", "payload", "meta", "records"],
+}
+_META_TYPES = [("key_hash", pa.int32()), ("source", pa.int32()), ("partition", pa.int32())]
+_META_TYPES.append(("origin", pa.uint64()))
 _FORMAT = "xorack-ft-1"
 _BATCH_CACHE = 32  # decoded batches kept for replays (most replays are of recent batches)
 _MIN_SQLITE = (3, 35, 0)
@@ -560,6 +586,27 @@ class _StoredBatch:
         self.source = meta.column(1).to_numpy()
         self.partition = meta.column(2).to_numpy()
         self.origin = meta.column(3).to_numpy()
+
+
+def _check_stored_batch(payload: bytes, meta: bytes) -> int:
+    """The row count of a stored batch whose blobs decode into a payload with at least one
+    column and the four metadata columns of as many rows, without nulls; an exception (of any
+    type: the blobs are untrusted bytes) otherwise."""
+    if not isinstance(payload, bytes) or not isinstance(meta, bytes):
+        raise TypeError("the batch's blobs are not BLOBs")
+    p = _read_ipc(payload)
+    m = _read_ipc(meta)
+    if not p.num_columns:
+        raise ValueError("the payload has no columns")
+    got = [(f.name, f.type) for f in m.schema]
+    if got != _META_TYPES:
+        raise ValueError(f"the metadata columns are {got}, expected {_META_TYPES}")
+    if m.num_rows != p.num_rows:
+        raise ValueError(f"{p.num_rows} payload rows but {m.num_rows} metadata rows")
+    if any(c.null_count for c in m.columns):
+        raise ValueError("the metadata has nulls")
+    p.validate(full=True)
+    return p.num_rows
 
 
 def _meta_batch(meta: RecordMeta) -> pa.RecordBatch:
@@ -636,8 +683,10 @@ class SQLiteStorage(Storage):
             if max_bytes is not None:
                 page = self._db.execute("PRAGMA page_size").fetchone()[0]
                 self._db.execute(f"PRAGMA max_page_count={max(1, int(max_bytes) // page)}")
-            (self._count,) = self._db.execute("SELECT count(*) FROM records").fetchone()
+            self._check_tables()
             self._drop_unreferenced()
+            self._quarantine_corrupt()
+            (self._count,) = self._db.execute("SELECT count(*) FROM records").fetchone()
             (self._next_batch,) = self._db.execute(
                 "SELECT coalesce(max(id), 0) + 1 FROM batches"
             ).fetchone()
@@ -646,9 +695,93 @@ class SQLiteStorage(Storage):
                 self._db.close()
             owner, self._owner = self._owner, None
             _release_file(owner)
-            if isinstance(exc, sqlite3.Error):
-                raise StorageError(f"cannot open SQLite storage {self.path!r}: {exc}") from exc
+            if isinstance(exc, StorageError) or not isinstance(exc, Exception):
+                raise
+            raise StorageError(
+                f"cannot open SQLite storage {self.path!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _check_tables(self) -> None:
+        for table, columns in _TABLES.items():
+            got = [r[1] for r in self._db.execute(f"PRAGMA table_info({table})").fetchall()]
+            if got != columns:
+                raise StorageError(
+                    f"{self.path}: not an xorack storage file (table {table} has columns "
+                    f"{got}, expected {columns}); give the FT layer its own file"
+                )
+
+    def _quarantine_corrupt(self) -> None:
+        """Check every stored batch and record once, at open; move the corrupt ones (a blob
+        that does not decode, a record row that is not integers or points at no row) into the
+        ``quarantine`` table, where they stay for a human to look at, and note them in
+        ``quarantined`` / ``quarantine_notes``. The healthy records are recovered as usual."""
+        db = self._db
+        good_rows: dict[int, int] = {}
+        corrupt: list[tuple[int, str]] = []
+        for no, payload, meta in db.execute("SELECT id, payload, meta FROM batches"):
+            try:
+                good_rows[int(no)] = _check_stored_batch(payload, meta)
+            except Exception as exc:  # any decoding failure: the blob is corrupt
+                corrupt.append((int(no), f"{type(exc).__name__}: {exc}"[:300]))
+        corrupt_nos = {no for no, _ in corrupt}
+        rows = db.execute(
+            "SELECT src, loc, attempt, typeof(loc) = 'integer' AND typeof(attempt) = 'integer' "
+            "AND attempt >= 1 FROM records"
+        ).fetchall()
+        bad_records: dict[str, list[int]] = {}
+        for src, loc, _attempt, typed in rows:
+            if not typed:
+                reason = "record row with a non-integer location or attempt"
+            elif (loc >> _ROW_BITS) in good_rows:
+                if 0 <= (loc & _ROW_MASK) < good_rows[loc >> _ROW_BITS] and loc >= 0:
+                    continue
+                reason = "record row points past the end of its batch"
+            elif loc >> _ROW_BITS in corrupt_nos:
+                continue  # quarantined with its batch below
+            else:
+                reason = "record row points at a missing batch"
+            bad_records.setdefault(reason, []).append(int(src))
+        if not corrupt and not bad_records:
+            return
+        moved = 0
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for no, reason in corrupt:
+                srcs = [
+                    r[0]
+                    for r in db.execute(
+                        f"SELECT src FROM records WHERE loc >> {_ROW_BITS} = ?", (no,)
+                    ).fetchall()
+                ]
+                db.execute(
+                    "INSERT INTO quarantine (what, reason, payload, meta, records) "
+                    "SELECT ?, ?, payload, meta, ? FROM batches WHERE id = ?",
+                    (f"batch {no}", reason, json.dumps(srcs), no),
+                )
+                db.execute("DELETE FROM batches WHERE id = ?", (no,))
+                db.execute(f"DELETE FROM records WHERE loc >> {_ROW_BITS} = ?", (no,))
+                self.quarantine_notes.append(f"batch {no} ({len(srcs)} records): {reason}")
+                moved += len(srcs)
+            for reason, srcs in bad_records.items():
+                db.execute(
+                    "INSERT INTO quarantine (what, reason, records) VALUES ('records', ?, ?)",
+                    (reason, json.dumps(srcs)),
+                )
+                db.executemany("DELETE FROM records WHERE src = ?", zip(srcs))
+                self.quarantine_notes.append(f"{len(srcs)} records: {reason}")
+                moved += len(srcs)
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             raise
+        self.quarantined += moved
+        log.warning(
+            "xorack storage %s: %d corrupt record(s) moved to its quarantine table: %s",
+            self.path,
+            moved,
+            "; ".join(self.quarantine_notes),
+        )
 
     def __len__(self) -> int:
         return self._count
@@ -799,10 +932,22 @@ class SQLiteStorage(Storage):
         for no in nos:
             b = self._cache.get(no)
             if b is None:
-                payload, meta = self._db.execute(
+                row = self._db.execute(
                     "SELECT payload, meta FROM batches WHERE id = ?", (no,)
                 ).fetchone()
-                b = _StoredBatch(_one_batch(_read_ipc(payload)), _one_batch(_read_ipc(meta)))
+                if row is None:
+                    raise StorageError(
+                        f"SQLite storage {self.path!r} is corrupt: batch {no} is missing "
+                        "(reopen the storage: corrupt records are quarantined at open)"
+                    )
+                try:
+                    b = _StoredBatch(_one_batch(_read_ipc(row[0])), _one_batch(_read_ipc(row[1])))
+                except Exception as exc:
+                    raise StorageError(
+                        f"SQLite storage {self.path!r} is corrupt: batch {no} does not decode "
+                        f"({type(exc).__name__}: {exc}); reopen the storage: corrupt records "
+                        "are quarantined at open"
+                    ) from exc
                 self._cache_put(no, b)
             out[no] = b
         return out
@@ -855,8 +1000,28 @@ class SQLiteStorage(Storage):
 
     def dead_letters(self, source: int | None = None) -> pa.Table:
         def run() -> list[pa.Table]:
-            rows = self._db.execute("SELECT payload FROM dead_letters ORDER BY id").fetchall()
-            return [_read_ipc(blob) for (blob,) in rows]
+            tables = []
+            for no, blob in self._db.execute(
+                "SELECT id, payload FROM dead_letters ORDER BY id"
+            ).fetchall():
+                try:
+                    tables.append(_read_ipc(blob))
+                except Exception as exc:  # a corrupt blob: quarantined, the others returned
+                    reason = f"{type(exc).__name__}: {exc}"[:300]
+                    self._db.execute(
+                        "INSERT INTO quarantine (what, reason, payload) VALUES (?, ?, ?)",
+                        (f"dead letters {no}", reason, blob),
+                    )
+                    self._db.execute("DELETE FROM dead_letters WHERE id = ?", (no,))
+                    self.quarantine_notes.append(f"dead letters {no}: {reason}")
+                    log.warning(
+                        "xorack storage %s: dead-letter blob %d is corrupt (%s): moved to its "
+                        "quarantine table",
+                        self.path,
+                        no,
+                        reason,
+                    )
+            return tables
 
         return _dead_letters_of(self._transaction("dead_letters", run), source)
 
