@@ -70,6 +70,7 @@ import ipaddress
 import json
 import os
 import random
+import re
 import socket
 import threading
 import time
@@ -126,6 +127,10 @@ _EMPTY_IDS = np.empty(0, dtype=np.uint64)
 
 #: HTTP/2 header carrying the shared token ("authorization: Bearer <token>").
 AUTH_HEADER = "authorization"
+#: HTTP/2 header naming the job a call belongs to (absent: the job "default").
+JOB_HEADER = "x-xorack-job"
+DEFAULT_JOB = "default"
+_JOB_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 DEFAULT_PORT = 8815
 _PUT_OPS = ("persist", "xor", "fail", "touch")
@@ -174,6 +179,24 @@ def check_token(token: Any) -> str | None:
             "or non-ASCII)"
         )
     return token
+
+
+def check_job(job: Any) -> str:
+    """The job name ``job`` stands for: None is the job ``"default"``; otherwise 1-64 of
+    ``A-Z a-z 0-9 _ . -`` (``ValueError`` saying so). A job is one pipeline run: its sources,
+    rounds, replays, dead letters, stats and ended attempts are its own on a shared acker.
+
+    >>> check_job(None), check_job("run-2024.06_01")
+    ('default', 'run-2024.06_01')
+    """
+    if job is None:
+        return DEFAULT_JOB
+    if not isinstance(job, str) or not _JOB_RE.fullmatch(job):
+        raise ValueError(
+            f"job must be 1-64 characters among A-Z a-z 0-9 _ . - (one pipeline run's name), "
+            f"got {job!r:.80}"
+        )
+    return job
 
 
 def is_loopback(host: str) -> bool:
@@ -392,22 +415,43 @@ class _RequestError(Exception):
     """A request the service rejects (bad schema, bad arguments): the client's fault."""
 
 
-class _TokenAuthFactory(flight.ServerMiddlewareFactory):
-    """Rejects every call that does not carry ``authorization: Bearer <token>``."""
+class _CallJob(flight.ServerMiddleware):
+    """What the service knows of a call before its handler runs: the job it belongs to."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, job: str) -> None:
         super().__init__()
-        self._expected = f"Bearer {token}".encode()
+        self.job = job
 
-    def start_call(self, info: flight.CallInfo, headers: dict[str, list[Any]]) -> None:
-        for value in headers.get(AUTH_HEADER, ()):
-            got = value if isinstance(value, bytes) else str(value).encode()
-            if hmac.compare_digest(got, self._expected):
-                return
-        raise flight.FlightUnauthenticatedError(
-            "xorack acker: missing or wrong token (pass token=... to AckerClient.get, "
-            "or set XORACK_TOKEN)"
-        )
+
+class _CallFactory(flight.ServerMiddlewareFactory):
+    """Reads the job of every call (header ``x-xorack-job``, absent = ``"default"``) and checks
+    its credential: a job with its own token (``job_tokens``) needs exactly that one, any other
+    job the service's token (when it has one), as ``authorization: Bearer <token>``, compared
+    in constant time."""
+
+    def __init__(self, token: str | None, job_tokens: dict[str, str]) -> None:
+        super().__init__()
+        self._expected = f"Bearer {token}".encode() if token else None
+        self._job_expected = {j: f"Bearer {t}".encode() for j, t in job_tokens.items()}
+
+    def start_call(self, info: flight.CallInfo, headers: dict[str, list[Any]]) -> _CallJob:
+        values = headers.get(JOB_HEADER, ())
+        raw = values[0] if values else None
+        raw = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        try:
+            job = check_job(raw)
+        except ValueError as exc:
+            raise flight.FlightServerError(f"xorack acker rejected the call: {exc}") from None
+        expected = self._job_expected.get(job, self._expected)
+        if expected is not None and not any(
+            hmac.compare_digest(v if isinstance(v, bytes) else str(v).encode(), expected)
+            for v in headers.get(AUTH_HEADER, ())
+        ):
+            raise flight.FlightUnauthenticatedError(
+                f"xorack acker: missing or wrong token for job {job!r} (pass token=... to "
+                "AckerClient.get, or set XORACK_TOKEN)"
+            )
+        return _CallJob(job)
 
 
 def _parse_command(raw: bytes, what: str) -> dict[str, Any]:
@@ -483,12 +527,23 @@ def _ids_buffer(ids: Any) -> pa.Buffer:
 
 
 class AckerService(flight.FlightServerBase):
-    """An Arrow Flight server hosting one ``FTLayer`` (the seed's FTLayerVertex).
+    """An Arrow Flight server hosting the FT layers of one or more jobs (the seed's
+    FTLayerVertex).
 
     ``AckerService(ft)`` listens on 127.0.0.1 and a free port as soon as it is built; call
     ``serve()`` to block, or use ``AckerService.embedded(ft)`` to run it in a thread of this
     process. A non-loopback ``host`` requires a ``token``; with a token every call must present
     it. ``ft`` stays owned by the caller unless ``close_ft=True``.
+
+    Jobs: every call belongs to a job (``AckerClient.get(location, job=...)``; none = the job
+    ``"default"``), and each job has its own FT layer — its own sources, rounds, replays, dead
+    letters, stats and ended attempts: a client of one job cannot take, ack or fail another
+    job's records. ``ft`` serves the job ``job``. ``ft_factory(job)`` (a standalone acker:
+    ``xorack serve``) makes the FT layer of a job on its first call, up to ``max_jobs`` jobs;
+    without it, calls of other jobs are refused. ``job_tokens`` ``{job: token}`` gives a job a
+    credential of its own: its calls must present that token (the service's ``token`` does not
+    open it), other jobs' calls the service's ``token``. FT layers made by ``ft_factory`` are
+    closed with the service.
 
     >>> from xorack import FTLayer
     >>> from xorack.service import AckerClient, AckerService
@@ -504,14 +559,24 @@ class AckerService(flight.FlightServerBase):
         port: int = 0,
         *,
         token: str | None = None,
+        job: str | None = None,
+        ft_factory: Callable[[str], Any] | None = None,
+        job_tokens: dict[str, str] | None = None,
+        max_jobs: int = 256,
         dedup_seconds: float = 600.0,
         dedup_max_bytes: int = 256 << 20,
         close_ft: bool = False,
     ) -> None:
         try:
             token = check_token(token)
+            tokens = {check_job(j): check_token(t) for j, t in (job_tokens or {}).items()}
         except ValueError as exc:
             raise ServiceError(f"cannot serve with this token: {exc}") from None
+        if any(t is None for t in tokens.values()):
+            raise ServiceError("job_tokens: every job's token must be a non-empty string")
+        job = check_job(job)
+        if ft is None and ft_factory is None:
+            raise ValueError("give the FT layer to serve (ft) or a factory of FT layers per job")
         if not is_loopback(host) and not token:
             raise ServiceError(
                 f"refusing to listen on non-loopback address {host!r} without a token: "
@@ -520,7 +585,7 @@ class AckerService(flight.FlightServerBase):
             )
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an int in [0, 65535], got {port!r}")
-        middleware = {"auth": _TokenAuthFactory(token)} if token else {}
+        middleware = {"xorack": _CallFactory(token, tokens)}
         _check_grpc_usable()
         _mark_grpc()
         try:
@@ -531,9 +596,15 @@ class AckerService(flight.FlightServerBase):
                 f"{str(exc).splitlines()[0]}"
             ) from exc
         self.ft = ft
+        self.job = job
         self.host = host
         self.token = token
+        self.max_jobs = int(max_jobs)
         self.requests = RequestLog(ttl=dedup_seconds, max_bytes=dedup_max_bytes)
+        self._jobs: dict[str, Any] = {} if ft is None else {job: ft}
+        self._made: list[Any] = []  # FT layers made by the factory: closed with the service
+        self._ft_factory = ft_factory
+        self._jobs_lock = threading.Lock()
         self._close_ft = close_ft
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -541,11 +612,49 @@ class AckerService(flight.FlightServerBase):
         self._rejected = 0
         self._counter_lock = threading.Lock()
 
+    @property
+    def jobs(self) -> dict[str, Any]:
+        """``{job: FT layer}`` of the jobs served so far."""
+        with self._jobs_lock:
+            return dict(self._jobs)
+
+    def ft_of(self, job: str | None = None) -> Any:
+        """The FT layer of ``job`` (made by ``ft_factory`` on first use); ``_RequestError``
+        when this service does not serve that job."""
+        job = check_job(job)
+        ft = self._jobs.get(job)
+        if ft is not None:
+            return ft
+        with self._jobs_lock:
+            ft = self._jobs.get(job)
+            if ft is not None:
+                return ft
+            if self._ft_factory is None:
+                raise _RequestError(
+                    f"this acker serves job {self.job!r} only, not {job!r}: pass "
+                    f"job={self.job!r} to AckerClient.get (or run a standalone xorack serve, "
+                    "which serves any job)"
+                )
+            if self._closed:
+                raise flight.FlightUnavailableError("the acker is shutting down")
+            if len(self._jobs) >= self.max_jobs:
+                raise _RequestError(
+                    f"this acker already serves {len(self._jobs)} jobs (max_jobs): cannot "
+                    f"start job {job!r}; use another acker, or restart this one with more"
+                )
+            ft = self._ft_factory(job)
+            self._made.append(ft)
+            self._jobs[job] = ft
+            return ft
+
     # ---- lifecycle ---------------------------------------------------------------------------
 
     @classmethod
-    def embedded(cls, ft: Any, *, token: str | None = None, **kwargs: Any) -> AckerService:
-        """Start a service for ``ft`` on 127.0.0.1 and a free port, in a daemon thread.
+    def embedded(
+        cls, ft: Any, token: str | None = None, job: str | None = None, **kwargs: Any
+    ) -> AckerService:
+        """Start a service for ``ft`` (serving the job ``job``, None = ``"default"``) on
+        127.0.0.1 and a free port, in a daemon thread.
 
         >>> from xorack import FTLayer
         >>> svc = AckerService.embedded(FTLayer())
@@ -553,7 +662,7 @@ class AckerService(flight.FlightServerBase):
         True
         >>> svc.shutdown()
         """
-        svc = cls(ft, "127.0.0.1", 0, token=token, **kwargs)
+        svc = cls(ft, "127.0.0.1", 0, token=token, job=job, **kwargs)
         svc.start()
         return svc
 
@@ -582,10 +691,14 @@ class AckerService(flight.FlightServerBase):
         super().shutdown()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        if self._close_ft:
+        with self._jobs_lock:
+            owned = list(self._made)
+            if self._close_ft and self.ft is not None:
+                owned.append(self.ft)
+        for ft in owned:
             with contextlib.suppress(AttributeError):
-                self.ft.stop()
-            self.ft.close()
+                ft.stop()
+            ft.close()
 
     def __enter__(self) -> AckerService:
         return self
@@ -634,30 +747,36 @@ class AckerService(flight.FlightServerBase):
             if op not in _PUT_OPS:
                 raise _RequestError(f"unknown put op {op!r}: expected one of {_PUT_OPS}")
             req = check_request_id(cmd.get("req"))  # before anything is applied
+            job = _job_of(context)
+            ft = self.ft_of(job)
             _check_put_schema(op, reader.schema)  # before reading a foreign stream's data
             table = reader.read_all()
-            result = self.requests.run(req, lambda: self._apply_put(op, cmd, table), op=op)
+            result = self.requests.run(
+                _req_key(job, req), lambda: self._apply_put(ft, op, cmd, table), op=op
+            )
             if result is not None:
                 writer.write(_ids_buffer(result))
 
         self._guard(_op_name(descriptor.command, "put"), handle)
 
-    def _apply_put(self, op: str, cmd: dict[str, Any], table: pa.Table) -> np.ndarray | None:
+    def _apply_put(
+        self, ft: Any, op: str, cmd: dict[str, Any], table: pa.Table
+    ) -> np.ndarray | None:
         if op == "persist":
-            return self._persist(cmd, table)
+            return self._persist(ft, cmd, table)
         src = _column_u64(table, SRC, op)
         if op == "xor":
             values = _column_u64(table, XOR, op)
-            return np.asarray(self.ft.xor(src, values), dtype=np.uint64)
+            return np.asarray(ft.xor(src, values), dtype=np.uint64)
         if op == "fail":
             reason = cmd.get("reason")
             if reason is not None and not isinstance(reason, str):
                 raise _RequestError(f"fail: 'reason' must be a string, got {reason!r}")
-            return np.asarray(self.ft.fail(src, reason=reason), dtype=np.uint64)
-        self.ft.touch(src)
+            return np.asarray(ft.fail(src, reason=reason), dtype=np.uint64)
+        ft.touch(src)
         return None
 
-    def _persist(self, cmd: dict[str, Any], table: pa.Table) -> np.ndarray:
+    def _persist(self, ft: Any, cmd: dict[str, Any], table: pa.Table) -> np.ndarray:
         source = _opt_int(cmd, "source", 0)
         partition: Any = _opt_int(cmd, "partition", None)
         payload_cols = _persist_payload_columns(table.schema)
@@ -676,7 +795,7 @@ class AckerService(flight.FlightServerBase):
             if name in names and table.column(name).null_count:
                 raise _RequestError(f"persist: column {name} must not contain nulls")
         batch = table.select(payload_cols).to_batches()[0]
-        ids = self.ft.persist(
+        ids = ft.persist(
             batch,
             key_hash=key_hash,
             source=source,
@@ -692,23 +811,27 @@ class AckerService(flight.FlightServerBase):
         def handle() -> flight.FlightDataStream:
             cmd = _parse_command(ticket.ticket, "ticket")
             op = cmd["op"]
+            if op not in _GET_OPS:
+                raise _RequestError(f"unknown ticket op {op!r}: expected one of {_GET_OPS}")
+            job = _job_of(context)
+            ft = self.ft_of(job)
             if op == "dead_letters":
                 source = _opt_int(cmd, "source", None)
                 if source is None:
-                    return flight.RecordBatchStream(self.ft.dead_letters())
-                return flight.RecordBatchStream(self.ft.dead_letters(source=source))
-            if op != "replays":
-                raise _RequestError(f"unknown ticket op {op!r}: expected one of {_GET_OPS}")
+                    return flight.RecordBatchStream(ft.dead_letters())
+                return flight.RecordBatchStream(ft.dead_letters(source=source))
             source = _opt_int(cmd, "source", 0)
             partition = _opt_int(cmd, "partition", None)
             req = check_request_id(cmd.get("req"))
-            table = self.requests.run(req, lambda: self._take(source, partition), op=op)
+            table = self.requests.run(
+                _req_key(job, req), lambda: self._take(ft, source, partition), op=op
+            )
             return flight.RecordBatchStream(table)
 
         return self._guard(_op_name(ticket.ticket, "get"), handle)
 
-    def _take(self, source: int | None, partition: int | None) -> pa.Table:
-        parts = self.ft.take_replays(source=source, partition=partition)
+    def _take(self, ft: Any, source: int | None, partition: int | None) -> pa.Table:
+        parts = ft.take_replays(source=source, partition=partition)
         tables = [parts[p] for p in sorted(parts) if parts[p].num_rows]
         if not tables:
             return _EMPTY_REPLAYS.empty_table()
@@ -730,17 +853,20 @@ class AckerService(flight.FlightServerBase):
                 body = None
             if not isinstance(body, dict):
                 raise _RequestError(f"{kind}: body must be a JSON object, got {raw[:60]!r}")
+            job = _job_of(context)
+            ft = self.ft_of(job)
             if kind == "ping":
                 return [pa.py_buffer(b"pong")]
             if kind == "stats":
-                return [pa.py_buffer(json.dumps(self.stats(), default=_json_default).encode())]
-            fn = {
-                "rotate": self.ft.rotate,
-                "expire_all": self.ft.expire_all,
-                "take_ended": self.ft.take_ended,
-            }[kind]
+                stats = self.stats(job)
+                return [pa.py_buffer(json.dumps(stats, default=_json_default).encode())]
+            fn = {"rotate": ft.rotate, "expire_all": ft.expire_all, "take_ended": ft.take_ended}[
+                kind
+            ]
             req = check_request_id(body.get("req"))
-            ids = self.requests.run(req, lambda: np.asarray(fn(), dtype=np.uint64), op=kind)
+            ids = self.requests.run(
+                _req_key(job, req), lambda: np.asarray(fn(), dtype=np.uint64), op=kind
+            )
             return [_ids_buffer(ids)]
 
         return iter(self._guard(action.type, handle))
@@ -748,21 +874,36 @@ class AckerService(flight.FlightServerBase):
     def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
         return sorted(_ACTIONS.items())
 
-    def stats(self) -> dict[str, Any]:
-        """The FT layer's stats plus the service's own counters (under ``"service"``)."""
-        stats = self.ft.stats()
+    def stats(self, job: str | None = None) -> dict[str, Any]:
+        """The stats of ``job``'s FT layer plus the service's own counters (under
+        ``"service"``)."""
+        job = check_job(job) if job is not None else self.job
+        stats = self.ft_of(job).stats()
         out = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
         with self._counter_lock:
             calls = dict(self._calls)
             rejected = self._rejected
         out["service"] = {
             "location": self.location,
+            "job": job,
+            "jobs": len(self._jobs),
             "calls": calls,
             "rejected": rejected,
             "retries_deduplicated": self.requests.hits,
             "dedup_evicted_early": self.requests.evicted_early,
         }
         return out
+
+
+def _job_of(context: flight.ServerCallContext) -> str:
+    """The job of a call (read and checked by ``_CallFactory`` before the handler runs)."""
+    call = context.get_middleware("xorack")
+    return call.job if call is not None else DEFAULT_JOB
+
+
+def _req_key(job: str, req: str | None) -> tuple[str, str] | None:
+    """The request log's key: request ids are the job's own."""
+    return None if req is None else (job, req)
 
 
 def _op_name(command: bytes | None, default: str) -> str:
@@ -849,7 +990,7 @@ def _check_grpc_usable() -> None:
         )
 
 
-_clients: dict[tuple[int, str, str | None], AckerClient] = {}
+_clients: dict[tuple[int, str, str | None, str], AckerClient] = {}
 _clients_lock = threading.Lock()
 
 
@@ -863,11 +1004,11 @@ def _clean(exc: BaseException) -> str:
 class AckerClient:
     """A connection to an acker service; its methods mirror ``FTLayer``.
 
-    Use ``AckerClient.get(location)`` inside executors: one client per (process, location,
-    token), reused by every task a Python worker runs, and re-created in a forked child. Calls
-    are retried (``RetryPolicy``) when the service is unavailable or times out; non-idempotent
-    calls carry a request id the service deduplicates, so a retry never applies twice. When the
-    budget is spent the call raises ``xorack.ServiceError``.
+    Use ``AckerClient.get(location, token, job)`` inside executors: one client per (process,
+    location, token, job), reused by every task a Python worker runs, and re-created in a
+    forked child. Calls are retried (``RetryPolicy``) when the service is unavailable or times
+    out; non-idempotent calls carry a request id the service deduplicates, so a retry never
+    applies twice. When the budget is spent the call raises ``xorack.ServiceError``.
 
     >>> import pyarrow as pa
     >>> from xorack import FTLayer
@@ -879,15 +1020,22 @@ class AckerClient:
     """
 
     def __init__(
-        self, location: str, token: str | None = None, retry: RetryPolicy | None = None
+        self,
+        location: str,
+        token: str | None = None,
+        retry: RetryPolicy | None = None,
+        job: str | None = None,
     ) -> None:
         if not isinstance(location, str) or "://" not in location:
             raise ValueError(f"location must look like grpc://host:port, got {location!r}")
         self.location = location
         self.retry = retry or RetryPolicy()
         token = check_token(token)
+        self.job = check_job(job)
         self._pid = os.getpid()
         headers = [(AUTH_HEADER.encode(), f"Bearer {token}".encode())] if token else []
+        if job is not None:
+            headers.append((JOB_HEADER.encode(), self.job.encode()))
         self._options = flight.FlightCallOptions(timeout=self.retry.call_timeout, headers=headers)
         _check_grpc_usable()
         _mark_grpc()
@@ -903,22 +1051,29 @@ class AckerClient:
 
     @classmethod
     def get(
-        cls, location: str, token: str | None = None, retry: RetryPolicy | None = None
+        cls,
+        location: str,
+        token: str | None = None,
+        job: str | None = None,
+        retry: RetryPolicy | None = None,
     ) -> AckerClient:
-        """The cached client of this process for ``location`` (created on first use).
+        """The cached client of this process for ``location``, ``token`` and ``job`` (created on
+        first use). Every call of the client belongs to ``job`` (1-64 of ``A-Z a-z 0-9 _ . -``;
+        None = the job ``"default"``): it sees only that job's records, replays, dead letters,
+        stats and ended attempts.
 
         The cache is keyed by process id: a client inherited through ``fork`` is never used in
         the child (gRPC connections do not survive a fork), the child makes its own — provided
         its parent had not started gRPC yet (else ``ServiceError`` says so at once; a gRPC call
         in such a child would hang).
         """
-        key = (os.getpid(), location, token)
+        key = (os.getpid(), location, token, check_job(job))
         client = _clients.get(key)
         if client is None:
             with _clients_lock:
                 client = _clients.get(key)
                 if client is None:
-                    client = cls(location, token=token, retry=retry)
+                    client = cls(location, token=token, retry=retry, job=job)
                     _clients[key] = client
         return client
 
