@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from xorack import StorageError
 from xorack.storage import MemoryStorage, RecordMeta, SQLiteStorage, Storage, open_storage
@@ -380,3 +382,64 @@ def test_sqlite_corrupt_dead_letters_are_quarantined_the_others_read(tmp_path):
     with SQLiteStorage(path) as s:
         assert s.dead_letters().column("_ft_reason").to_pylist() == ["second"]
         assert any("dead letters 1" in n for n in s.quarantine_notes)
+
+
+def test_memory_storage_keeps_few_bytes_per_record():
+    """Issue 11, defect 2: memory storage kept ~134 bytes of bookkeeping per record (a dict of
+    Python ints); the index is 16 bytes a record now, the metadata ~16 (a memory measure,
+    deterministic: not a timing)."""
+    import gc
+    import tracemalloc
+
+    n, size = 200_000, 20_000
+    data = [pa.record_batch({"v": np.arange(i, i + size)}) for i in range(0, n, size)]
+    ids = np.random.default_rng(7).integers(1, 2**63, n, dtype=np.uint64)
+    s = MemoryStorage()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for k, b in enumerate(data):
+            s.persist(b, RecordMeta.new(ids[k * size : (k + 1) * size], source=3))
+        gc.collect()
+        per_record = tracemalloc.get_traced_memory()[0] / n
+    finally:
+        tracemalloc.stop()
+    assert len(s) == n
+    assert per_record <= 40, f"{per_record:.1f} bytes per record"
+    half = ids[: n // 2]
+    assert s.delete(half) == n // 2
+    assert len(s) == n // 2
+    assert sorted(s.stored_ids().tolist()) == sorted(ids[n // 2 :].tolist())
+    assert s.lookup(half).src.size == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["add", "pop", "get"]),
+            st.lists(st.integers(1, 40), max_size=30),
+        ),
+        max_size=40,
+    )
+)
+def test_id_index_behaves_like_a_dict(ops):
+    from xorack.storage import _IdIndex
+
+    index, model, next_loc = _IdIndex(), {}, 0
+    index.compact_min = 2  # compact often
+    for op, keys in ops:
+        if op == "add":
+            keys = sorted(set(keys) - model.keys())  # ids added are never live already
+            locs = list(range(next_loc, next_loc + len(keys)))
+            next_loc += len(keys)
+            index.add(np.array(keys, np.uint64), np.array(locs, np.int64))
+            model.update(zip(keys, locs, strict=True))
+        elif op == "get":
+            got = index.get(np.array(keys, np.uint64)).tolist()
+            assert got == [model.get(k, -1) for k in keys]
+        else:
+            got = index.pop(np.array(keys, np.uint64)).tolist()
+            assert got == [model.pop(k, -1) for k in keys]
+        assert len(index) == len(model)
+        assert sorted(index.keys().tolist()) == sorted(model)

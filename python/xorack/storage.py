@@ -370,20 +370,122 @@ class _Chunk:
     def __init__(self, batch: pa.RecordBatch, meta: RecordMeta) -> None:
         self.batch = batch
         self.key_hash = meta.key_hash
-        self.source = meta.source
-        self.partition = meta.partition
+        self.source = _compact(meta.source)
+        self.partition = _compact(meta.partition)
         self.attempt = meta.attempt.copy()
         self.origin = meta.origin
         self.live = len(meta)
+
+
+def _compact(column: np.ndarray) -> np.ndarray:
+    """``column`` itself, or a read-only view of one value when all its values are equal (a
+    batch's source index, often its partition): no memory per record."""
+    if len(column) and (column == column[0]).all():
+        return np.broadcast_to(column[:1].copy(), column.shape)
+    return column
 
 
 _ROW_BITS = 32
 _ROW_MASK = (1 << _ROW_BITS) - 1
 
 
+class _IdIndex:
+    """Source id (uint64) -> location (int64 >= 0), batched: 16 bytes per record.
+
+    Sorted runs of (id, location), LSM-style: ``add`` appends a sorted run and merges runs of
+    similar size (so there are O(log n) runs and each entry is merged O(log n) times, the
+    merges being numpy sorts of two sorted runs: near linear); lookups binary-search each run;
+    ``pop`` marks the location -1, and the removed entries are dropped when they outnumber the
+    live ones. (A dict of Python ints costs ~100 bytes per record.) Ids added must not be
+    live already (the FT layer checks).
+
+    >>> ix = _IdIndex()
+    >>> ix.add(np.array([7, 3], np.uint64), np.array([70, 30]))
+    >>> ix.get(np.array([3, 9], np.uint64)).tolist(), ix.pop(np.array([7], np.uint64)).tolist()
+    ([30, -1], [70])
+    >>> len(ix), ix.keys().tolist()
+    (1, [3])
+    """
+
+    compact_min = 4096  # removed entries are dropped once more than this (and than live ones)
+
+    def __init__(self) -> None:
+        self._runs: list[tuple[np.ndarray, np.ndarray]] = []  # (sorted ids, locations)
+        self._live = 0
+        self._removed = 0
+
+    def __len__(self) -> int:
+        return self._live
+
+    def add(self, keys: np.ndarray, locs: np.ndarray) -> None:
+        keys = np.asarray(keys, np.uint64)
+        order = np.argsort(keys, kind="stable")
+        self._runs.append((keys[order], np.asarray(locs, np.int64)[order]))
+        self._live += len(keys)
+        runs = self._runs
+        while len(runs) > 1 and 2 * len(runs[-1][0]) >= len(runs[-2][0]):
+            runs[-2:] = [_merge_runs(runs[-2:])]
+
+    def get(self, keys: np.ndarray) -> np.ndarray:
+        """The location of each id, -1 for the absent ones."""
+        keys = np.asarray(keys, np.uint64)
+        out = np.full(len(keys), -1, np.int64)
+        for rk, rl in self._runs:
+            pos, hit = _search(rk, rl, keys)
+            out[hit] = rl[pos[hit]]
+        return out
+
+    def pop(self, keys: np.ndarray) -> np.ndarray:
+        """Like ``get``, and the ids found are removed (a repeated id is found once)."""
+        keys = np.asarray(keys, np.uint64)
+        out = np.full(len(keys), -1, np.int64)
+        for rk, rl in self._runs:
+            pos, hit = _search(rk, rl, keys)
+            idx = np.flatnonzero(hit)
+            if not len(idx):
+                continue
+            p = pos[idx]
+            _, first = np.unique(p, return_index=True)
+            if len(first) != len(p):  # the same id asked for twice: found once
+                idx, p = idx[first], p[first]
+            out[idx] = rl[p]
+            rl[p] = -1
+            self._live -= len(idx)
+            self._removed += len(idx)
+        if self._removed > max(self._live, self.compact_min):
+            self._runs = [_merge_runs(self._runs)] if self._runs else []
+            self._removed = 0
+        return out
+
+    def keys(self) -> np.ndarray:
+        """Every live id."""
+        parts = [rk[rl >= 0] for rk, rl in self._runs]
+        return np.concatenate(parts) if parts else np.empty(0, np.uint64)
+
+
+def _search(rk: np.ndarray, rl: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(positions in the run, found mask) of ``keys`` in the sorted run ``rk``."""
+    if not len(rk):
+        return np.zeros(len(keys), np.int64), np.zeros(len(keys), bool)
+    pos = np.minimum(np.searchsorted(rk, keys), len(rk) - 1)
+    return pos, (rk[pos] == keys) & (rl[pos] >= 0)
+
+
+def _merge_runs(runs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    keys = np.concatenate([rk for rk, _ in runs])
+    locs = np.concatenate([rl for _, rl in runs])
+    live = locs >= 0
+    if not live.all():
+        keys, locs = keys[live], locs[live]
+    order = np.argsort(keys, kind="stable")  # sorted runs back to back: timsort merges them
+    return keys[order], locs[order]
+
+
 class MemoryStorage(Storage):
     """Records kept in this process: the persisted ``RecordBatch`` objects themselves plus one
-    ``(batch, row)`` reference per record. Lost with the process (use :class:`SQLiteStorage` for
+    ``(batch, row)`` reference per record in a compact index (``_IdIndex``, 16 bytes), and the
+    rows' metadata as numpy columns per batch (a constant column costs nothing): ~32 bytes per
+    record besides the payload. Lost with the process (use :class:`SQLiteStorage` for
     durability).
 
     >>> import numpy as np, pyarrow as pa
@@ -396,7 +498,7 @@ class MemoryStorage(Storage):
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._chunks: dict[int, _Chunk] = {}
-        self._loc: dict[int, int] = {}  # src id -> chunk number << 32 | row
+        self._loc = _IdIndex()  # src id -> chunk number << 32 | row
         self._next_chunk = 0
         self._dead: list[pa.Table] = []
 
@@ -413,12 +515,11 @@ class MemoryStorage(Storage):
             self._next_chunk += 1
             self._chunks[no] = _Chunk(batch, meta)
             locs = np.arange(n, dtype=np.int64) + (no << _ROW_BITS)
-            self._loc.update(zip(meta.src.tolist(), locs.tolist(), strict=True))
+            self._loc.add(meta.src, locs)
 
     def _locate(self, src_ids: np.ndarray, *, pop: bool) -> tuple[np.ndarray, np.ndarray]:
         """(found mask, locations of the found ones)."""
-        get = self._loc.pop if pop else self._loc.get
-        locs = np.fromiter((get(k, -1) for k in src_ids.tolist()), np.int64, len(src_ids))
+        locs = self._loc.pop(src_ids) if pop else self._loc.get(src_ids)
         found = locs >= 0
         return found, locs[found]
 
@@ -473,9 +574,9 @@ class MemoryStorage(Storage):
             found, locs = self._locate(old_ids, pop=True)
             if not found.all():
                 # put back what was taken: a failed call changes nothing
-                self._loc.update(zip(old_ids[found].tolist(), locs.tolist(), strict=True))
+                self._loc.add(old_ids[found], locs)
                 raise ValueError("renew: some old_ids are not stored")
-            self._loc.update(zip(new_ids.tolist(), locs.tolist(), strict=True))
+            self._loc.add(new_ids, locs)
             chunk_nos = locs >> _ROW_BITS
             if next_attempt:
                 for no in _distinct(chunk_nos)[0].tolist():
@@ -493,7 +594,7 @@ class MemoryStorage(Storage):
 
     def stored_ids(self) -> np.ndarray:
         with self._lock:
-            return np.fromiter(self._loc.keys(), np.uint64, len(self._loc))
+            return self._loc.keys()
 
     def dead_letter(self, src_ids: np.ndarray, reason: str) -> None:
         if not len(src_ids):
