@@ -264,3 +264,162 @@ def test_serve_on_an_unusable_database_is_one_line(tmp_path):
     assert done.returncode == 1
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "acker.db" in done.stderr
+
+
+# ---- defect 2: bounded requests ------------------------------------------------------------------
+
+
+def test_an_oversized_request_is_refused_and_a_chunked_one_accepted(ft, monkeypatch):
+    import xorack.service as service_module
+
+    with AckerService.embedded(ft, max_request_bytes=1 << 20) as svc:
+        c = AckerClient(svc.location, retry=FAST_RETRY)
+        big = pa.record_batch({"v": np.zeros(200_000, np.int64)})  # 1.6 MB
+        with pytest.raises(ServiceError, match=r"says it is \d+ bytes, more than .* 1048576"):
+            c.persist(big)
+        # a sender that does not say its size is refused once the total passes the cap
+        part = pa.record_batch({"v": np.zeros(50_000, np.int64)})  # 400 KB a message
+        with pytest.raises(flight.FlightServerError, match="sent more than"):
+            _raw_stream(svc.location, part, 10)
+        assert ft.pending == 0
+        assert svc.stats()["service"]["rejected"] == 2
+        # under the cap, a persist goes in many messages and is applied once, as a whole
+        monkeypatch.setattr(service_module, "CHUNK_BYTES", 64 << 10)
+        ok = pa.record_batch({"v": np.arange(50_000, dtype=np.int64)})  # + births: 800 KB
+        src = c.persist(ok, births=np.arange(1, 50_001, dtype=U64))  # 13 messages
+        assert len(src) == 50_000
+        assert ft.pending == 50_000
+        assert ft.storage.fetch(src[-3:])[0].column("v").to_pylist() == [49_997, 49_998, 49_999]
+        c.close()
+
+
+def _raw_stream(location: str, part: pa.RecordBatch, count: int) -> None:
+    """A persist of ``count`` messages ``part`` that does not say its size."""
+    raw = flight.FlightClient(location)
+    descriptor = flight.FlightDescriptor.for_command(json.dumps({"op": "persist"}).encode())
+    try:
+        writer, reader = raw.do_put(descriptor, part.schema)
+        try:
+            for _ in range(count):
+                writer.write_batch(part)
+            writer.done_writing()
+            reader.read()
+        finally:
+            writer.close()
+    finally:
+        raw.close()
+
+
+class _OutOfMemoryOnce(FTLayer):
+    def persist(self, *args, **kwargs):
+        if not getattr(self, "failed_once", False):
+            self.failed_once = True
+            raise MemoryError("simulated: cannot allocate")
+        return super().persist(*args, **kwargs)
+
+
+def test_running_out_of_memory_refuses_the_request_and_the_service_stays_up():
+    with _OutOfMemoryOnce() as ft, AckerService.embedded(ft) as svc:
+        c = AckerClient(svc.location, retry=FAST_RETRY)
+        with pytest.raises(ServiceError, match="ran out of memory on persist and refused it"):
+            c.persist(_words(3))
+        assert ft.pending == 0
+        assert c.persist(_words(3)).size == 3  # the same call again: applied now
+        assert c.ping()
+        c.close()
+
+
+def test_a_table_of_several_chunks_is_persisted_all_or_nothing():
+    from xorack import StorageError
+    from xorack.storage import MemoryStorage
+
+    class FullAfterOne(MemoryStorage):
+        calls = 0
+
+        def persist(self, batch, meta):
+            self.calls += 1
+            if self.calls == 2:
+                raise StorageError("simulated: disk full")
+            super().persist(batch, meta)
+
+    table = pa.Table.from_batches([_words(3), _words(4, 3), _words(2, 7)])
+    storage = FullAfterOne()
+    with FTLayer(storage) as ft:
+        with pytest.raises(StorageError, match="disk full"):
+            ft.persist(table)
+        assert (len(storage), ft.pending) == (0, 0)  # the first chunk was taken back
+        src = ft.persist(table)  # chunk by chunk, never combined into one
+        assert (len(storage), ft.pending, storage.calls) == (9, 9, 5)
+        assert ft.storage.fetch(src)[0].column("n").to_pylist() == list(range(9))
+
+
+_SERVE_UNDER_LIMIT = """
+import resource, sys
+limit = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+from xorack.cli import main
+sys.exit(main(["serve", "--port", "0", "--rotate-interval", "0", "--max-request-mb", "32"]))
+"""
+
+
+def _address_space(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmSize")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def test_the_service_survives_oversized_requests_under_an_address_space_limit(tmp_path):
+    """Issue 11, defect 2: a 384 MiB persist drove the acker to 1.9 GB and MemoryError, the next
+    one segfaulted it. Under an address-space cap of what it uses idle + 600 MiB, oversized
+    requests are refused and the service goes on serving."""
+    env = {k: v for k, v in os.environ.items() if k != "XORACK_TOKEN"}
+    env["PYTHONPATH"] = PYTHONPATH
+    # the idle acker's address space, measured first (thread stacks and allocator arenas)
+    probe = subprocess.Popen(
+        [sys.executable, "-c", _SERVE_UNDER_LIMIT, str(1 << 40)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert "listening" in probe.stdout.readline()
+        idle = _address_space(probe.pid)
+    finally:
+        probe.send_signal(signal.SIGTERM)
+        probe.communicate(timeout=30)
+    limit = idle + (600 << 20)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVE_UNDER_LIMIT, str(limit)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert "listening" in line, proc.stderr.read() if proc.poll() is not None else line
+        location = line.split("listening on ")[1].split()[0]
+        c = AckerClient(location, retry=FAST_RETRY)
+        huge = pa.record_batch({"v": np.zeros(100 << 20, np.int64)})  # 800 MiB, untouched pages
+        part = pa.record_batch({"v": np.zeros(1 << 20, np.int64)})  # 8 MiB a message
+        for _ in range(3):
+            with pytest.raises(ServiceError, match="more than this acker's limit"):
+                c.persist(huge)  # says its size: refused before a byte of it is read
+            with pytest.raises(flight.FlightError, match="more than this acker's limit"):
+                _raw_stream(location, part, 100)  # does not (800 MiB): refused at the cap
+            src = c.persist(_words(1000), births=np.arange(1, 1001, dtype=U64))
+            assert sorted(c.xor(src, np.arange(1, 1001, dtype=U64)).tolist()) == sorted(
+                src.tolist()
+            )
+        assert c.ping()
+        assert proc.poll() is None  # still running
+        assert c.stats()["service"]["rejected"] == 6
+        c.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err

@@ -102,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between timeout rotations (0 = never rotate on a timer; clients call rotate)",
     )
     serve.add_argument(
+        "--max-request-mb",
+        type=_positive_int,
+        default=256,
+        help="largest request (the Arrow data of one persist/xor/fail call) in MiB; a bigger "
+        "one is refused before it is read (keep it well below the acker's memory)",
+    )
+    serve.add_argument(
         "--max-jobs",
         type=_positive_int,
         default=256,
@@ -293,6 +300,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser | None = Non
             ft_factory=make_ft,
             job_tokens=job_tokens,
             max_jobs=getattr(args, "max_jobs", 256),
+            max_request_bytes=getattr(args, "max_request_mb", 256) << 20,
             close_ft=True,
         )
     except ServiceError as exc:

@@ -140,11 +140,15 @@ def _ids(x: Any, name: str, *, nonzero: bool = True) -> np.ndarray:
     return as_u64(exact_ints(x, name), name, nonzero=nonzero)
 
 
-def _as_batch(batch: Any) -> pa.RecordBatch:
+def _as_batch(batch: Any) -> pa.RecordBatch | pa.Table:
+    """A RecordBatch, or a Table of several chunks (persisted chunk by chunk: never copied
+    into one)."""
     if isinstance(batch, pa.Table):
-        table = batch.combine_chunks()
-        batches = table.to_batches()
-        batch = batches[0] if len(batches) == 1 else pa.RecordBatch.from_pylist([], table.schema)
+        batches = batch.to_batches()
+        if len(batches) == 1:
+            batch = batches[0]
+        elif not batches:
+            batch = pa.RecordBatch.from_pylist([], batch.schema)
     elif not isinstance(batch, pa.RecordBatch):
         raise TypeError(f"batch must be a pyarrow RecordBatch or Table, got {type(batch).__name__}")
     cols = batch.schema.names
@@ -208,7 +212,7 @@ class PersistArgs:
     (``AckerClient.persist``) both take them through :func:`check_persist_args`, so a call is
     accepted or refused the same way in and out of process. ``None`` = not given."""
 
-    batch: pa.RecordBatch
+    batch: pa.RecordBatch | pa.Table  # a Table of several chunks is kept as it is
     source: int
     key_hash: np.ndarray | None  # int32 per row
     partition: np.ndarray | None  # int32 per row, >= -1
@@ -398,7 +402,7 @@ class FTLayer:
                         "draw fresh ids for new records"
                     )
                 src = src_ids
-            self._storage.persist(batch, RecordMeta.new(src, key_hash, source, partition))
+            self._store(batch, RecordMeta.new(src, key_hash, source, partition))
             self._registered += n
             self._stats.persisted += n
             self._unwatch(src)
@@ -728,6 +732,24 @@ class FTLayer:
             rows = mine[np.asarray(rows, np.int64)]
             routes.append((source, rows, np.asarray(parts, np.int32), len(mine)))
         return routes, unroutable
+
+    def _store(self, batch: pa.RecordBatch | pa.Table, meta: RecordMeta) -> None:
+        """Persist ``batch`` (chunk by chunk when it is a Table of several): all or nothing."""
+        if isinstance(batch, pa.RecordBatch):
+            self._storage.persist(batch, meta)
+            return
+        stored, start = [], 0
+        try:
+            for part in batch.to_batches():
+                rows = np.arange(start, start + part.num_rows)
+                start += part.num_rows
+                if part.num_rows:
+                    self._storage.persist(part, meta.take(rows))
+                    stored.append(meta.src[rows])
+        except BaseException:
+            if stored:  # nothing of the batch is kept
+                self._storage.delete(np.concatenate(stored))
+            raise
 
     def _dead_letter(self, meta: RecordMeta, reason: str) -> None:
         if len(meta):

@@ -39,14 +39,19 @@ rotate,        DoAction    body ``{"req"}`` → expired / replayed source ids (r
 expire_all
 =============  ==========  =============================================================
 
+Every call carries its job in the header ``x-xorack-job`` (absent: ``"default"``; see
+``AckerService`` on jobs). A put's command may say its size (``"bytes"``, the client always
+does): one bigger than the service's ``max_request_bytes`` is refused before its data is read,
+and the data is read one message at a time and refused as soon as it passes the cap.
+
 Retries never double-apply a request. Every non-idempotent request (persist, xor, fail, rotate,
-expire_all, replays) carries a random request id, the same on every retry of one logical call.
-The service remembers each request id and its result (``RequestLog``) for ``dedup_seconds``
-(default 600 s) after it completed, and a retry that arrives while the first attempt is still
-running waits for it. So a retry after a lost reply or a client-side timeout gets the first
-result back instead of XOR-ing the events twice (which would corrupt the checksums) or handing
-out the same replays twice (or losing them). The client's whole retry budget (attempts x call
-timeout + backoff) is well below ``dedup_seconds``. The log lives in the service's memory: if
+expire_all, replays) carries a random request id, the same on every retry of one logical call. The
+service remembers each (job, operation, request id) and its result (``RequestLog``) for
+``dedup_seconds`` (default 600 s) after it completed, and a retry that arrives while the first
+attempt is still running waits for it. So a retry after a lost reply or a client-side timeout gets
+the first result back instead of XOR-ing the events twice (which would corrupt the checksums) or
+handing out the same replays twice (or losing them). The client's whole retry budget (attempts x
+call timeout + backoff) is well below ``dedup_seconds``. The log lives in the service's memory: if
 the acker process itself restarts, the FT layer reopens on its durable storage and replays every
 unfinished record under a *new* source id, so a retried event for an old id is an orphan (counted,
 harmless) and a retried persist at worst duplicates a record — a duplicate delivery, never a loss
@@ -133,6 +138,11 @@ DEFAULT_JOB = "default"
 _JOB_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 DEFAULT_PORT = 8815
+#: Largest request (the Arrow data of one put) an acker accepts unless told otherwise.
+DEFAULT_MAX_REQUEST = 256 << 20
+#: The client sends a put's rows in messages of about this many bytes (the service reads and
+#: counts them one at a time, so an oversized request is refused before it is all in memory).
+CHUNK_BYTES = 4 << 20
 _PUT_OPS = ("persist", "xor", "fail", "touch")
 _GET_OPS = ("replays", "dead_letters")
 _ACTIONS = {
@@ -545,6 +555,11 @@ class AckerService(flight.FlightServerBase):
     open it), other jobs' calls the service's ``token``. FT layers made by ``ft_factory`` are
     closed with the service.
 
+    ``max_request_bytes`` bounds one request's Arrow data: a request that says it is bigger is
+    refused before its data is read, one that sends more is refused as soon as the total passes
+    the cap (the client sends its rows in messages of ``CHUNK_BYTES``). Running out of memory
+    applying a request refuses that request (nothing of it applied); the service stays up.
+
     >>> from xorack import FTLayer
     >>> from xorack.service import AckerClient, AckerService
     >>> with AckerService.embedded(FTLayer()) as svc:
@@ -563,6 +578,7 @@ class AckerService(flight.FlightServerBase):
         ft_factory: Callable[[str], Any] | None = None,
         job_tokens: dict[str, str] | None = None,
         max_jobs: int = 256,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST,
         dedup_seconds: float = 600.0,
         dedup_max_bytes: int = 256 << 20,
         close_ft: bool = False,
@@ -600,6 +616,11 @@ class AckerService(flight.FlightServerBase):
         self.host = host
         self.token = token
         self.max_jobs = int(max_jobs)
+        if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int):
+            raise TypeError(f"max_request_bytes must be an int, got {max_request_bytes!r}")
+        if max_request_bytes <= 0:
+            raise ValueError(f"max_request_bytes must be > 0, got {max_request_bytes}")
+        self.max_request_bytes = max_request_bytes
         self.requests = RequestLog(ttl=dedup_seconds, max_bytes=dedup_max_bytes)
         self._jobs: dict[str, Any] = {} if ft is None else {job: ft}
         self._made: list[Any] = []  # FT layers made by the factory: closed with the service
@@ -717,6 +738,13 @@ class AckerService(flight.FlightServerBase):
             return fn()
         except flight.FlightError:
             raise
+        except MemoryError as exc:  # before ArrowException: ArrowMemoryError is both
+            self._count_reject()
+            raise flight.FlightServerError(
+                f"xorack acker ran out of memory on {op} and refused it (nothing of it was "
+                f"applied; {type(exc).__name__}: {exc}): send smaller batches, or give the "
+                "acker more memory / a lower max_request_bytes"
+            ) from None
         except _RequestError as exc:
             self._count_reject()
             raise flight.FlightServerError(f"xorack acker rejected {op}: {exc}") from None
@@ -750,7 +778,10 @@ class AckerService(flight.FlightServerBase):
             job = _job_of(context)
             ft = self.ft_of(job)
             _check_put_schema(op, reader.schema)  # before reading a foreign stream's data
-            table = reader.read_all()
+            declared = _opt_int(cmd, "bytes", None)
+            if declared is not None and declared > self.max_request_bytes:
+                raise _RequestError(self._too_big(op, declared, "says it is"))
+            table = self._read_bounded(op, reader)
             result = self.requests.run(
                 _req_key(job, req), lambda: self._apply_put(ft, op, cmd, table), op=op
             )
@@ -758,6 +789,31 @@ class AckerService(flight.FlightServerBase):
                 writer.write(_ids_buffer(result))
 
         self._guard(_op_name(descriptor.command, "put"), handle)
+
+    def _too_big(self, op: str, size: int, verb: str) -> str:
+        return (
+            f"{op}: the request {verb} {size} bytes, more than this acker's limit of "
+            f"{self.max_request_bytes} bytes (max_request_bytes; xorack serve --max-request-mb): "
+            "send it in smaller batches"
+        )
+
+    def _read_bounded(self, op: str, reader: flight.MetadataRecordBatchReader) -> pa.Table:
+        """The put's data, read one message at a time and refused as soon as it passes
+        ``max_request_bytes`` (the rest is never read)."""
+        batches, total = [], 0
+        while True:
+            try:
+                chunk = reader.read_chunk()
+            except StopIteration:
+                break
+            batch = chunk.data
+            if batch is None:
+                continue
+            total += batch.get_total_buffer_size()
+            if total > self.max_request_bytes:
+                raise _RequestError(self._too_big(op, total, "sent more than"))
+            batches.append(batch)
+        return pa.Table.from_batches(batches, schema=reader.schema)
 
     def _apply_put(
         self, ft: Any, op: str, cmd: dict[str, Any], table: pa.Table
@@ -782,7 +838,6 @@ class AckerService(flight.FlightServerBase):
         payload_cols = _persist_payload_columns(table.schema)
         if table.num_rows == 0:
             return _EMPTY_IDS
-        table = table.combine_chunks()
         names = table.schema.names
         key_hash = table.column(KEY_HASH).to_numpy() if KEY_HASH in names else None
         births = _column_u64(table, BIRTHS, "persist") if BIRTHS in names else None
@@ -794,7 +849,7 @@ class AckerService(flight.FlightServerBase):
         for name in (KEY_HASH, PARTITION):
             if name in names and table.column(name).null_count:
                 raise _RequestError(f"persist: column {name} must not contain nulls")
-        batch = table.select(payload_cols).to_batches()[0]
+        batch = table.select(payload_cols)  # chunk by chunk, never copied into one
         ids = ft.persist(
             batch,
             key_hash=key_hash,
@@ -1126,13 +1181,19 @@ class AckerClient:
             f"({op}): {_clean(last) if last else 'no attempt made'}"
         ) from None
 
-    def _put(self, op: str, cmd: dict[str, Any], batch: pa.RecordBatch) -> np.ndarray:
-        descriptor = flight.FlightDescriptor.for_command(json.dumps({"op": op, **cmd}))
+    def _put(self, op: str, cmd: dict[str, Any], data: pa.RecordBatch | pa.Table) -> np.ndarray:
+        table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
+        size = int(table.nbytes)
+        rows = max(1, (CHUNK_BYTES * table.num_rows) // max(size, 1))
+        parts = table.to_batches(max_chunksize=rows)  # slices: no copy
+        cmd = {"op": op, **cmd, "bytes": size}  # the service refuses an oversized put at once
+        descriptor = flight.FlightDescriptor.for_command(json.dumps(cmd))
 
         def attempt() -> np.ndarray:
-            writer, reader = self._client.do_put(descriptor, batch.schema, options=self._options)
+            writer, reader = self._client.do_put(descriptor, table.schema, options=self._options)
             try:
-                writer.write_batch(batch)
+                for part in parts:
+                    writer.write_batch(part)
                 writer.done_writing()
                 buf = reader.read()
             finally:
@@ -1177,9 +1238,9 @@ class AckerClient:
         from .ftlayer import check_persist_args  # the FT layer's own checks, before the wire
 
         a = check_persist_args(batch, key_hash, source, partition, births, src_ids)
-        n = a.batch.num_rows
-        arrays = list(a.batch.columns)
-        names = list(a.batch.schema.names)
+        if a.batch.num_rows == 0:
+            return _EMPTY_IDS
+        wire = a.batch if isinstance(a.batch, pa.Table) else pa.Table.from_batches([a.batch])
         for column, values, kind in (
             (KEY_HASH, a.key_hash, pa.int32()),
             (BIRTHS, a.births, pa.uint64()),
@@ -1187,12 +1248,8 @@ class AckerClient:
             (PARTITION, a.partition, pa.int32()),
         ):
             if values is not None:
-                arrays.append(pa.array(values, kind))
-                names.append(column)
+                wire = wire.append_column(column, pa.array(values, kind))
         cmd: dict[str, Any] = {"source": a.source, "req": _request_id()}
-        if n == 0:
-            return _EMPTY_IDS
-        wire = pa.RecordBatch.from_arrays(arrays, names=names)
         return self._put("persist", cmd, wire)
 
     def xor(self, src_ids: Any, values: Any) -> np.ndarray:
