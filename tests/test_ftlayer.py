@@ -578,8 +578,8 @@ def test_failed_delete_is_retried(backend):
     ft = FTLayer(storage, backend=backend)
     src = ft.persist(batch(1, 2), births=[1, 2])
     storage.fail_next = True
-    with pytest.raises(StorageError, match="simulated"):
-        ft.xor(src[:1], [1])
+    # applied and recorded: reported as completed (an error would make the caller XOR again)
+    assert ft.xor(src[:1], [1]).tolist() == src[:1].tolist()
     assert ft.stats().completed == 1
     assert len(storage) == 2
     ft.xor(src[1:], [2])  # the earlier delete is retried first

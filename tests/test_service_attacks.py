@@ -423,3 +423,53 @@ def test_the_service_survives_oversized_requests_under_an_address_space_limit(tm
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
+
+
+# ---- issue 9 item 7: internal errors said so; the request log when a call applied partly ---------
+
+
+def test_an_xor_applied_before_its_delete_failed_is_answered_once():
+    """The completions of an xor were applied, then the storage's delete failed: the call used
+    to fail, so the request log forgot it and a retry XORed the events twice."""
+    from xorack import StorageError
+    from xorack.storage import MemoryStorage
+
+    class DeleteFailsOnce(MemoryStorage):
+        failed = False
+
+        def delete(self, src_ids):
+            if not self.failed:
+                self.failed = True
+                raise StorageError("simulated: disk unavailable")
+            return super().delete(src_ids)
+
+    storage = DeleteFailsOnce()
+    with FTLayer(storage) as ft, AckerService.embedded(ft) as svc:
+        c = AckerClient(svc.location, retry=FAST_RETRY)
+        src = c.persist(_words(1), births=[5])
+        events = pa.RecordBatch.from_arrays(
+            [pa.array(src), pa.array([5], pa.uint64())], schema=XOR_SCHEMA
+        )
+        for _ in range(2):  # the call and its retry: one completion, applied once
+            assert c._put("xor", {"req": "xor-1"}, events).tolist() == src.tolist()
+        stats = c.stats()
+        assert (stats["completed"], stats["pending"], stats["orphans"]) == (1, 0, 0)
+        assert len(storage) == 1  # its delete is retried by the next call ...
+        c.rotate()
+        assert len(storage) == 0  # ... here
+        c.close()
+
+
+class _Buggy(FTLayer):
+    def xor(self, src_ids, values):
+        raise KeyError("a bug of the acker")
+
+
+def test_an_internal_error_is_reported_as_internal_not_as_a_rejection():
+    with _Buggy() as ft, AckerService.embedded(ft) as svc:
+        c = AckerClient(svc.location, retry=FAST_RETRY)
+        with pytest.raises(ServiceError, match=r"internal error, not a problem of the request"):
+            c.xor([5], [5])
+        service = c.stats()["service"]
+        assert (service["rejected"], service["failed"]) == (0, 1)
+        c.close()

@@ -784,9 +784,12 @@ class FTLayer:
         self._stop_timer(done)
         try:
             self._storage.delete(done)
-        except Exception:
-            self._undeleted.append(done)  # completion is recorded; the delete is retried
-            raise
+        except Exception as exc:
+            # The completion is applied and recorded: the call reports it (a caller that saw an
+            # error would retry the events and XOR them twice). The delete is retried first
+            # thing in the next call, which fails, applying nothing, while the storage does.
+            self._undeleted.append(done)
+            log.warning("xorack FT layer: deleting %d completed records failed: %s", len(done), exc)
 
     # ---------------------------------------------------------------- bookkeeping
 

@@ -73,6 +73,7 @@ import contextlib
 import hmac
 import ipaddress
 import json
+import logging
 import os
 import random
 import re
@@ -89,7 +90,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from ._checks import as_u64, same_length
-from .errors import ServiceError
+from .errors import ServiceError, XorackError
 
 __all__ = [
     "FAIL_SCHEMA",
@@ -102,6 +103,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 CONTROL_PREFIX = "_ft_"
 KEY_HASH = "_ft_key_hash"
@@ -631,6 +633,7 @@ class AckerService(flight.FlightServerBase):
         self._closed = False
         self._calls: dict[str, int] = {}
         self._rejected = 0
+        self._failed = 0
         self._counter_lock = threading.Lock()
 
     @property
@@ -748,12 +751,22 @@ class AckerService(flight.FlightServerBase):
         except _RequestError as exc:
             self._count_reject()
             raise flight.FlightServerError(f"xorack acker rejected {op}: {exc}") from None
-        except (TypeError, ValueError, KeyError, pa.ArrowException) as exc:
+        except (TypeError, ValueError) as exc:  # the checks of the FT layer's arguments
             self._count_reject()
             raise flight.FlightServerError(f"xorack acker rejected {op}: {exc}") from None
-        except Exception as exc:
+        except XorackError as exc:  # the storage failed: the client's request was fine
+            with self._counter_lock:
+                self._failed += 1
             raise flight.FlightServerError(
                 f"xorack acker failed on {op}: {type(exc).__name__}: {exc}"
+            ) from None
+        except Exception as exc:  # a bug of the acker: logged with its traceback, said so
+            with self._counter_lock:
+                self._failed += 1
+            log.exception("xorack acker: internal error on %s", op)
+            raise flight.FlightServerError(
+                f"xorack acker failed on {op} (internal error, not a problem of the request: "
+                f"{type(exc).__name__}: {exc}); the acker's log has the details"
             ) from None
 
     def _count_reject(self) -> None:
@@ -938,12 +951,14 @@ class AckerService(flight.FlightServerBase):
         with self._counter_lock:
             calls = dict(self._calls)
             rejected = self._rejected
+            failed = self._failed
         out["service"] = {
             "location": self.location,
             "job": job,
             "jobs": len(self._jobs),
             "calls": calls,
             "rejected": rejected,
+            "failed": failed,
             "retries_deduplicated": self.requests.hits,
             "dedup_evicted_early": self.requests.evicted_early,
         }
