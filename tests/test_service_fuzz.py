@@ -143,7 +143,8 @@ def test_fuzzed_requests_leave_the_server_up_and_every_accepted_record_accounted
 ):
     job = f"fuzz-{next(_jobs)}"
     c = AckerClient(acker.location, retry=RETRY, job=job)
-    accepted: dict[int, int] = {}  # src id -> birth, of records the client saw accepted
+    accepted: dict[int, int] = {}  # src id -> record id, of records / replays the client saw
+    persisted = 0  # records the client saw accepted
     for call in calls:
         kind = call[0]
         try:
@@ -159,6 +160,7 @@ def test_fuzzed_requests_leave_the_server_up_and_every_accepted_record_accounted
                     src_ids=src_ids,
                 )
                 accepted.update(zip(src.tolist(), births.tolist(), strict=True))
+                persisted += len(src)
             elif kind == "xor":
                 known = list(accepted)
                 pairs = [
@@ -206,9 +208,12 @@ def test_fuzzed_requests_leave_the_server_up_and_every_accepted_record_accounted
     assert s["pending"] == 0
     assert s["replays_waiting"] == 0
     assert s["completed"] + s["dead_lettered"] == s["persisted"]  # each exactly once
-    assert len(accepted) <= s["persisted"]
+    assert persisted <= s["persisted"]  # (raw puts may have persisted some more)
     dead = c.dead_letters()
     assert dead.num_rows == s["dead_lettered"]
     origins = dead.column("_ft_origin").to_pylist()
-    assert len(set(origins)) == len(origins)
+    if not any(call[0] == "persist" and call[3] for call in calls):
+        # (caller-drawn ids may be reused once the first record moved to a replay id: two
+        # records of one origin then, the caller's doing; acker-drawn ids are random 64-bit)
+        assert len(set(origins)) == len(origins)
     c.close()
