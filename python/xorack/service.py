@@ -91,6 +91,23 @@ import pyarrow.flight as flight
 
 from ._checks import as_u64, same_length
 from .errors import ServiceError, XorackError
+from .protocol import (
+    AUTH_HEADER,
+    BIRTHS,
+    CONTROL_PREFIX,
+    FAIL_SCHEMA,
+    JOB_HEADER,
+    KEY_HASH,
+    PARTITION,
+    PERSIST_CONTROL,
+    PROTOCOL_HEADER,
+    PROTOCOL_VERSION,
+    SRC,
+    TOUCH_SCHEMA,
+    XOR,
+    XOR_SCHEMA,
+    Op,
+)
 
 __all__ = [
     "FAIL_SCHEMA",
@@ -105,26 +122,6 @@ __all__ = [
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-CONTROL_PREFIX = "_ft_"
-KEY_HASH = "_ft_key_hash"
-BIRTHS = "_ft_rec"
-PARTITION = "_ft_partition"
-SRC = "_ft_src"
-XOR = "_ft_xor"
-
-#: Events: one row per source id (pre-reduced by the sender), the value to XOR in.
-XOR_SCHEMA = pa.schema([pa.field(SRC, pa.uint64(), False), pa.field(XOR, pa.uint64(), False)])
-#: Explicit failures: the source ids to fail (the reason travels in the request command).
-FAIL_SCHEMA = pa.schema([pa.field(SRC, pa.uint64(), False)])
-#: Timeout resets: the source ids to touch.
-TOUCH_SCHEMA = FAIL_SCHEMA
-#: Optional control columns of a persist stream (the rest of the columns are the payload).
-PERSIST_CONTROL = {
-    KEY_HASH: pa.int32(),
-    BIRTHS: pa.uint64(),
-    PARTITION: pa.int32(),
-    SRC: pa.uint64(),
-}
 _PERSIST_DOC = (
     "payload columns (names not starting with '_ft_') + optional _ft_key_hash: int32, "
     "_ft_rec: uint64 (birth values), _ft_partition: int32, _ft_src: uint64 (caller-drawn ids)"
@@ -132,10 +129,6 @@ _PERSIST_DOC = (
 _EMPTY_REPLAYS = pa.schema([pa.field(SRC, pa.uint64()), pa.field(PARTITION, pa.int32())])
 _EMPTY_IDS = np.empty(0, dtype=np.uint64)
 
-#: HTTP/2 header carrying the shared token ("authorization: Bearer <token>").
-AUTH_HEADER = "authorization"
-#: HTTP/2 header naming the job a call belongs to (absent: the job "default").
-JOB_HEADER = "x-xorack-job"
 DEFAULT_JOB = "default"
 _JOB_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
@@ -145,8 +138,8 @@ DEFAULT_MAX_REQUEST = 256 << 20
 #: The client sends a put's rows in messages of about this many bytes (the service reads and
 #: counts them one at a time, so an oversized request is refused before it is all in memory).
 CHUNK_BYTES = 4 << 20
-_PUT_OPS = ("persist", "xor", "fail", "touch")
-_GET_OPS = ("replays", "dead_letters")
+_PUT_OPS = tuple(op.value for op in Op.of("put"))
+_GET_OPS = tuple(op.value for op in Op.of("get"))
 _ACTIONS = {
     "ping": "liveness check; returns b'pong'",
     "stats": "JSON: the FT layer's stats plus the service's counters",
@@ -447,6 +440,13 @@ class _CallFactory(flight.ServerMiddlewareFactory):
         self._job_expected = {j: f"Bearer {t}".encode() for j, t in job_tokens.items()}
 
     def start_call(self, info: flight.CallInfo, headers: dict[str, list[Any]]) -> _CallJob:
+        version = headers.get(PROTOCOL_HEADER, ())
+        if version and str(version[0]) != str(PROTOCOL_VERSION):
+            raise flight.FlightServerError(
+                f"xorack acker rejected the call: the client speaks protocol version "
+                f"{str(version[0])[:20]!r}, this acker speaks {PROTOCOL_VERSION}: run the same "
+                "xorack version on both sides"
+            )
         values = headers.get(JOB_HEADER, ())
         raw = values[0] if values else None
         raw = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
@@ -1103,7 +1103,9 @@ class AckerClient:
         token = check_token(token)
         self.job = check_job(job)
         self._pid = os.getpid()
-        headers = [(AUTH_HEADER.encode(), f"Bearer {token}".encode())] if token else []
+        headers = [(PROTOCOL_HEADER.encode(), str(PROTOCOL_VERSION).encode())]
+        if token:
+            headers.append((AUTH_HEADER.encode(), f"Bearer {token}".encode()))
         if job is not None:
             headers.append((JOB_HEADER.encode(), self.job.encode()))
         self._options = flight.FlightCallOptions(timeout=self.retry.call_timeout, headers=headers)
