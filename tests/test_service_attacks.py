@@ -279,7 +279,7 @@ def test_an_oversized_request_is_refused_and_a_chunked_one_accepted(ft, monkeypa
             c.persist(big)
         # a sender that does not say its size is refused once the total passes the cap
         part = pa.record_batch({"v": np.zeros(50_000, np.int64)})  # 400 KB a message
-        with pytest.raises(flight.FlightServerError, match="sent more than"):
+        with pytest.raises(flight.FlightServerError, match="sent at least"):
             _raw_stream(svc.location, part, 10)
         assert ft.pending == 0
         assert svc.stats()["service"]["rejected"] == 2
@@ -472,4 +472,20 @@ def test_an_internal_error_is_reported_as_internal_not_as_a_rejection():
             c.xor([5], [5])
         service = c.stats()["service"]
         assert (service["rejected"], service["failed"]) == (0, 1)
+        c.close()
+
+
+def test_a_request_of_too_many_rows_is_refused(ft):
+    """However small each row, a pending record costs the acker ~150-200 bytes: the rows of one
+    request are bounded too."""
+    with AckerService.embedded(ft, max_request_rows=1000) as svc:
+        c = AckerClient(svc.location, retry=FAST_RETRY)
+        with pytest.raises(ServiceError, match=r"says it has 1001 rows, more than .* 1000 rows"):
+            c.persist(pa.record_batch({"b": np.zeros(1001, np.bool_)}))
+        part = pa.record_batch({"v": np.zeros(400, np.int64)})
+        with pytest.raises(
+            flight.FlightServerError, match=r"sent at least 1200 rows, more than .* 1000 rows"
+        ):
+            _raw_stream(svc.location, part, 3)
+        assert c.persist(pa.record_batch({"b": np.zeros(1000, np.bool_)})).size == 1000
         c.close()

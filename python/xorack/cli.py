@@ -109,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
         "one is refused before it is read (keep it well below the acker's memory)",
     )
     serve.add_argument(
+        "--max-request-rows",
+        type=_positive_int,
+        default=4 << 20,
+        help="most rows of one request: each pending record costs the acker ~150-200 bytes "
+        "however small its payload",
+    )
+    serve.add_argument(
         "--max-jobs",
         type=_positive_int,
         default=256,
@@ -301,6 +308,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser | None = Non
             job_tokens=job_tokens,
             max_jobs=getattr(args, "max_jobs", 256),
             max_request_bytes=getattr(args, "max_request_mb", 256) << 20,
+            max_request_rows=getattr(args, "max_request_rows", 4 << 20),
             close_ft=True,
         )
     except ServiceError as exc:

@@ -40,9 +40,10 @@ expire_all
 =============  ==========  =============================================================
 
 Every call carries its job in the header ``x-xorack-job`` (absent: ``"default"``; see
-``AckerService`` on jobs). A put's command may say its size (``"bytes"``, the client always
-does): one bigger than the service's ``max_request_bytes`` is refused before its data is read,
-and the data is read one message at a time and refused as soon as it passes the cap.
+``AckerService`` on jobs). A put's command may say its size (``"bytes"``, ``"rows"``: the client
+always does): one bigger than the service's ``max_request_bytes`` / ``max_request_rows`` is refused
+before its data is read, and the data is read one message at a time and refused as soon as it
+passes the cap.
 
 Retries never double-apply a request. Every non-idempotent request (persist, xor, fail, rotate,
 expire_all, replays) carries a random request id, the same on every retry of one logical call. The
@@ -135,6 +136,9 @@ _JOB_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 DEFAULT_PORT = 8815
 #: Largest request (the Arrow data of one put) an acker accepts unless told otherwise.
 DEFAULT_MAX_REQUEST = 256 << 20
+#: Most rows of one put an acker accepts unless told otherwise: each pending record costs the
+#: acker ~150-200 bytes however small its payload, so this bounds what one request can cost.
+DEFAULT_MAX_ROWS = 4 << 20
 #: The client sends a put's rows in messages of about this many bytes (the service reads and
 #: counts them one at a time, so an oversized request is refused before it is all in memory).
 CHUNK_BYTES = 4 << 20
@@ -557,9 +561,10 @@ class AckerService(flight.FlightServerBase):
     open it), other jobs' calls the service's ``token``. FT layers made by ``ft_factory`` are
     closed with the service.
 
-    ``max_request_bytes`` bounds one request's Arrow data: a request that says it is bigger is
-    refused before its data is read, one that sends more is refused as soon as the total passes
-    the cap (the client sends its rows in messages of ``CHUNK_BYTES``). Running out of memory
+    ``max_request_bytes`` / ``max_request_rows`` bound one request's Arrow data / rows: a
+    request that says it is bigger is refused before its data is read, one that sends more is
+    refused as soon as the total passes the cap (the client sends its rows in messages of
+    ``CHUNK_BYTES``). Running out of memory
     applying a request refuses that request (nothing of it applied); the service stays up.
 
     >>> from xorack import FTLayer
@@ -581,6 +586,7 @@ class AckerService(flight.FlightServerBase):
         job_tokens: dict[str, str] | None = None,
         max_jobs: int = 256,
         max_request_bytes: int = DEFAULT_MAX_REQUEST,
+        max_request_rows: int = DEFAULT_MAX_ROWS,
         dedup_seconds: float = 600.0,
         dedup_max_bytes: int = 256 << 20,
         close_ft: bool = False,
@@ -618,11 +624,16 @@ class AckerService(flight.FlightServerBase):
         self.host = host
         self.token = token
         self.max_jobs = int(max_jobs)
-        if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int):
-            raise TypeError(f"max_request_bytes must be an int, got {max_request_bytes!r}")
-        if max_request_bytes <= 0:
-            raise ValueError(f"max_request_bytes must be > 0, got {max_request_bytes}")
+        for name, value in (
+            ("max_request_bytes", max_request_bytes),
+            ("max_request_rows", max_request_rows),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {value!r}")
+            if value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
         self.max_request_bytes = max_request_bytes
+        self.max_request_rows = max_request_rows
         self.requests = RequestLog(ttl=dedup_seconds, max_bytes=dedup_max_bytes)
         self._jobs: dict[str, Any] = {} if ft is None else {job: ft}
         self._made: list[Any] = []  # FT layers made by the factory: closed with the service
@@ -794,6 +805,9 @@ class AckerService(flight.FlightServerBase):
             declared = _opt_int(cmd, "bytes", None)
             if declared is not None and declared > self.max_request_bytes:
                 raise _RequestError(self._too_big(op, declared, "says it is"))
+            rows = _opt_int(cmd, "rows", None)
+            if rows is not None and rows > self.max_request_rows:
+                raise _RequestError(self._too_many(op, rows, "says it has"))
             table = self._read_bounded(op, reader)
             result = self.requests.run(
                 _req_key(job, req), lambda: self._apply_put(ft, op, cmd, table), op=op
@@ -810,10 +824,17 @@ class AckerService(flight.FlightServerBase):
             "send it in smaller batches"
         )
 
+    def _too_many(self, op: str, rows: int, verb: str) -> str:
+        return (
+            f"{op}: the request {verb} {rows} rows, more than this acker's limit of "
+            f"{self.max_request_rows} rows (max_request_rows; xorack serve --max-request-rows; "
+            "each pending record costs the acker ~150-200 bytes): send it in smaller batches"
+        )
+
     def _read_bounded(self, op: str, reader: flight.MetadataRecordBatchReader) -> pa.Table:
         """The put's data, read one message at a time and refused as soon as it passes
         ``max_request_bytes`` (the rest is never read)."""
-        batches, total = [], 0
+        batches, total, rows = [], 0, 0
         while True:
             try:
                 chunk = reader.read_chunk()
@@ -824,7 +845,10 @@ class AckerService(flight.FlightServerBase):
                 continue
             total += batch.get_total_buffer_size()
             if total > self.max_request_bytes:
-                raise _RequestError(self._too_big(op, total, "sent more than"))
+                raise _RequestError(self._too_big(op, total, "sent at least"))
+            rows += batch.num_rows
+            if rows > self.max_request_rows:
+                raise _RequestError(self._too_many(op, rows, "sent at least"))
             batches.append(batch)
         return pa.Table.from_batches(batches, schema=reader.schema)
 
@@ -1203,7 +1227,7 @@ class AckerClient:
         size = int(table.nbytes)
         rows = max(1, (CHUNK_BYTES * table.num_rows) // max(size, 1))
         parts = table.to_batches(max_chunksize=rows)  # slices: no copy
-        cmd = {"op": op, **cmd, "bytes": size}  # the service refuses an oversized put at once
+        cmd = {"op": op, **cmd, "bytes": size, "rows": table.num_rows}  # refused at once if big
         descriptor = flight.FlightDescriptor.for_command(json.dumps(cmd))
 
         def attempt() -> np.ndarray:
