@@ -743,3 +743,24 @@ def test_ids_as_python_lists_of_large_ints(make_ft):
     assert ft.persist(batch(1, 2), src_ids=big, births=[2**63 + 1, 3]).tolist() == big
     assert ft.xor([big[0], big[1]], [2**63 + 1, 2]).tolist() == big[:1]
     assert ft.fail(big[1:]).size == 1
+
+
+def test_a_fail_that_raised_is_counted_once_when_retried(backend):
+    """A fail whose storage call raised applied nothing: its retry must not count it twice."""
+
+    class RenewFailsOnce(MemoryStorage):
+        failed = False
+
+        def renew(self, old_ids, new_ids, **kwargs):
+            if not self.failed:
+                self.failed = True
+                raise StorageError("simulated: disk unavailable")
+            return super().renew(old_ids, new_ids, **kwargs)
+
+    ft = FTLayer(RenewFailsOnce(), backend=backend)
+    src = ft.persist(batch(1, 2), births=[1, 2])
+    with pytest.raises(StorageError, match="simulated"):
+        ft.fail(src[:1])
+    assert ft.fail(src[:1]).size == 1
+    s = ft.stats()
+    assert (s.failed, s.unknown_failures, s.replayed, s.pending) == (1, 0, 1, 2)

@@ -452,9 +452,10 @@ class FTLayer:
             self._retry_deletes()  # a completed record whose delete failed is not failed again
             ids = ids[np.sort(np.unique(ids, return_index=True)[1])]
             meta = self._storage.lookup(ids)
+            new = self._retry(meta, reason)  # counted once it is done (a retry may follow)
             self._stats.unknown_failures += len(ids) - len(meta)
             self._stats.failed += len(meta)
-            return self._retry(meta, reason)
+            return new
 
     def touch(self, src_ids: Any) -> None:
         """Restart the timeout of these pending records (Storm's resetTimeout)."""
