@@ -261,7 +261,7 @@ def test_sqlite_locked_file_raises_storage_error(tmp_path):
     s.close()
 
 
-@pytest.mark.parametrize("link", ["file", "directory"])
+@pytest.mark.parametrize("link", ["file", "directory", "hard link"])
 def test_sqlite_single_owner_lock_holds_through_a_symlink(tmp_path, link):
     """Issue 11, defect 6: a second FT layer opened the same database through a symlink and
     both recovered the same records. The lock is on the database's real path."""
@@ -270,6 +270,11 @@ def test_sqlite_single_owner_lock_holds_through_a_symlink(tmp_path, link):
     if link == "file":
         other = tmp_path / "alias.db"
         other.symlink_to(path)
+    elif link == "hard link":
+        path.touch()
+        (tmp_path / "elsewhere").mkdir()
+        other = tmp_path / "elsewhere" / "same.db"
+        other.hardlink_to(path)
     else:
         (tmp_path / "alias").symlink_to(tmp_path / "real")
         other = tmp_path / "alias" / "ft.db"

@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import sqlite3
+import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -1144,45 +1145,63 @@ class SQLiteStorage(Storage):
                     _release_file(owner)
 
 
-def _own_file(path: str, timeout: float) -> tuple[int, int] | None:
-    """Make this storage the only one using the SQLite file ``path``: an exclusive ``flock`` on
-    ``<real path> + ".lock"`` (symbolic links resolved, so that another name for the same
-    database — a link to it, or to a directory on its path — finds the same lock), held until
-    close (the OS drops it when the process dies, so a restart
-    after a crash gets it). Two FT layers on one file would each replay the other's pending
-    records as "recovered" (duplicate replays, wrong counts): the second one waits up to
-    ``timeout`` seconds for the first to close, then gets a StorageError. None where ``flock``
-    is not available, or for an in-memory database."""
+def _own_file(path: str, timeout: float) -> tuple[int, list[int]] | None:
+    """Make this storage the only one using the SQLite file ``path``: exclusive ``flock``s on
+    ``<real path> + ".lock"`` (symbolic links resolved: a link to the file, or to a directory on
+    its path, finds the same lock) and on a lock named by the file's device and inode in this
+    user's temporary directory (a hard link to the file finds it too), held until close (the OS
+    drops them when the process dies, so a restart after a crash gets them). Two FT layers on
+    one file would each replay the other's pending records as "recovered" (duplicate replays,
+    wrong counts): the second one waits up to ``timeout`` seconds for the first to close, then
+    gets a StorageError. None where ``flock`` is not available, or for an in-memory database."""
     if path == ":memory:" or path.startswith("file:") or fcntl is None:
         return None
     path = os.path.realpath(path)  # the database itself, not the name it was opened by
     try:
-        fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        with contextlib.suppress(FileExistsError):  # an empty file is a new SQLite database
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644))
+        st = os.stat(path)
+        folder = os.path.join(tempfile.gettempdir(), f"xorack-locks-{os.getuid()}")
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        locks = [path + ".lock", os.path.join(folder, f"{st.st_dev}-{st.st_ino}.lock")]
     except OSError as exc:
         raise StorageError(f"cannot open SQLite storage {path!r}: {exc}") from exc
+    fds: list[int] = []
     deadline = time.monotonic() + max(0.0, float(timeout))
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            _HELD.add(fd)
-            return os.getpid(), fd
-        except OSError as exc:
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                raise StorageError(
-                    f"cannot open SQLite storage {path!r}: it is in use by another FT layer "
-                    f"(lock {path + '.lock'!r} held: {exc.strerror}); one storage file serves "
-                    "one FT layer at a time (run one acker service and share it)"
-                ) from None
-            time.sleep(0.02)
+    try:
+        for lock in locks:
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise StorageError(f"cannot open SQLite storage {path!r}: {exc}") from exc
+            fds.append(fd)
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    _HELD.add(fd)
+                    break
+                except OSError as exc:
+                    if time.monotonic() >= deadline:
+                        raise StorageError(
+                            f"cannot open SQLite storage {path!r}: it is in use by another FT "
+                            f"layer (lock {lock!r} held: {exc.strerror}); one storage file "
+                            "serves one FT layer at a time (run one acker service and share it)"
+                        ) from None
+                    time.sleep(0.02)
+    except BaseException:
+        _release_file((os.getpid(), fds))
+        raise
+    return os.getpid(), fds
 
 
-def _release_file(owner: tuple[int, int] | None) -> None:
-    """Close the lock descriptor (which drops the flock) — in the process that took it only: a
-    forked child closed its copy already, and the number may name another file there."""
+def _release_file(owner: tuple[int, list[int]] | None) -> None:
+    """Close the lock descriptors (which drops the flocks) — in the process that took them
+    only: a forked child closed its copies already, and the numbers may name other files
+    there."""
     if owner is not None and owner[0] == os.getpid():
-        _HELD.discard(owner[1])
-        os.close(owner[1])
+        for fd in owner[1]:
+            _HELD.discard(fd)
+            os.close(fd)
 
 
 # Lock descriptors held by this process. A forked child drops its copies at once: a flock belongs
