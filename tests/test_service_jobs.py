@@ -221,3 +221,31 @@ def test_serve_keeps_each_jobs_records_across_a_crash(tmp_path):
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=20)
     assert proc.returncode == 0
+
+
+def test_idle_finished_jobs_make_room_for_new_ones():
+    made = []
+
+    def make(job):
+        made.append(job)
+        return FTLayer()
+
+    with AckerService(None, ft_factory=make, max_jobs=2, job_idle_seconds=0) as svc:
+        svc.start()
+        done, busy = _client(svc, "done"), _client(svc, "busy")
+        src = done.persist(_rows("d", 1), births=[4])
+        done.xor(src, [4])  # finished: nothing pending
+        busy.persist(_rows("b", 1), births=[4])  # one record still pending
+        assert _client(svc, "new").ping()  # "done" was closed to make room
+        assert set(svc.jobs) == {"busy", "new"}
+        assert busy.stats()["pending"] == 1  # a job with records pending is never closed
+        assert _client(svc, "newer").ping()  # "new" (idle, nothing pending) made room
+        assert svc.stats("busy")["service"]["jobs_retired"] == 2
+        busy.persist(_rows("b", 1), births=[4])
+        newer = _client(svc, "newer")
+        src = newer.persist(_rows("n", 1), births=[4])
+        with pytest.raises(ServiceError, match="max_jobs"):  # both have records pending
+            _client(svc, "one-too-many").ping()
+        newer.xor(src, [4])
+        assert done.stats()["persisted"] == 0  # back: a fresh namespace (memory storage)
+        assert made == ["done", "busy", "new", "newer", "done"]

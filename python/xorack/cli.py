@@ -124,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
         "and stats (with sqlite storage in PATH.jobs/NAME.db, durable across restarts)",
     )
     serve.add_argument(
+        "--job-idle-seconds",
+        type=_non_negative_float,
+        default=3600.0,
+        help="when --max-jobs are served and a new job comes, the jobs with nothing pending "
+        "and no call for this long are closed to make room",
+    )
+    serve.add_argument(
         "--job-token",
         action="append",
         default=argparse.SUPPRESS,  # never show a token in --help
@@ -307,6 +314,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser | None = Non
             ft_factory=make_ft,
             job_tokens=job_tokens,
             max_jobs=getattr(args, "max_jobs", 256),
+            job_idle_seconds=getattr(args, "job_idle_seconds", 3600.0),
             max_request_bytes=getattr(args, "max_request_mb", 256) << 20,
             max_request_rows=getattr(args, "max_request_rows", 4 << 20),
             close_ft=True,

@@ -556,7 +556,10 @@ class AckerService(flight.FlightServerBase):
     letters, stats and ended attempts: a client of one job cannot take, ack or fail another
     job's records. ``ft`` serves the job ``job``. ``ft_factory(job)`` (a standalone acker:
     ``xorack serve``) makes the FT layer of a job on its first call, up to ``max_jobs`` jobs;
-    without it, calls of other jobs are refused. ``job_tokens`` ``{job: token}`` gives a job a
+    without it, calls of other jobs are refused. When ``max_jobs`` are served and a new job
+    comes, the factory-made jobs with nothing pending and no call for ``job_idle_seconds`` are
+    closed first (a later call of such a job opens it again: with durable storage its dead
+    letters are still there, its counters start over). ``job_tokens`` ``{job: token}`` gives a job a
     credential of its own: its calls must present that token (the service's ``token`` does not
     open it), other jobs' calls the service's ``token``. FT layers made by ``ft_factory`` are
     closed with the service.
@@ -585,6 +588,7 @@ class AckerService(flight.FlightServerBase):
         ft_factory: Callable[[str], Any] | None = None,
         job_tokens: dict[str, str] | None = None,
         max_jobs: int = 256,
+        job_idle_seconds: float = 3600.0,
         max_request_bytes: int = DEFAULT_MAX_REQUEST,
         max_request_rows: int = DEFAULT_MAX_ROWS,
         dedup_seconds: float = 600.0,
@@ -624,6 +628,8 @@ class AckerService(flight.FlightServerBase):
         self.host = host
         self.token = token
         self.max_jobs = int(max_jobs)
+        self.job_idle_seconds = float(job_idle_seconds)
+        self.jobs_retired = 0
         for name, value in (
             ("max_request_bytes", max_request_bytes),
             ("max_request_rows", max_request_rows),
@@ -637,6 +643,7 @@ class AckerService(flight.FlightServerBase):
         self.requests = RequestLog(ttl=dedup_seconds, max_bytes=dedup_max_bytes)
         self._jobs: dict[str, Any] = {} if ft is None else {job: ft}
         self._made: list[Any] = []  # FT layers made by the factory: closed with the service
+        self._used: dict[str, float] = {}  # job -> monotonic time of its last call
         self._ft_factory = ft_factory
         self._jobs_lock = threading.Lock()
         self._close_ft = close_ft
@@ -657,12 +664,10 @@ class AckerService(flight.FlightServerBase):
         """The FT layer of ``job`` (made by ``ft_factory`` on first use); ``_RequestError``
         when this service does not serve that job."""
         job = check_job(job)
-        ft = self._jobs.get(job)
-        if ft is not None:
-            return ft
         with self._jobs_lock:
             ft = self._jobs.get(job)
             if ft is not None:
+                self._used[job] = time.monotonic()
                 return ft
             if self._ft_factory is None:
                 raise _RequestError(
@@ -673,14 +678,35 @@ class AckerService(flight.FlightServerBase):
             if self._closed:
                 raise flight.FlightUnavailableError("the acker is shutting down")
             if len(self._jobs) >= self.max_jobs:
+                self._retire_idle_jobs()
+            if len(self._jobs) >= self.max_jobs:
                 raise _RequestError(
-                    f"this acker already serves {len(self._jobs)} jobs (max_jobs): cannot "
-                    f"start job {job!r}; use another acker, or restart this one with more"
+                    f"this acker already serves {len(self._jobs)} jobs with records pending or "
+                    f"used in the last {self.job_idle_seconds:g} s (max_jobs): cannot start job "
+                    f"{job!r}; use another acker, or restart this one with more"
                 )
             ft = self._ft_factory(job)
             self._made.append(ft)
             self._jobs[job] = ft
+            self._used[job] = time.monotonic()
             return ft
+
+    def _retire_idle_jobs(self) -> None:
+        """Close the jobs made by the factory that have nothing pending and were not used for
+        ``job_idle_seconds`` (called when ``max_jobs`` are served and a new job comes)."""
+        now = time.monotonic()
+        for job, ft in list(self._jobs.items()):
+            if ft not in self._made or now - self._used.get(job, now) < self.job_idle_seconds:
+                continue
+            if ft.pending:  # records (or replays waiting) of a job not finished
+                continue
+            with contextlib.suppress(AttributeError):
+                ft.stop()
+            ft.close()
+            self._made.remove(ft)
+            del self._jobs[job]
+            self._used.pop(job, None)
+            self.jobs_retired += 1
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -980,6 +1006,7 @@ class AckerService(flight.FlightServerBase):
             "location": self.location,
             "job": job,
             "jobs": len(self._jobs),
+            "jobs_retired": self.jobs_retired,
             "calls": calls,
             "rejected": rejected,
             "failed": failed,
