@@ -111,8 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-request-rows",
         type=_positive_int,
-        default=4 << 20,
-        help="most rows of one request: each pending record costs the acker ~150-200 bytes "
+        default=1 << 20,
+        help="most rows of one request: each pending record costs the acker ~150-250 bytes "
         "however small its payload",
     )
     serve.add_argument(
@@ -316,7 +316,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser | None = Non
             max_jobs=getattr(args, "max_jobs", 256),
             job_idle_seconds=getattr(args, "job_idle_seconds", 3600.0),
             max_request_bytes=getattr(args, "max_request_mb", 256) << 20,
-            max_request_rows=getattr(args, "max_request_rows", 4 << 20),
+            max_request_rows=getattr(args, "max_request_rows", 1 << 20),
             close_ft=True,
         )
     except ServiceError as exc:

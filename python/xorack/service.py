@@ -137,8 +137,9 @@ DEFAULT_PORT = 8815
 #: Largest request (the Arrow data of one put) an acker accepts unless told otherwise.
 DEFAULT_MAX_REQUEST = 256 << 20
 #: Most rows of one put an acker accepts unless told otherwise: each pending record costs the
-#: acker ~150-200 bytes however small its payload, so this bounds what one request can cost.
-DEFAULT_MAX_ROWS = 4 << 20
+#: acker ~150-250 bytes however small its payload (one persist of 4M int64 rows peaked at
+#: ~900 MiB), so this bounds what one request can cost (a Spark Arrow batch is 10K rows).
+DEFAULT_MAX_ROWS = 1 << 20
 #: The client sends a put's rows in messages of about this many bytes (the service reads and
 #: counts them one at a time, so an oversized request is refused before it is all in memory).
 CHUNK_BYTES = 4 << 20
@@ -854,7 +855,7 @@ class AckerService(flight.FlightServerBase):
         return (
             f"{op}: the request {verb} {rows} rows, more than this acker's limit of "
             f"{self.max_request_rows} rows (max_request_rows; xorack serve --max-request-rows; "
-            "each pending record costs the acker ~150-200 bytes): send it in smaller batches"
+            "each pending record costs the acker ~150-250 bytes): send it in smaller batches"
         )
 
     def _read_bounded(self, op: str, reader: flight.MetadataRecordBatchReader) -> pa.Table:
