@@ -489,3 +489,22 @@ def test_a_request_of_too_many_rows_is_refused(ft):
             _raw_stream(svc.location, part, 3)
         assert c.persist(pa.record_batch({"b": np.zeros(1000, np.bool_)})).size == 1000
         c.close()
+
+
+def test_an_event_call_beyond_the_row_cap_goes_as_several_requests(ft, monkeypatch):
+    import xorack.service as service_module
+
+    monkeypatch.setattr(service_module, "EVENT_CHUNK_ROWS", 100)
+    with AckerService.embedded(ft, max_request_rows=100) as svc:
+        c = AckerClient(svc.location, retry=FAST_RETRY)
+        births = np.arange(1, 301, dtype=U64)
+        src = np.concatenate(
+            [c.persist(_words(100, k), births=births[k : k + 100]) for k in (0, 100, 200)]
+        )
+        assert sorted(c.xor(src, births).tolist()) == sorted(src.tolist())  # 3 requests
+        assert ft.pending == 0
+        src = c.persist(_words(100), births=births[:100])
+        c.touch(np.concatenate([src, src, src]))
+        assert c.fail(np.concatenate([src[:50], src[:50], src[50:]])).size == 100
+        assert c.stats()["service"]["calls"]["xor"] == 3
+        c.close()

@@ -140,6 +140,8 @@ DEFAULT_MAX_REQUEST = 256 << 20
 #: acker ~150-250 bytes however small its payload (one persist of 4M int64 rows peaked at
 #: ~900 MiB), so this bounds what one request can cost (a Spark Arrow batch is 10K rows).
 DEFAULT_MAX_ROWS = 1 << 20
+#: The client sends an xor/fail/touch of more events than this as several requests.
+EVENT_CHUNK_ROWS = DEFAULT_MAX_ROWS
 #: The client sends a put's rows in messages of about this many bytes (the service reads and
 #: counts them one at a time, so an oversized request is refused before it is all in memory).
 CHUNK_BYTES = 4 << 20
@@ -1273,6 +1275,25 @@ class AckerClient:
 
         return self._call(op, attempt)
 
+    def _put_events(
+        self,
+        op: str,
+        cmd: Callable[[], dict[str, Any]],
+        batch: pa.RecordBatch,
+        *,
+        dedupe: bool = True,
+    ) -> np.ndarray:
+        """An xor/fail/touch, as one request per ``EVENT_CHUNK_ROWS`` rows (the service's
+        default row cap), each with its own request id; their results concatenated. (A call of
+        more rows that fails part way has applied the requests before: events are independent,
+        and each request is applied once.)"""
+        out = []
+        for start in range(0, batch.num_rows, EVENT_CHUNK_ROWS):
+            part = batch.slice(start, EVENT_CHUNK_ROWS)
+            command = cmd() | ({"req": _request_id()} if dedupe else {})
+            out.append(self._put(op, command, part))
+        return out[0] if len(out) == 1 else np.concatenate(out)
+
     def _get(self, op: str, ticket: dict[str, Any]) -> pa.Table:
         t = flight.Ticket(json.dumps({"op": op, **ticket}).encode())
         return self._call(op, lambda: self._client.do_get(t, options=self._options).read_all())
@@ -1329,7 +1350,7 @@ class AckerClient:
         if not src.size:
             return _EMPTY_IDS
         batch = pa.RecordBatch.from_arrays([pa.array(src), pa.array(val)], schema=XOR_SCHEMA)
-        return self._put("xor", {"req": _request_id()}, batch)
+        return self._put_events("xor", dict, batch)
 
     def fail(self, src_ids: Any, reason: str | None = None) -> np.ndarray:
         """Fail records explicitly; returns the new source ids of their replays."""
@@ -1339,14 +1360,14 @@ class AckerClient:
         if reason is not None and not isinstance(reason, str):
             raise TypeError(f"reason must be a str or None, got {type(reason).__name__}")
         batch = pa.RecordBatch.from_arrays([pa.array(src)], schema=FAIL_SCHEMA)
-        return self._put("fail", {"reason": reason, "req": _request_id()}, batch)
+        return self._put_events("fail", lambda: {"reason": reason}, batch)
 
     def touch(self, src_ids: Any) -> None:
         """Reset the timeout of these records (idempotent: retried without a request id)."""
         src = as_u64(src_ids, "src_ids", nonzero=True)
         if src.size:
             batch = pa.RecordBatch.from_arrays([pa.array(src)], schema=TOUCH_SCHEMA)
-            self._put("touch", {}, batch)
+            self._put_events("touch", dict, batch, dedupe=False)
 
     def take_replays(self, source: int = 0, partition: int | None = None) -> dict[int, pa.Table]:
         """The replays waiting for ``source`` (one partition or all): ``{partition: table}``.
