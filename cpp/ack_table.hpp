@@ -19,143 +19,101 @@ namespace xorack {
 // needed); `early_` and `old_` the rare unregistered ids, whose events arrived before their
 // register (or after their completion: a duplicate), young and old — expire_unregistered() drops
 // the old ones and ages the young, so such entries cannot pile up forever. Usually empty, so the
-// hot path pays one size check for them. Within a call the events of a key are combined first;
-// completed ids are returned in order of their first occurrence in the input.
+// hot path pays one size check for them.
+//
+// Batching semantics (the same in the Python fallback, _fallback/ack_table.py):
+// - register() takes its (id, birth) pairs one after the other, as if each were a call of its
+//   own: registering [5, 5] with births [3, 3] in one call is exactly register(5, 3) then
+//   register(5, 3) — the second XORs the birth in again and completes 5. Splitting a register
+//   call into several never changes what completes. Completed ids come in completion order.
+// - xor() combines the events of a key within the call first (XOR is associative) and then
+//   decides: a registered id completes when its value is 0 after the whole call, so a value that
+//   passes through 0 mid-call does not complete it. Completed ids come in order of the key's
+//   last occurrence in the input (where it completes: see xor_batch).
 class AckTable {
  public:
   using Table = FlatTable<uint64_t>;
 
-  // Registers keys with their births (combined per key). An id with early events, or one already
-  // registered, gets the birth XORed in and completes if that gives 0; a fresh id waits.
-  // Appends completed ids to `done`.
+  // Registers keys with their births, one (key, birth) pair after the other in input order, as
+  // if each pair were a call of its own (so splitting a call never changes its outcome): a key
+  // with an entry (registered, or early events) gets the birth XORed in and completes if that
+  // gives 0; a fresh key is registered with its birth and waits (even a birth of 0).
+  // Appends completed ids to `done` in the order they complete.
   void register_batch(const uint64_t* keys, const uint64_t* births, size_t n,
                       std::vector<uint64_t>& done) {
     done.clear();
-    size_t m = xor_reduce(keys, births, n, ukeys_, uvals_);
-    main_.reserve(main_.size() + m);  // no resize inside the loop: homes stay valid
-    homes_.resize(m);
-    for (size_t i = 0; i < m; ++i) homes_[i] = (uint32_t)main_.home(ukeys_[i]);
-    for (size_t i = 0; i < std::min(m, kPrefetchDistance); ++i) main_.prefetch(homes_[i]);
-    auto* slots = main_.slots();
-    for (size_t i = 0; i < m; ++i) {
-      if (i + kPrefetchDistance < m) main_.prefetch(homes_[i + kPrefetchDistance]);
-      const uint64_t k = ukeys_[i];
-      uint64_t v = uvals_[i];
-      size_t s = main_.find_from(k, homes_[i]);
-      if (s != Table::npos) {  // already registered: XOR the birth in again
-        v ^= slots[s].value;
-        if (v == 0) {
-          main_.erase_at(s);
-          done.push_back(k);
-        } else {
-          slots[s].value = v;
-        }
-        continue;
+    // In chunks that fit the room left below the maximum load (each pair inserts at most one
+    // entry), so nothing resizes inside a chunk and the precomputed homes hold; re-registering
+    // present ids does not inflate the table.
+    for (size_t i = 0; i < n;) {
+      size_t room = main_.room();
+      if (room == 0) {
+        main_.reserve(main_.size() + std::min(n - i, std::max<size_t>(main_.size(), 1024)));
+        room = main_.room();
       }
-      if (any_unregistered()) {
-        size_t e;
-        Table* et = find_unregistered(k, &e);
-        if (et) {  // events came first: the birth joins them
-          v ^= et->slots()[e].value;
-          et->erase_at(e);
-          if (v == 0) {
-            done.push_back(k);
-            continue;
-          }
-        }
-      }
-      bool inserted;
-      main_.find_or_insert_from(k, homes_[i], v, &inserted);
+      const size_t m = std::min(room, n - i);
+      register_chunk(keys + i, births + i, m, done);
+      i += m;
     }
     shrink_all();
     trim_scratch();
   }
 
-  // XORs events into their keys (combined per key). Registered ids at 0 after the call are
-  // appended to `done` and removed; unregistered entries back at 0 are dropped silently.
+  // XORs events into their keys (combined per key: the outcome is decided by each key's value
+  // after the whole call). Registered ids at 0 after the call are appended to `done` (in order of
+  // their last occurrence in the input) and removed; unregistered entries back at 0 are dropped
+  // silently.
   //
-  // Three passes, so that the hot one does a single probe per event: (1) hash the batch,
-  // (2) probe with prefetching and XOR in place, remembering the slot of each event and marking
-  // slots that hit 0 in a small bit filter, (3) only if some did: walk the events in order and
-  // collect the slots still at 0 (first occurrence order), then erase them. Nothing moves in
-  // `main_` before pass 3, so the remembered slots stay valid.
+  // One pass, one probe per event: an event that brings a registered id to 0 erases it at once
+  // (the line is in cache; a second visit later would miss again), so the completion is recorded
+  // at the key's current occurrence. Should a later event of the same call name that key again
+  // (rare: events are pre-reduced per source id by their senders), it finds the key absent, looks
+  // it up among this call's completions (an index built only then) and cancels the earlier
+  // completion: a nonzero event brings the key back as registered, a 0 event completes it again
+  // here. The same end state as combining first, and a key's completion always sits at its last
+  // occurrence.
   void xor_batch(const uint64_t* keys, const uint64_t* vals, size_t n,
                  std::vector<uint64_t>& done) {
     done.clear();
     if (n == 0) return;
-    constexpr uint32_t kEarly = ~uint32_t(0);
-    homes_.resize(n);
-    slot_of_.resize(n);
-    for (size_t i = 0; i < n; ++i) homes_[i] = (uint32_t)main_.home(keys[i]);
-    for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) main_.prefetch(homes_[i]);
-
-    size_t filter_mask = 0;
-    bool any_zero = false, any_early = false;
+    hash_batch(keys, n);
     auto* slots = main_.slots();
+    bool indexed = false;  // completed_ holds every completion of this call so far
+    size_t cancelled = 0;
     for (size_t i = 0; i < n; ++i) {
-      if (i + kPrefetchDistance < n) main_.prefetch(homes_[i + kPrefetchDistance]);
-      size_t s = main_.find_from(keys[i], homes_[i]);
+      if (i + kPrefetchDistance < n) main_.prefetch_run(homes_[i + kPrefetchDistance]);
+      const uint64_t k = keys[i], x = vals[i];
+      const size_t s = main_.find_from(k, homes_[i]);  // plain probe: present keys are the rule
       if (s != Table::npos) {
-        slot_of_[i] = uint32_t(s);
-        uint64_t v = slots[s].value ^ vals[i];
-        slots[s].value = v;
-        if (v == 0) {
-          if (!any_zero) filter_mask = reset_filter(n);
-          any_zero = true;
-          filter_[(s & filter_mask) >> 6] |= uint64_t(1) << (s & 63);
+        const uint64_t v = slots[s].value ^ x;
+        if (v != 0) {
+          slots[s].value = v;
+          continue;
         }
-      } else {  // not registered (yet): the early tables, whose slots may move, so no index
-        slot_of_[i] = kEarly;
-        any_early = true;
-        size_t e;
-        Table* et = find_unregistered(keys[i], &e);
-        if (!et) {
-          early_.reserve(early_.size() + 1);
-          bool inserted;
-          e = early_.find_or_insert_from(keys[i], early_.home(keys[i]), 0, &inserted);
-          et = &early_;
-        }
-        et->slots()[e].value ^= vals[i];
-      }
-    }
-    if (!any_zero && !any_early) return trim_scratch();
-
-    early_done_.clear();
-    auto marked = [&](uint32_t s) {
-      return any_zero && s != kEarly && (filter_[(s & filter_mask) >> 6] >> (s & 63) & 1);
-    };
-    for (size_t i = 0; i < n; ++i) {
-      // The slots touched in pass 2 have mostly left the cache by now: prefetch again.
-      if (i + kPrefetchDistance < n && marked(slot_of_[i + kPrefetchDistance]))
-        main_.prefetch(slot_of_[i + kPrefetchDistance]);
-      uint32_t s = slot_of_[i];
-      if (s == kEarly) {
-        size_t e;
-        Table* et = find_unregistered(keys[i], &e);
-        if (et && et->slots()[e].value == 0) {
-          et->slots()[e].value = 1;  // handled: later events of this key skip it
-          early_done_.push_back(keys[i]);
-        }
-      } else if (marked(s) && slots[s].value == 0) {
-        slots[s].value = 1;  // handled (the entry is erased below)
-        done.push_back(keys[i]);
-        slot_of_[done.size() - 1] = s;  // reuses the scratch: done.size() - 1 <= i
-      }
-    }
-    // Erase at the remembered slots (no second probe from home). An erasure shifts later entries
-    // of its probe run back, so a slot whose key changed is found again by probing.
-    const size_t m = done.size();
-    for (size_t j = 0; j < std::min(m, kPrefetchDistance); ++j) main_.prefetch(slot_of_[j]);
-    for (size_t j = 0; j < m; ++j) {
-      if (j + kPrefetchDistance < m) main_.prefetch(slot_of_[j + kPrefetchDistance]);
-      size_t s = slot_of_[j];
-      if (slots[s].key == done[j])
         main_.erase_at(s);
-      else
-        main_.erase(done[j]);
+        if (indexed) completed_.assign(k, uint32_t(done.size()));
+        done.push_back(k);
+        continue;
+      }
+      if (!done.empty()) {  // completed earlier in this call?
+        if (!indexed) index_completions(done, n);
+        indexed = true;
+        const int64_t pos = completed_.find(k);
+        if (pos >= 0 && done[size_t(pos)] == k) {
+          done[size_t(pos)] = 0;  // its completion moves here, or is undone
+          ++cancelled;
+          if (x == 0) {  // still at 0: completes at this, its later occurrence
+            completed_.assign(k, uint32_t(done.size()));
+            done.push_back(k);
+          } else {  // back from 0: registered again, not complete
+            main_.insert_at(main_.find_slot_from(k, homes_[i]), k, x);  // room: k left
+          }
+          continue;
+        }
+      }
+      xor_unregistered(k, x);
     }
-    for (uint64_t k : early_done_)
-      if (!early_.erase(k)) old_.erase(k);
+    if (cancelled) done.erase(std::remove(done.begin(), done.end(), uint64_t(0)), done.end());
     shrink_all();
     trim_scratch();
   }
@@ -179,6 +137,7 @@ class AckTable {
   }
 
   size_t size() const { return main_.size() + early_.size() + old_.size(); }
+  size_t capacity() const { return main_.capacity(); }  // of the registered ids' table
   bool contains(uint64_t k) const {
     size_t e;
     return main_.find(k) != Table::npos || find_unregistered(k, &e) != nullptr;
@@ -245,20 +204,92 @@ class AckTable {
     }
   }
 
+  // The rare-path counters of the three tables, summed (for the tests).
+  Table::Counters counters() const {
+    Table::Counters c;
+    for (const Table* t : {&main_, &early_, &old_}) {
+      c.grows += t->counters().grows;
+      c.shrinks += t->counters().shrinks;
+      c.long_runs += t->counters().long_runs;
+    }
+    return c;
+  }
+
   // Memory held: both slot arrays plus the per-batch scratch vectors.
   size_t nbytes() const {
     return main_.nbytes() + early_.nbytes() + old_.nbytes() + homes_.capacity() * sizeof(uint32_t) +
-           slot_of_.capacity() * sizeof(uint32_t) + filter_.capacity() * sizeof(uint64_t) +
-           (ukeys_.capacity() + uvals_.capacity() + early_done_.capacity()) * sizeof(uint64_t);
+           completed_.nbytes();
   }
 
  private:
-  // Clears the zero filter for a batch of n events (~2 bits per event); returns its bit mask.
-  size_t reset_filter(size_t n) {
-    size_t bits = 512;
-    while (bits < 2 * n) bits <<= 1;
-    filter_.assign(bits / 64, 0);
-    return bits - 1;
+  // homes_[i] = the home slot of keys[i] in main_; the first probes prefetched.
+  void hash_batch(const uint64_t* keys, size_t n) {
+    homes_.resize(n);
+    for (size_t i = 0; i < n; ++i) homes_[i] = (uint32_t)main_.home(keys[i]);
+    for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) main_.prefetch_run(homes_[i]);
+  }
+
+  // completed_ = key -> position in done, for the (unique, nonzero) keys of done.
+  void index_completions(const std::vector<uint64_t>& done, size_t n) {
+    if (n >= (size_t(1) << 32))
+      throw std::length_error("a batch must hold fewer than 2**32 events");
+    completed_.reset(n);
+    for (size_t p = 0; p < done.size(); ++p) completed_.assign(done[p], uint32_t(p));
+  }
+
+  // An event for a key without a registered entry: XORed into its unregistered entry (dropped
+  // at 0), or a new early entry.
+  void xor_unregistered(uint64_t k, uint64_t x) {
+    size_t e;
+    Table* et = find_unregistered(k, &e);
+    if (et) {
+      const uint64_t v = et->slots()[e].value ^ x;
+      if (v == 0)
+        et->erase_at(e);
+      else
+        et->slots()[e].value = v;
+    } else if (x != 0) {
+      early_.reserve(early_.size() + 1);
+      early_.insert_at(early_.find_slot_from(k, early_.home(k)), k, x);
+    }
+  }
+
+  // register_batch on n pairs that fit main_'s room (nothing resizes).
+  void register_chunk(const uint64_t* keys, const uint64_t* births, size_t n,
+                      std::vector<uint64_t>& done) {
+    hash_batch(keys, n);
+    auto* slots = main_.slots();
+    const bool unregistered = any_unregistered();
+    for (size_t i = 0; i < n; ++i) {
+      if (i + kPrefetchDistance < n) main_.prefetch_run(homes_[i + kPrefetchDistance]);
+      const uint64_t k = keys[i];
+      uint64_t v = births[i];
+      // One probe: the key's slot, or the empty slot that ends its probe run.
+      const size_t s = main_.find_slot_from(k, homes_[i]);
+      if (slots[s].key == k) {  // already registered: XOR the birth in again
+        v ^= slots[s].value;
+        if (v == 0) {
+          main_.erase_at(s);
+          done.push_back(k);
+        } else {
+          slots[s].value = v;
+        }
+        continue;
+      }
+      if (unregistered) {
+        size_t e;
+        Table* et = find_unregistered(k, &e);
+        if (et) {  // events came first: the birth joins them
+          v ^= et->slots()[e].value;
+          et->erase_at(e);
+          if (v == 0) {
+            done.push_back(k);
+            continue;
+          }
+        }
+      }
+      main_.insert_at(s, k, v);
+    }
   }
 
   // Per-batch scratch is kept between calls (no reallocation per batch) unless it is larger than
@@ -266,11 +297,7 @@ class AckTable {
   void trim_scratch() {
     const size_t keep = std::max<size_t>(size_t(1) << 16, size());
     if (homes_.capacity() > keep) std::vector<uint32_t>().swap(homes_);
-    if (slot_of_.capacity() > keep) std::vector<uint32_t>().swap(slot_of_);
-    if (ukeys_.capacity() > keep) std::vector<uint64_t>().swap(ukeys_);
-    if (uvals_.capacity() > keep) std::vector<uint64_t>().swap(uvals_);
-    if (early_done_.capacity() > keep) std::vector<uint64_t>().swap(early_done_);
-    if (filter_.capacity() > keep / 32) std::vector<uint64_t>().swap(filter_);
+    completed_.trim(keep);
   }
 
   bool any_unregistered() const { return early_.size() != 0 || old_.size() != 0; }
@@ -304,9 +331,7 @@ class AckTable {
 
   Table main_, early_, old_;
   std::vector<uint32_t> homes_;  // slot indices fit in 32 bits (kMaxCapacity)
-  std::vector<uint32_t> slot_of_;
-  std::vector<uint64_t> filter_;
-  std::vector<uint64_t> ukeys_, uvals_, early_done_;
+  BatchIndex completed_;  // this call's completions, indexed only when a key recurs
 };
 
 }  // namespace xorack

@@ -52,6 +52,28 @@ void same_len(const py::array& a, const char* an, const py::array& b, const char
                           std::to_string(b.size()));
 }
 
+// Id 0 is never a valid id (DESIGN.md): every entry point refuses it before changing anything.
+void nonzero_ids(const uint64_t* p, size_t n, const char* name) {
+  for (size_t i = 0; i < n; ++i)
+    if (p[i] == 0)
+      throw py::value_error(std::string(name) + " contains id 0 at position " + std::to_string(i) +
+                            " (ids are nonzero)");
+}
+void nonzero_id(uint64_t id, const char* name) {
+  if (id == 0) throw py::value_error(std::string(name) + " must be a nonzero id, got 0");
+}
+
+template <class C>
+py::dict counters_dict(const C& c, size_t size, size_t capacity) {
+  py::dict d;
+  d["size"] = size;
+  d["capacity"] = capacity;
+  d["grows"] = c.grows;
+  d["shrinks"] = c.shrinks;
+  d["long_runs"] = c.long_runs;
+  return d;
+}
+
 U64Array to_array(const std::vector<uint64_t>& v) {
   U64Array out(py::ssize_t(v.size()));
   if (!v.empty()) std::memcpy(out.mutable_data(), v.data(), v.size() * sizeof(uint64_t));
@@ -90,9 +112,7 @@ void bind_acker(py::module_& m) {
              const uint64_t* k = u64(keys, "src_ids");
              const uint64_t* b = u64(births, "births");
              same_len(keys, "src_ids", births, "births");
-             for (py::ssize_t i = 0; i < keys.size(); ++i)
-               if (k[i] == 0)
-                 throw py::value_error("src_ids contains id 0 at position " + std::to_string(i));
+             nonzero_ids(k, size_t(keys.size()), "src_ids");
              std::vector<uint64_t> done;
              size_t n = size_t(keys.size());
              locked(self, [&] { self.t.register_batch(k, b, n, done); });
@@ -103,9 +123,7 @@ void bind_acker(py::module_& m) {
              const uint64_t* k = u64(keys, "src_ids");
              const uint64_t* v = u64(vals, "values");
              same_len(keys, "src_ids", vals, "values");
-             for (py::ssize_t i = 0; i < keys.size(); ++i)
-               if (k[i] == 0)
-                 throw py::value_error("src_ids contains id 0 at position " + std::to_string(i));
+             nonzero_ids(k, size_t(keys.size()), "src_ids");
              std::vector<uint64_t> done;
              size_t n = size_t(keys.size());
              locked(self, [&] { self.t.xor_batch(k, v, n, done); });
@@ -115,6 +133,7 @@ void bind_acker(py::module_& m) {
            [](PyAckTable& self, const py::array& keys) {
              const uint64_t* k = u64(keys, "src_ids");
              size_t n = size_t(keys.size());
+             nonzero_ids(k, n, "src_ids");
              py::array_t<bool> present(py::ssize_t(n), nullptr);
              auto* p = reinterpret_cast<uint8_t*>(present.mutable_data());
              locked(self, [&] { self.t.fail_batch(k, n, p); });
@@ -127,10 +146,12 @@ void bind_acker(py::module_& m) {
       .def("__len__", [](PyAckTable& self) { return locked(self, [&] { return self.t.size(); }); })
       .def("contains",
            [](PyAckTable& self, uint64_t k) {
+             nonzero_id(k, "src");
              return locked(self, [&] { return self.t.contains(k); });
            })
       .def("get",
            [](PyAckTable& self, uint64_t k) -> std::optional<uint64_t> {
+             nonzero_id(k, "src");
              uint64_t v = 0;
              bool found = locked(self, [&] { return self.t.get(k, &v); });
              if (!found) return std::nullopt;
@@ -161,7 +182,20 @@ void bind_acker(py::module_& m) {
             }
             return box;
           })
-      .def("nbytes", [](PyAckTable& self) { return locked(self, [&] { return self.t.nbytes(); }); });
+      .def("nbytes", [](PyAckTable& self) { return locked(self, [&] { return self.t.nbytes(); }); })
+      .def("debug_counters",
+           [](PyAckTable& self) {
+             size_t size = 0, cap = 0;
+             auto c = locked(self, [&] {
+               size = self.t.size();
+               cap = self.t.capacity();
+               return self.t.counters();
+             });
+             return counters_dict(c, size, cap);
+           },
+           "How often the table grew, shrank, and swept a run longer than 64 slots, with its "
+           "size and slot capacity (for the tests: proof that they reach those paths). Native "
+           "only.");
 
   py::class_<PyTimeoutWheel>(m, "TimeoutWheel",
                              "Raw rotating timeout buckets; see xorack.TimeoutWheel.")
@@ -174,21 +208,21 @@ void bind_acker(py::module_& m) {
            [](PyTimeoutWheel& self, const py::array& ids) {
              const uint64_t* p = u64(ids, "ids");
              size_t n = size_t(ids.size());
-             for (size_t i = 0; i < n; ++i)
-               if (p[i] == 0)
-                 throw py::value_error("ids contains id 0 at position " + std::to_string(i));
+             nonzero_ids(p, n, "ids");
              locked(self, [&] { self.w.add(p, n); });
            })
       .def("touch",
            [](PyTimeoutWheel& self, const py::array& ids) {
              const uint64_t* p = u64(ids, "ids");
              size_t n = size_t(ids.size());
+             nonzero_ids(p, n, "ids");
              locked(self, [&] { self.w.touch(p, n); });
            })
       .def("discard",
            [](PyTimeoutWheel& self, const py::array& ids) {
              const uint64_t* p = u64(ids, "ids");
              size_t n = size_t(ids.size());
+             nonzero_ids(p, n, "ids");
              locked(self, [&] { self.w.discard(p, n); });
            })
       .def("rotate",
@@ -212,10 +246,23 @@ void bind_acker(py::module_& m) {
            [](PyTimeoutWheel& self) { return locked(self, [&] { return self.w.size(); }); })
       .def("contains",
            [](PyTimeoutWheel& self, uint64_t id) {
+             nonzero_id(id, "id");
              return locked(self, [&] { return self.w.contains(id); });
            })
       .def("nbytes",
-           [](PyTimeoutWheel& self) { return locked(self, [&] { return self.w.nbytes(); }); });
+           [](PyTimeoutWheel& self) { return locked(self, [&] { return self.w.nbytes(); }); })
+      .def("debug_counters",
+           [](PyTimeoutWheel& self) {
+             size_t size = 0, cap = 0;
+             auto c = locked(self, [&] {
+               size = self.w.size();
+               cap = self.w.capacity();
+               return self.w.counters();
+             });
+             return counters_dict(c, size, cap);
+           },
+           "How often the wheel's table grew, shrank, and swept a run longer than 64 slots in "
+           "rotate (for the tests). Native only.");
 
   m.def("new_ids", [](long long n) {
     if (n < 0) throw py::value_error("n must be >= 0, got " + std::to_string(n));

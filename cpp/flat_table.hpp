@@ -79,9 +79,12 @@ inline void* alloc_zeroed(size_t bytes) {
 // ---------------------------------------------------------------------------------------------
 
 // An open-addressing hash table from nonzero uint64 keys to V: one array of (key, value) slots,
-// key 0 = empty, linear probing, backward-shift deletion (no tombstones, so probe runs never
-// rot under the insert/erase churn of an acker). Any capacity (not only powers of two): the
-// home slot is the high half of hash * capacity, which lets the table size follow its content.
+// key 0 = empty, linear probing in Robin Hood order (the entries of a run sorted by home slot),
+// backward-shift deletion (no tombstones, so probe runs never rot under the insert/erase churn
+// of an acker). Lookups of present keys are plain linear probing (no hashing of the entries
+// passed); Robin Hood order makes erasures stop early (see erase_at) and bulk removal one forward
+// pass (erase_if). Any capacity (not only powers of two): the home slot is the high half of
+// hash * capacity, which lets the table size follow its content.
 // Grows above kMaxLoad, shrinks below kMinLoad, to kTargetLoad in both cases.
 template <class V>
 class FlatTable {
@@ -99,7 +102,11 @@ class FlatTable {
   // Load kept in [0.6, 0.85] while growing: linear probing costs ~3.8 slots per hit at 0.85.
   // Measured against [0.8, 0.9]: that saves ~4 B per pending id (31.4 vs 35.7 B with the wheel)
   // but makes register+complete churn ~40% slower (longer runs to walk and shift) — and churn is
-  // the FT layer's steady state, so speed wins here.
+  // the FT layer's steady state, so speed wins here. Re-measured with Robin Hood order (callgrind,
+  // 1 M pending, 3 churn rounds, 4 MB simulated last-level cache): [0.6, 0.85] (load 0.75 at
+  // 1 M) 91 M instructions / 0.99 M misses; [0.8, 0.9] 206 M / 1.60 M; [0.85, 0.92] 189 M /
+  // 1.53 M; [0.6, 0.8] (load 0.65 at 1 M) 62 M / 0.80 M. Robin Hood's erase shift at load 0.75 is
+  // ~6 slots (0.37 of entries sit at home), ~10 at 0.8: the cost grows fast with the load.
   static constexpr double kMaxLoad = 0.85;
   static constexpr double kTargetLoad = 0.6;  // after a resize
   static constexpr double kMinLoad = 0.2;
@@ -116,6 +123,13 @@ class FlatTable {
     o.size_ = 0;
   }
 
+  // How often the rare paths ran (for the tests, which must reach them; never read by the
+  // table itself): resizes up and down, and runs longer than 64 slots in erase_if.
+  struct Counters {
+    uint64_t grows = 0, shrinks = 0, long_runs = 0;
+  };
+  const Counters& counters() const { return counters_; }
+
   size_t size() const { return size_; }
   size_t capacity() const { return cap_; }
   size_t nbytes() const { return cap_ * sizeof(Slot); }
@@ -127,6 +141,16 @@ class FlatTable {
     return size_t((unsigned __int128)hash_key(key, seed_) * cap_ >> 64);
   }
   void prefetch(size_t i) const { __builtin_prefetch(slots_ + i, 1, 3); }
+  // Prefetches slot i and the cache line after it: an insertion or erasure at i usually walks
+  // on into the next line (runs of several slots at the loads kept), and a miss there would
+  // otherwise be taken serially, at full memory latency. Churn, CPU time, best of 3 on the
+  // loaded 2-core machine: 18.8 vs 17.1 M events/s with one line.
+  void prefetch_run(size_t i) const {
+    __builtin_prefetch(slots_ + i, 1, 3);
+    __builtin_prefetch(slots_ + std::min(i + 64 / sizeof(Slot), cap_ - 1), 1, 3);
+  }
+  // How far slot i lies after the home of `key` (cyclically).
+  size_t displacement(size_t i, uint64_t key) const { return offset(i, home(key)); }
 
   // The slot holding `key`, probing from `i` (its home), or npos.
   size_t find_from(uint64_t key, size_t i) const {
@@ -139,40 +163,51 @@ class FlatTable {
   }
   size_t find(uint64_t key) const { return find_from(key, home(key)); }
 
-  // The slot holding `key`, probing from its home `i`; inserted (value `init`) when absent.
-  // Needs room: call reserve() first. Never moves other entries.
-  size_t find_or_insert_from(uint64_t key, size_t i, V init, bool* inserted) {
-    for (;;) {
+  // The slot holding `key`, probing from its home `i`; when absent, the slot where it belongs
+  // in Robin Hood order (the first empty slot, or the first entry whose home lies after the
+  // key's: its displacement is smaller), which insert_at() takes.
+  size_t find_slot_from(uint64_t key, size_t i) const {
+    for (size_t d = 0;; ++d) {
       uint64_t k = slots_[i].key;
-      if (k == key) {
-        *inserted = false;
-        return i;
-      }
-      if (k == 0) {
-        slots_[i].key = key;
-        slots_[i].value = init;
-        ++size_;
-        *inserted = true;
-        return i;
-      }
+      if (k == key || k == 0 || displacement(i, k) < d) return i;
       if (++i == cap_) i = 0;
     }
   }
-
-  // Removes the entry in slot i; later entries of its probe run shift back into the hole.
-  void erase_at(size_t i) {
-    size_t j = i;
+  // Inserts at slot i from find_slot_from (the key absent; needs room: reserve() first): the
+  // entries from i to the end of the run move one slot on (no hashing: a plain carry).
+  void insert_at(size_t i, uint64_t key, V value) {
+    Slot carry{key, value};
     for (;;) {
-      if (++j == cap_) j = 0;
-      uint64_t k = slots_[j].key;
-      if (k == 0) break;
-      size_t h = home(k);
-      // The entry at j may fill the hole at i unless its home lies cyclically in (i, j].
-      bool stays = (i <= j) ? (i < h && h <= j) : (i < h || h <= j);
-      if (!stays) {
-        slots_[i] = slots_[j];
-        i = j;
-      }
+      const Slot next = slots_[i];
+      slots_[i] = carry;
+      if (next.key == 0) break;
+      carry = next;
+      if (++i == cap_) i = 0;
+    }
+    ++size_;
+  }
+
+  // The slot holding `key`, probing from its home `i`; inserted (value `init`) when absent.
+  // Needs room: call reserve() first. May move later entries of the run (slot indices taken
+  // before are stale after an insertion).
+  size_t find_or_insert_from(uint64_t key, size_t i, V init, bool* inserted) {
+    i = find_slot_from(key, i);
+    *inserted = slots_[i].key != key;
+    if (*inserted) insert_at(i, key, init);
+    return i;
+  }
+
+  // Removes the entry in slot i; the displaced entries after it shift back by one. Robin Hood
+  // order makes this short: the shift stops at the first entry in its home slot (every later
+  // entry of the run has its home after that) instead of scanning the whole rest of the run —
+  // the erase cost of the acker's completions (benchmarks/bench_acker.py, churn).
+  void erase_at(size_t i) {
+    for (;;) {
+      size_t j = i + 1 == cap_ ? 0 : i + 1;
+      const uint64_t k = slots_[j].key;
+      if (k == 0 || home(k) == j) break;
+      slots_[i] = slots_[j];
+      i = j;
     }
     slots_[i].key = 0;
     slots_[i].value = V(0);
@@ -189,69 +224,43 @@ class FlatTable {
 
   // Removes every entry for which dead(key, value) is true, writing its key to out (room for
   // size() keys); returns how many. One sequential sweep, probe run (cluster) by run, doing the
-  // backward shifts of all the run's removals at once: each entry is lifted in turn, and a
-  // survivor goes back to the first free slot at or after its home (its own slot at worst), found
-  // in a bitmap of the run's free slots. Nothing before it then moves, and nothing it passes over
-  // is free: a valid linear-probing layout.
+  // backward shifts of all the run's removals at once. Robin Hood order makes that one forward
+  // pass: the homes of a run's entries never decrease along it, so each survivor goes to the
+  // first free slot at or after its home, which is max(its home, the slot after the survivor
+  // before it); survivors keep their order (Robin Hood order holds) and nothing they pass over
+  // is free (a valid linear-probing layout). Any run length, no bitmap.
   // Branch-free per entry: when one entry in three expires, a branch on it mispredicts so often
-  // that it costs more than the sweep; gathering survivors and sorting them by home was 1.25x
-  // slower, re-inserting them by probing 1.6x (benchmarks/bench_acker.py, wheel add+rotate).
+  // that it costs more than the sweep. Measured with callgrind against the bitmap compaction it
+  // replaces (needed before runs were kept in Robin Hood order): see benchmarks/bench_acker.py,
+  // wheel add+rotate.
   template <class Dead>
   size_t erase_if(Dead dead, uint64_t* out) {
     size_t start = 0;
     while (slots_[start].key != 0) ++start;  // an empty slot exists: load < 1
-    std::vector<uint64_t> free_words;         // the free bitmap of a run longer than 64 slots
     Slot sink;                                // where a dead entry is "put back"
     size_t n_out = 0;
-    // Lifts the entry of slot j out of the table; a dead one is also written to out.
-    auto lift = [&](size_t j, bool& is_dead) {
-      const Slot e = slots_[j];
-      is_dead = dead(e.key, e.value);
-      out[n_out] = e.key;
-      n_out += is_dead;
-      slots_[j].key = 0;
-      slots_[j].value = V(0);
-      return e;
-    };
     size_t i = start;
     do {
       if (++i == cap_) i = 0;
       if (slots_[i].key == 0) continue;
       // A run starts at i (the slot before is empty): the homes of its entries lie in it, at or
       // before them, so offsets from i order them without wrapping.
-      size_t j = i, o = 0;
-      // The first 64 slots: the bitmap is one register (kept in memory, the chain of dependent
-      // updates from entry to entry made the rotation 10% slower).
-      uint64_t free0 = 0;
+      size_t j = i, o = 0, w = 0;  // w: the first free offset after the last survivor placed
       do {
-        bool d;
-        const Slot e = lift(j, d);
-        free0 |= uint64_t(1) << o;
-        const size_t h = offset(home(e.key), i);
-        const size_t t = size_t(__builtin_ctzll(free0 & (~uint64_t(0) << h)));
-        free0 &= ~(uint64_t(!d) << t);
+        const Slot e = slots_[j];
+        slots_[j].key = 0;
+        slots_[j].value = V(0);
+        const bool d = dead(e.key, e.value);
+        out[n_out] = e.key;
+        n_out += d;
+        // A survivor with no hole before it stays: no hashing for it.
+        const size_t t = w == o ? o : std::max(w, offset(home(e.key), i));
         *(d ? &sink : &slots_[wrap(i + t)]) = e;
+        w = d ? w : t + 1;
         if (++j == cap_) j = 0;
-      } while (++o < 64 && slots_[j].key != 0);
-      if (slots_[j].key != 0) {  // a longer run (rare at <= 0.85 load): word by word
-        free_words.assign(4, 0);
-        free_words[0] = free0;
-        do {
-          if ((o >> 6) >= free_words.size()) free_words.resize(2 * free_words.size(), 0);
-          bool d;
-          const Slot e = lift(j, d);
-          free_words[o >> 6] |= uint64_t(1) << (o & 63);
-          const size_t h = offset(home(e.key), i);
-          size_t w = h >> 6;
-          uint64_t x = free_words[w] & (~uint64_t(0) << (h & 63));
-          while (x == 0) x = free_words[++w];  // stops at o's word at the latest
-          const size_t t = (w << 6) + size_t(__builtin_ctzll(x));
-          free_words[t >> 6] &= ~(uint64_t(!d) << (t & 63));
-          *(d ? &sink : &slots_[wrap(i + t)]) = e;
-          if (++j == cap_) j = 0;
-          ++o;
-        } while (slots_[j].key != 0);
-      }
+        ++o;
+      } while (slots_[j].key != 0);
+      counters_.long_runs += o > 64;
       i = j;  // empty (possibly `start`)
     } while (i != start);
     size_ -= n_out;
@@ -266,13 +275,18 @@ class FlatTable {
 
   // Makes room for `total` entries without passing kMaxLoad (may move every entry).
   void reserve(size_t total) {
-    if (double(total) > kMaxLoad * double(cap_)) rehash(size_t(double(total) / kTargetLoad) + 1);
+    if (double(total) > kMaxLoad * double(cap_)) {
+      rehash(size_t(double(total) / kTargetLoad) + 1);
+      ++counters_.grows;
+    }
   }
 
   // Gives memory back once the table is mostly empty (may move every entry).
   void maybe_shrink() {
-    if (cap_ > kMinCapacity && double(size_) < kMinLoad * double(cap_))
+    if (cap_ > kMinCapacity && double(size_) < kMinLoad * double(cap_)) {
       rehash(size_t(double(size_) / kTargetLoad) + 1);
+      ++counters_.shrinks;
+    }
   }
 
   void swap(FlatTable& o) noexcept {
@@ -280,6 +294,7 @@ class FlatTable {
     std::swap(cap_, o.cap_);
     std::swap(size_, o.size_);
     std::swap(seed_, o.seed_);
+    std::swap(counters_, o.counters_);
   }
 
   void clear() {
@@ -305,13 +320,11 @@ class FlatTable {
     Slot* old = slots_;
     size_t old_cap = cap_;
     allocate(new_cap);  // on failure the old array is untouched (strong guarantee)
+    size_ = 0;          // counted again by insert_at
     for (size_t j = 0; j < old_cap; ++j) {
       uint64_t k = old[j].key;
       if (k == 0) continue;
-      size_t i = home(k);
-      while (slots_[i].key != 0)
-        if (++i == cap_) i = 0;
-      slots_[i] = old[j];
+      insert_at(find_slot_from(k, home(k)), k, old[j].value);
     }
     std::free(old);
   }
@@ -320,6 +333,7 @@ class FlatTable {
   size_t cap_ = 0;
   size_t size_ = 0;
   uint64_t seed_;
+  Counters counters_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -363,6 +377,27 @@ class BatchIndex {
         return s.pos;
       }
       i = (i + 1) & mask_;
+    }
+  }
+
+  // Stores pos for key (inserted, or replacing the position stored before).
+  void assign(uint64_t key, uint32_t pos) {
+    for (size_t i = home(key);; i = (i + 1) & mask_) {
+      Slot& s = slots_[i];
+      if (s.epoch != epoch_ || s.key == key) {
+        s = Slot{key, pos, epoch_};
+        return;
+      }
+    }
+  }
+
+  // Memory held by the slots.
+  size_t nbytes() const { return slots_.capacity() * sizeof(Slot); }
+  // Frees the slots when they hold room for more than `keep` keys (the next reset reallocates).
+  void trim(size_t keep) {
+    if (slots_.size() > 2 * keep) {
+      std::vector<Slot>().swap(slots_);
+      epoch_ = 0;
     }
   }
 

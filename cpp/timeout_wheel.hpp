@@ -46,7 +46,7 @@ class TimeoutWheel {
       hash_batch(ids + i, m);
       auto* slots = table_.slots();
       for (size_t k = 0; k < m; ++k) {
-        if (k + kPrefetchDistance < m) table_.prefetch(homes_[k + kPrefetchDistance]);
+        if (k + kPrefetchDistance < m) table_.prefetch_run(homes_[k + kPrefetchDistance]);
         bool inserted;
         size_t s = table_.find_or_insert_from(ids[i + k], homes_[k], d, &inserted);
         slots[s].value = d;
@@ -97,8 +97,10 @@ class TimeoutWheel {
   }
 
   size_t size() const { return table_.size(); }
+  size_t capacity() const { return table_.capacity(); }
   bool contains(uint64_t id) const { return table_.find(id) != Table::npos; }
   uint32_t rotation() const { return rotation_; }
+  const Table::Counters& counters() const { return table_.counters(); }
   // Memory held: the slot array plus the per-batch scratch vector.
   size_t nbytes() const { return table_.nbytes() + homes_.capacity() * sizeof(uint32_t); }
 

@@ -22,6 +22,18 @@ def _backend_params() -> list:
     ]
 
 
+def pytest_collection_modifyitems(config, items):
+    """The cluster group (tests/test_cluster.py) needs a Spark JVM of its own (one SparkContext
+    per JVM, and the other tests share a local one): it runs only when ``-m`` names it, in its
+    own pytest process: ``python -m pytest -m cluster``."""
+    if "cluster" in (config.getoption("markexpr") or ""):
+        return
+    cluster = [item for item in items if item.get_closest_marker("cluster") is not None]
+    if cluster:
+        config.hook.pytest_deselected(items=cluster)
+        items[:] = [item for item in items if item.get_closest_marker("cluster") is None]
+
+
 @pytest.fixture(params=_backend_params())
 def backend(request) -> str:
     """Each kernel test runs once per available backend ("native", "python")."""
@@ -43,3 +55,67 @@ def spark():
 def _python_for_spark_workers():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+def own_address() -> str | None:
+    """This machine's own non-loopback IPv4 address (no packet is sent), or None."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: only selects the outgoing interface
+            address = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory) -> tuple[str, str]:
+    """A self-signed certificate and its key (PEM paths), valid for localhost, 127.0.0.1, this
+    machine's host name and its own address: what a TLS acker on this machine presents."""
+    import datetime
+    import ipaddress
+    import socket
+
+    pytest.importorskip(
+        "cryptography", reason="cryptography is not installed: install xorack[test]"
+    )
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "xorack test acker")])
+    alt: list[x509.GeneralName] = [
+        x509.DNSName("localhost"),
+        x509.DNSName(socket.gethostname()),
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+    ]
+    if own_address() is not None:
+        alt.append(x509.IPAddress(ipaddress.ip_address(own_address())))
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(alt), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    folder = tmp_path_factory.mktemp("tls")
+    cert_path, key_path = folder / "acker.crt", folder / "acker.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return str(cert_path), str(key_path)

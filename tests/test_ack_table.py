@@ -81,20 +81,48 @@ def test_unregistered_entry_back_at_zero_is_dropped_silently(backend):
 
 def test_events_of_a_key_are_combined_within_a_call(backend):
     t = AckTable(backend=backend)
-    # Fresh register with births cancelling each other: one fresh entry of value 0, not complete.
-    assert t.register([4, 4], [5, 5]).tolist() == []
-    assert t.value(4) == 0
     t.register([1], [10])
     # 1 passes through 0 mid-call but ends at 3: not complete, not removed.
     assert t.xor([1, 1], [10, 3]).tolist() == []
     assert t.value(1) == 3
 
 
-def test_completed_ids_come_in_order_of_first_occurrence(backend):
+def test_register_takes_its_pairs_one_after_the_other(backend):
+    # Issue 11, defect 11: one call register([5, 5], [3, 3]) completed nothing while two calls
+    # completed 5. A register call is its pairs as separate calls, in order.
+    one, two = AckTable(backend=backend), AckTable(backend=backend)
+    assert one.register([5, 5], [3, 3]).tolist() == [5]
+    assert two.register([5], [3]).tolist() == []
+    assert two.register([5], [3]).tolist() == [5]
+    assert len(one) == len(two) == 0
+    # A third pair registers 5 afresh (it completed at the second), like a third call would.
+    t = AckTable(backend=backend)
+    assert t.register([5, 4, 5, 5], [3, 1, 3, 7]).tolist() == [5]
+    assert (t.value(5), t.value(4)) == (7, 1)
+    # Early events then two registers: the first completes, the second is a fresh record.
+    t = AckTable(backend=backend)
+    t.xor([9], [6])
+    assert t.register([9, 9], [6, 2]).tolist() == [9]
+    assert t.value(9) == 2
+    # Births that cancel: the second register completes it, whatever its birth value.
+    t = AckTable(backend=backend)
+    assert t.register([4, 4], [0, 0]).tolist() == [4]
+
+
+def test_completed_ids_come_in_order_of_last_occurrence(backend):
     t = AckTable(backend=backend)
     t.register([1, 2, 3], [5, 6, 7])
-    # 1 reaches 0 at its second event (position 2), after 2 did: first occurrence order wins.
-    assert t.xor([1, 2, 1, 3], [1, 6, 4, 7]).tolist() == [1, 2, 3]
+    # 1 reaches 0 at its second event (position 2), after 2 did: it completes there.
+    assert t.xor([1, 2, 1, 3], [1, 6, 4, 7]).tolist() == [2, 1, 3]
+    # 2 passes through 0 (completed, then back): only its last occurrence counts.
+    t.register([2], [6])
+    assert t.xor([2, 2, 2], [6, 1, 1]).tolist() == [2]
+    t.register([2, 3], [6, 7])
+    assert t.xor([2, 3, 2, 2], [6, 7, 1, 0]).tolist() == [3]
+    assert t.value(2) == 1
+    # A 0 event after its completion moves the completion to that later occurrence.
+    t.register([5, 6], [0, 0])
+    assert t.xor([5, 6, 5], [0, 0, 0]).tolist() == [6, 5]
     t.register([4, 5], [8, 9])
     assert t.xor([5, 4], [9, 8]).tolist() == [5, 4]
 
@@ -199,7 +227,7 @@ def test_random_churn_matches_a_dict_model(backend):
         acc: dict[int, int] = {}
         for k, v in zip(pick.tolist(), vals.tolist(), strict=True):
             acc[k] = acc.get(k, 0) ^ v
-        for k in dict.fromkeys(pick.tolist()):
+        for k in list(dict.fromkeys(pick.tolist()[::-1]))[::-1]:  # by last occurrence
             model[k] ^= acc[k]
             if model[k] == 0:
                 del model[k]
@@ -255,6 +283,26 @@ def test_raw_native_table_defends_itself():
     with pytest.raises(TypeError):
         raw.xor([1], [1])
     assert len(raw) == 0
+
+
+def test_raw_module_refuses_id_0_everywhere(backend):
+    # Issue 11, defect 10: the raw native table said contains(0) on an empty table, and fail([0])
+    # reported True and lowered len. Both backends' raw modules refuse id 0 before any change.
+    raw = kernels.get_impl(backend).AckTable()
+    zero = np.zeros(1, dtype=np.uint64)
+    raw.register(u64(7), u64(1))
+    for call in (
+        lambda: raw.contains(0),
+        lambda: raw.get(0),
+        lambda: raw.fail(u64(7, 0)),
+        lambda: raw.xor(zero, zero),
+        lambda: raw.register(u64(8, 0), u64(1, 1)),
+    ):
+        with pytest.raises(ValueError, match=r"id 0|nonzero id"):
+            call()
+    assert len(raw) == 1
+    assert raw.get(7) == 1
+    assert not raw.contains(8)
 
 
 def test_lists_of_large_ids_are_exact(backend):

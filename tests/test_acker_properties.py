@@ -3,6 +3,8 @@ exactly when their last event arrives — never earlier, whatever the order and 
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -282,3 +284,134 @@ def test_anchored_pipeline_completes_at_the_sink(seed, stages):
             s, x = xor_reduce(src, rec, backend=backend)
             assert sorted(t.xor(s, x).tolist()) == sorted(s.tolist())
         assert len(t) == 0
+
+
+# --- register: a call is its pairs as separate calls ------------------------------------------
+
+
+@SETTINGS
+@given(pairs(max_size=30), st.lists(st.integers(0, 30), max_size=6), table_ops)
+def test_splitting_a_register_call_changes_nothing(ps, cuts, before):
+    # Issue 11, defect 11: one register call must equal the same pairs in several calls (any
+    # split), from any prior state: the same completions in the same order, the same table.
+    keys, births = unzip(ps)
+    bounds = sorted({0, len(ps), *(c for c in cuts if c <= len(ps))})
+    for b in ALL_BACKENDS:
+        whole, split = AckTable(backend=b), AckTable(backend=b)
+        for t in (whole, split):
+            _apply(t, before)
+        done_whole = whole.register(keys, births).tolist()
+        done_split = []
+        for lo, hi in itertools.pairwise(bounds):
+            done_split += split.register(keys[lo:hi], births[lo:hi]).tolist()
+        assert done_whole == done_split, b
+        assert [a.tolist() for a in whole.snapshot()] == [a.tolist() for a in split.snapshot()]
+
+
+def _apply(t: AckTable, ops) -> None:
+    for op, arg in ops:
+        if op == "fail":
+            t.fail(np.array(arg, dtype=np.uint64))
+        elif op == "expire_unregistered":
+            t.expire_unregistered()
+        else:
+            getattr(t, op)(*unzip(arg))
+
+
+# --- at scale: growth, shrinking and long runs, native == fallback ----------------------------
+# The small-pool tests above never grow a native table past 16 slots. These draw ids from the
+# whole uint64 range and sizes that make the native tables grow, shrink back, and (the wheel)
+# sweep probe runs longer than 64 slots; debug_counters() proves those paths ran.
+
+SCALE = settings(max_examples=8, deadline=None)
+
+
+def _same(a: np.ndarray, b: np.ndarray, what: str) -> None:
+    assert a.tolist() == b.tolist(), what
+
+
+@needs_native
+@SCALE
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(20_000, 60_000),
+    batch=st.sampled_from([1_000, 4_096, 16_384]),
+    dup=st.floats(0.0, 0.2),
+)
+def test_ack_table_at_scale_native_equals_fallback(seed, n, batch, dup):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1, 2**64, size=n, dtype=np.uint64)
+    births = rng.integers(0, 2**64, size=n, dtype=np.uint64)
+    tables = {b: AckTable(backend=b) for b in ("native", "python")}
+
+    def both(op, *args):
+        out = [getattr(t, op)(*args) for t in tables.values()]
+        _same(out[0], out[1], op)
+        return out[0]
+
+    # Grow: register in batches, some with repeated keys and with early events before them.
+    for lo in range(0, n, batch):
+        k, b = ids[lo : lo + batch], births[lo : lo + batch]
+        early = rng.random(k.size) < 0.05
+        both("xor", k[early], b[early] ^ np.uint64(1))
+        rep = rng.random(k.size) < dup
+        both("register", np.concatenate([k, k[rep]]), np.concatenate([b, b[rep]]))
+    # Complete most of them (the table shrinks), some events duplicated within a call.
+    snap = tables["python"].snapshot()
+    keys, values, registered = snap
+    pick = rng.permutation(np.flatnonzero(registered))[: int(0.9 * registered.sum())]
+    for lo in range(0, pick.size, batch):
+        p = pick[lo : lo + batch]
+        k, v = keys[p], values[p]
+        rep = rng.random(k.size) < dup
+        both("xor", np.concatenate([k, k[rep], k[rep]]), np.concatenate([v, v[rep], v[rep]]))
+    both("fail", ids[rng.integers(0, n, size=500)])
+    assert tables["native"].expire_unregistered() == tables["python"].expire_unregistered()
+    assert tables["native"].expire_unregistered() == tables["python"].expire_unregistered()
+    snaps = [[a.tolist() for a in t.snapshot()] for t in tables.values()]
+    assert snaps[0] == snaps[1]
+    c = tables["native"]._impl.debug_counters()
+    assert c["grows"] > 0, c
+    assert c["shrinks"] > 0, c
+
+
+@needs_native
+@SCALE
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    num_buckets=st.integers(1, 4),
+    batch=st.sampled_from([2_000, 8_192, 30_000]),
+)
+def test_timeout_wheel_at_scale_native_equals_fallback(seed, num_buckets, batch):
+    rng = np.random.default_rng(seed)
+    wheels = {b: TimeoutWheel(num_buckets, backend=b) for b in ("native", "python")}
+    native = wheels["native"]._impl
+
+    def both(op, *args):
+        out = [getattr(w, op)(*args) for w in wheels.values()]
+        if op == "rotate":
+            _same(np.sort(out[0]), np.sort(out[1]), op)
+        assert len(wheels["native"]) == len(wheels["python"])
+        return out[1]
+
+    live: list[np.ndarray] = []
+    # Fill to a high load (between growths) so that the sweep meets runs over 64 slots.
+    while True:
+        ids = rng.integers(1, 2**64, size=batch, dtype=np.uint64)
+        both("add", ids)
+        live.append(ids)
+        c = native.debug_counters()
+        if c["size"] >= 60_000 and c["size"] >= 0.78 * c["capacity"]:
+            break
+    everything = np.concatenate(live)
+    for _ in range(3 * num_buckets + 2):
+        some = everything[rng.integers(0, everything.size, size=batch)]
+        both(rng.choice(["touch", "discard", "add"]), some)
+        both("add", rng.integers(1, 2**64, size=batch // 4, dtype=np.uint64))
+        both("rotate")
+    while len(wheels["python"]):  # drain: everything left expires, the table shrinks
+        both("rotate")
+    c = native.debug_counters()
+    assert c["long_runs"] > 0, c  # the sweep met runs longer than 64 slots
+    assert c["grows"] > 0, c
+    assert c["shrinks"] > 0, c

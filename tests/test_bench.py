@@ -36,9 +36,13 @@ def test_report_without_spark(tmp_path: Path) -> None:
     assert measured
     assert all(r.events_per_s.median > 0 for r in measured)
     assert any(m.bytes_per_source for m in report.memory)
+    churn = {c.backend: c for c in report.churn}
+    assert churn["python"].events_per_s.median > 0
+    assert churn["python"].bytes_per_pending > 0
     md, png = bench.write_report(report, tmp_path)
     text = md.read_text()
     assert "## 1. Completion tracking" in text
+    assert "## 1b. AckTable steady state (churn)" in text
     assert "## 2. Memory per pending source record" in text
     assert "| cores |" in text
     assert (tmp_path / "report.json").exists()

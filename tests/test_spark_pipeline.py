@@ -260,15 +260,20 @@ def test_streaming_replays_join_later_micro_batches(spark, tmp_path):
 
     n = report.source_records
     assert n >= 40
-    poison = [v for v in range(n) if v % 50 == 1]
+    poison = {v for v in range(n) if v % 50 == 1}
+    # on a loaded machine a micro-batch can outlast the 1.5 s timeout several times over, so
+    # a few clean records may use up their attempts too: the guarantee is the input minus the
+    # dead letters, exactly once, and every poisoned record among the dead letters
+    dead = set(p.dead_letters().column("value").to_pylist())
+    assert poison <= dead
+    assert len(dead) == report.dead_lettered
     got = sink.read()
-    assert sorted(got["value"]) == [v for v in range(n) if v % 50 != 1]  # exactly once
+    assert sorted(got["value"]) == [v for v in range(n) if v not in dead]  # exactly once
     assert (got["double"] == got["value"] * 2).all()
     assert report.lost == 0
-    assert report.dead_lettered == len(poison)
     assert report.failed > 0
     assert report.timed_out > 0  # the lost rows came back through wall-clock timeouts
-    assert report.completed == n - len(poison)
+    assert report.completed == n - len(dead)
 
 
 def _slow_split(pdf: pd.DataFrame) -> pd.DataFrame:
@@ -397,7 +402,7 @@ def test_grouped_stage_fails_whole_groups_and_replays_them(spark, tmp_path, ft):
     )
     got = sink.read()
     assert sorted(zip(got["id"], got["word"], strict=True)) == expected
-    assert distinct_rows >= len(expected)
+    assert distinct_rows == len(expected)  # rows stored (duplicates absorbed counted apart)
 
 
 # ---- call_bisecting without Spark: FailRecord(rows=...) vs plain exceptions ------------------
@@ -540,3 +545,17 @@ def test_union_with_itself_or_another_pipeline_is_a_clear_error(spark):
     other = Pipeline(spark).source(spark.createDataFrame([("b",)], "line string"), name="x")
     with pytest.raises(StageSchemaError, match="same Pipeline"):
         src.union(other)
+
+
+def test_a_name_used_twice_is_an_error_and_default_names_are_made_unique(spark):
+    p = Pipeline(spark)
+    lines = p.source(_lines(spark), name="lines")
+    scored = lines.map_in_pandas(_split, "id long, word string", name="scored")
+    with pytest.raises(StageSchemaError, match="'scored' is already used"):
+        scored.sink(SQLiteSink("/nonexistent/never-opened.db", "t"), name="scored")
+    with pytest.raises(StageSchemaError, match="'lines' is already used"):
+        p.source(_lines(spark), name="lines")
+    a = scored.map_in_pandas(_no_w0, "id long, word string")
+    b = scored.map_in_pandas(_no_w0, "id long, word string")
+    assert a._node.name == "_no_w0"
+    assert b._node.name == "_no_w0_2"

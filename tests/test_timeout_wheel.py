@@ -138,6 +138,22 @@ def test_raw_native_wheel_defends_itself():
     assert len(w) == 0
 
 
+def test_raw_module_refuses_id_0_everywhere(backend):
+    # Issue 11, defect 10: discard([0]) on the raw native wheel lowered len while every id
+    # still expired. Both backends' raw modules refuse id 0 before any change.
+    raw = kernels.get_impl(backend).TimeoutWheel(2)
+    raw.add(np.array([3, 4], dtype=np.uint64))
+    for op in ("add", "touch", "discard"):
+        with pytest.raises(ValueError, match="id 0"):
+            getattr(raw, op)(np.array([3, 0], dtype=np.uint64))
+    with pytest.raises(ValueError, match="nonzero id"):
+        raw.contains(0)
+    assert len(raw) == 2
+    raw.rotate()
+    assert sorted(raw.rotate().tolist()) == [3, 4]
+    assert len(raw) == 0
+
+
 def test_random_churn_matches_a_dict_model(backend):
     # Large enough for long probe runs and wrap-around in the native table's bulk expiry.
     rng = np.random.default_rng(11)

@@ -71,12 +71,16 @@ def _as_bool(x: Any, name: str) -> np.ndarray:
 class AckTable:
     """Source id → XOR checksum. Batched, with Storm's init rule (only registered ids complete).
 
-    Within one call, the events of an id are combined first. ``register`` creates an entry with
-    the birth value, or XORs the birth into events that arrived early (complete at once if that
-    gives 0); registering an already registered id XORs the birth in again (and completes it if
-    that gives 0). A fresh entry with birth 0 waits for its events. ``xor`` completes registered
-    ids whose value is 0 after the call; an unregistered entry back at 0 is dropped silently.
-    Completed ids come back in order of first occurrence in the call's input, and are removed.
+    ``register`` takes its ``(id, birth)`` pairs one after the other, exactly as if each were a
+    call of its own (splitting a register call never changes what completes): it creates an
+    entry with the birth value, or XORs the birth into events that arrived early (complete at
+    once if that gives 0); registering an already registered id XORs the birth in again (and
+    completes it if that gives 0). A fresh entry with birth 0 waits for its events. Its completed
+    ids come back in completion order. ``xor`` combines the events of an id within the call
+    first, then completes registered ids whose value is 0 after the call (a value passing
+    through 0 mid-call does not complete); an unregistered entry back at 0 is dropped silently.
+    Its completed ids come back in order of their last occurrence in the input (where each
+    completes). Completed ids are removed. Id 0 is never valid (``ValueError``).
 
     >>> t = AckTable()
     >>> t.xor([5], [7]).tolist()         # an early event: 5 is not registered yet

@@ -135,6 +135,20 @@ class TrackingResult:
 
 
 @dataclass
+class ChurnResult:
+    """Part 1b: the AckTable's steady state (churn) of one backend, with its yardstick."""
+
+    backend: str
+    pending: int
+    batch: int
+    events_per_s: Stat | None
+    read_rate: float | None  # random 64-byte reads/s over the table's size, same run (best)
+    wheel_ids_per_s: Stat | None  # TimeoutWheel discard + add on the same churn
+    bytes_per_pending: float | None  # table + wheel, after the rounds
+    note: str = ""
+
+
+@dataclass
 class MemoryResult:
     """Part 2: memory per pending source record."""
 
@@ -191,6 +205,7 @@ class Report:
     config: dict[str, Any]
     tracking: list[TrackingResult] = field(default_factory=list)
     memory: list[MemoryResult] = field(default_factory=list)
+    churn: list[ChurnResult] = field(default_factory=list)
     partitions: list[PartitionResult] = field(default_factory=list)
     demo: list[DemoResult] = field(default_factory=list)
     recovery: list[RecoveryResult] = field(default_factory=list)
@@ -420,6 +435,39 @@ def part_tracking(cfg: BenchConfig, report: Report, workloads: dict[int, Workloa
             if native and r.events_per_s:
                 r.ratio_vs_native = r.events_per_s.median / native.events_per_s.median
         report.tracking.extend(rows)
+
+
+def part_churn(cfg: BenchConfig, report: Report) -> None:
+    """The acker's steady state: ``memory_size`` ids pending, rounds of 64 K final acks + 64 K
+    registrations (``xorack._churn``), native and fallback, with the random-read yardstick."""
+    from ._churn import run_churn
+    from .kernels import native_available
+
+    n = cfg.memory_size
+    batch = min(1 << 16, max(n // 4, 1))
+    for backend, rounds in (("native", 20), ("python", 3)):
+        if backend == "native" and not native_available():
+            report.churn.append(
+                ChurnResult(backend, n, batch, None, None, None, None, "native not built")
+            )
+            continue
+        _progress(f"part 1b: churn, {backend}, {n:,} pending, {rounds} rounds of 2 x {batch:,}")
+        try:
+            run = run_churn(backend, pending=n, batch=batch, rounds=rounds, seed=cfg.seed)
+        except Exception as exc:
+            report.churn.append(ChurnResult(backend, n, batch, None, None, None, None, _err(exc)))
+            continue
+        report.churn.append(
+            ChurnResult(
+                backend,
+                n,
+                batch,
+                Stat.of(run.rates()),
+                run.read_rate(),
+                Stat.of([batch / s for s in run.wheel_seconds]) if batch else None,
+                run.bytes_per_pending(),
+            )
+        )
 
 
 def _spark_tracking(cfg: BenchConfig, w: Workload) -> list[TrackingResult]:
@@ -953,6 +1001,24 @@ def check_targets(report: Report) -> list[tuple[str, str, bool]]:
                     per_core >= 40,
                 )
             )
+    churn = {c.backend: c for c in report.churn if c.events_per_s}
+    if "native" in churn:
+        c = churn["native"]
+        if c.read_rate:
+            x = c.events_per_s.median / c.read_rate
+            out.append(("AckTable churn >= 0.35 x random-read rate", f"{x:.2f}", x >= 0.35))
+        if "python" in churn:
+            x = c.events_per_s.median / churn["python"].events_per_s.median
+            out.append(("AckTable churn >= 10x fallback", f"{x:.1f}x", x >= 10))
+        if c.bytes_per_pending is not None:
+            ok = c.bytes_per_pending <= 32
+            out.append(
+                (
+                    "<= 32 bytes per pending id at churn (table + wheel)",
+                    f"{c.bytes_per_pending:.1f}",
+                    ok,
+                )
+            )
     for m in report.memory:
         if m.name == NATIVE and m.bytes_per_source is not None:
             ok = m.bytes_per_source <= 32
@@ -1014,6 +1080,40 @@ def render_markdown(report: Report) -> str:
             ratio = f"{r.ratio_vs_native:.3g}" if r.ratio_vs_native is not None else "—"
             lines.append(
                 f"| {r.name} | {r.sources:,} | {r.events:,} | {rate} | {ratio} | {r.note} |"
+            )
+        lines.append("")
+    if report.churn:
+        lines += [
+            "## 1b. AckTable steady state (churn)",
+            "",
+            "Pending ids stay constant; each round = one `xor` of 64 K final acks (completing the "
+            "oldest ids) + one `register` of 64 K new ids (batches of pending / 4 below 256 K "
+            "pending). Read rate = random 64-byte reads/s "
+            "over an array the size of the table, same run (best of 4). Wheel = "
+            "`TimeoutWheel(3)` discard + add on the same churn (ids/s of each).",
+            "",
+            "| backend | pending | M events/s | ÷ read rate | x fallback | wheel M ids/s | "
+            "bytes / pending (table + wheel) | note |",
+            "| --- | ---: | --- | --- | ---: | --- | ---: | --- |",
+        ]
+        fallback = next((c for c in report.churn if c.backend == "python"), None)
+        for c in report.churn:
+            rate = c.events_per_s.fmt(1e6) if c.events_per_s else "—"
+            per_read = (
+                c.events_per_s.scaled(1 / c.read_rate).fmt(digits=2)
+                if c.events_per_s and c.read_rate
+                else "—"
+            )
+            vs = (
+                f"{c.events_per_s.median / fallback.events_per_s.median:.1f}"
+                if c.events_per_s and fallback and fallback.events_per_s
+                else "—"
+            )
+            wheel = c.wheel_ids_per_s.fmt(1e6) if c.wheel_ids_per_s else "—"
+            per = f"{c.bytes_per_pending:.1f}" if c.bytes_per_pending is not None else "—"
+            lines.append(
+                f"| {c.backend} | {c.pending:,} | {rate} | {per_read} | {vs} | {wheel} | {per} "
+                f"| {c.note} |"
             )
         lines.append("")
     if report.memory:
@@ -1251,6 +1351,7 @@ def run(cfg: BenchConfig, argv_text: str = "") -> Report:
 
     steps: list[tuple[int, str, Callable[[], Any]]] = [
         (1, "completion tracking", lambda: part_tracking(cfg, report, workloads)),
+        (1, "acker churn", lambda: part_churn(cfg, report)),
         (2, "memory", lambda: part_memory(cfg, report)),
         (3, "partition assignment", lambda: part_partitions(cfg, report)),
     ]

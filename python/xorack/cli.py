@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--host",
         default="127.0.0.1",
-        help="address to listen on; a non-loopback address requires --token",
+        help="address to listen on; a non-loopback address requires --token and "
+        "--tls-cert/--tls-key",
     )
     serve.add_argument(
         "--port", type=_port, default=8815, help="TCP port to listen on (0 = any free port)"
@@ -145,6 +146,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="shared secret every call must present; required for a non-loopback --host. "
         "Prefer the XORACK_TOKEN environment variable (used when --token is not given): "
         "command lines are visible to other users",
+    )
+    serve.add_argument(
+        "--tls-cert",
+        metavar="PEM",
+        default=None,
+        help="serve TLS (grpc+tls://) with this certificate (chain) file; required, with "
+        "--tls-key, for a non-loopback --host. Clients trust it through "
+        "AckerClient.get(..., tls_root_certs=<its PEM bytes or its CA's>)",
+    )
+    serve.add_argument(
+        "--tls-key", metavar="PEM", default=None, help="the private key of --tls-cert"
     )
     return parser
 
@@ -272,6 +284,17 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser | None = Non
         if parser is not None:
             parser.error(msg)
         raise ServiceError(msg)
+    tls_cert, tls_key = getattr(args, "tls_cert", None), getattr(args, "tls_key", None)
+    if (tls_cert is None) != (tls_key is None) or (not is_loopback(args.host) and not tls_cert):
+        msg = (
+            "--tls-cert and --tls-key go together"
+            if (tls_cert is None) != (tls_key is None)
+            else f"--host {args.host} is not a loopback address: pass --tls-cert and --tls-key "
+            "(PEM files) so that the token and the records are encrypted on the network"
+        )
+        if parser is not None:
+            parser.error(msg)
+        raise ServiceError(msg)
     try:
         job_tokens = _job_tokens(
             getattr(args, "job_token", None) or os.environ.get("XORACK_JOB_TOKENS", "")
@@ -318,6 +341,8 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser | None = Non
             max_request_bytes=getattr(args, "max_request_mb", 256) << 20,
             max_request_rows=getattr(args, "max_request_rows", 1 << 20),
             close_ft=True,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
         )
     except ServiceError as exc:
         ft.close()
@@ -338,7 +363,8 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser | None = Non
         service.start()
         print(
             f"xorack acker listening on {service.location} (storage={args.storage}, "
-            f"pending={ft.pending}, auth={'token' if token else 'none'})",
+            f"pending={ft.pending}, auth={'token' if token else 'none'}, "
+            f"tls={'on' if tls_cert else 'off'})",
             flush=True,
         )
         while not stop.wait(0.5):

@@ -65,7 +65,9 @@ the batch of thousands of rows each call carries.
 
 Security: the service listens on loopback unless told otherwise; a non-loopback address needs a
 token, sent by clients as ``authorization: Bearer <token>`` on every call and compared in
-constant time. The connection is not encrypted (no TLS): across untrusted networks, tunnel it.
+constant time, and TLS (``tls_cert``/``tls_key``: the location becomes ``grpc+tls://``; clients
+trust the certificate through ``tls_root_certs``, or the system's roots), so the token never
+crosses a network in clear.
 """
 
 from __future__ import annotations
@@ -225,10 +227,34 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: may resolve anywhere, treat as exposed
 
 
-def _location(host: str, port: int) -> str:
+def _location(host: str, port: int, tls: bool = False) -> str:
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"  # IPv6 literal
-    return f"grpc://{host}:{port}"
+    return f"{'grpc+tls' if tls else 'grpc'}://{host}:{port}"
+
+
+def _read_pem(path: Any, what: str) -> bytes:
+    """The bytes of a PEM file, or a ``ServiceError`` naming the file and the option."""
+    try:
+        with open(os.fspath(path), "rb") as f:
+            data = f.read()
+    except (OSError, TypeError) as exc:
+        raise ServiceError(f"cannot read the TLS {what} {path!r}: {exc}") from None
+    if b"-----BEGIN" not in data:
+        raise ServiceError(f"the TLS {what} {path!r} is not a PEM file (no '-----BEGIN' line)")
+    return data
+
+
+def _tls_pair(tls_cert: Any, tls_key: Any) -> tuple[bytes, bytes] | None:
+    """The (certificate, key) PEM bytes of a TLS service, or None without TLS."""
+    if (tls_cert is None) != (tls_key is None):
+        raise ServiceError(
+            "TLS needs both tls_cert and tls_key (xorack serve --tls-cert/--tls-key): got only "
+            + ("tls_cert" if tls_cert is not None else "tls_key")
+        )
+    if tls_cert is None:
+        return None
+    return _read_pem(tls_cert, "certificate"), _read_pem(tls_key, "private key")
 
 
 @dataclass
@@ -551,8 +577,10 @@ class AckerService(flight.FlightServerBase):
 
     ``AckerService(ft)`` listens on 127.0.0.1 and a free port as soon as it is built; call
     ``serve()`` to block, or use ``AckerService.embedded(ft)`` to run it in a thread of this
-    process. A non-loopback ``host`` requires a ``token``; with a token every call must present
-    it. ``ft`` stays owned by the caller unless ``close_ft=True``.
+    process. A non-loopback ``host`` requires a ``token`` and TLS (``tls_cert``, ``tls_key``:
+    PEM files); with a token every call must present it. ``advertise`` is the host name put in
+    ``location`` (the name clients route to; default ``host``). ``ft`` stays owned by the
+    caller unless ``close_ft=True``.
 
     Jobs: every call belongs to a job (``AckerClient.get(location, job=...)``; none = the job
     ``"default"``), and each job has its own FT layer — its own sources, rounds, replays, dead
@@ -597,6 +625,9 @@ class AckerService(flight.FlightServerBase):
         dedup_seconds: float = 600.0,
         dedup_max_bytes: int = 256 << 20,
         close_ft: bool = False,
+        advertise: str | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
     ) -> None:
         try:
             token = check_token(token)
@@ -614,21 +645,35 @@ class AckerService(flight.FlightServerBase):
                 "pass token=... (xorack serve --token, or XORACK_TOKEN) so that only your jobs "
                 "can report to this acker"
             )
+        tls = _tls_pair(tls_cert, tls_key)
+        if not is_loopback(host) and tls is None:
+            raise ServiceError(
+                f"refusing to listen on non-loopback address {host!r} without TLS: the token "
+                "would cross the network in clear; pass tls_cert=... and tls_key=... (PEM files; "
+                "xorack serve --tls-cert/--tls-key)"
+            )
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an int in [0, 65535], got {port!r}")
         middleware = {"xorack": _CallFactory(token, tokens)}
         _check_grpc_usable()
         _mark_grpc()
+        bind = _location(host, port, tls=tls is not None)
         try:
-            super().__init__(_location(host, port), middleware=middleware)
-        except Exception as exc:  # address in use, bad host, ...
+            super().__init__(
+                bind, middleware=middleware, tls_certificates=[tls] if tls is not None else []
+            )
+        except Exception as exc:  # address in use, bad host, bad certificate, ...
             raise ServiceError(
-                f"cannot listen on {_location(host, port)} (port in use? host not local?): "
-                f"{str(exc).splitlines()[0]}"
+                f"cannot listen on {bind} (port in use? host not local? certificate and key "
+                f"not a pair?): {str(exc).splitlines()[0]}"
             ) from exc
         self.ft = ft
         self.job = job
         self.host = host
+        self.advertise = advertise
+        #: The PEM certificate this service presents (None without TLS): the ``tls_root_certs``
+        #: of its clients when it is self-signed.
+        self.tls_cert_pem = tls[0] if tls is not None else None
         self.token = token
         self.max_jobs = int(max_jobs)
         self.job_idle_seconds = float(job_idle_seconds)
@@ -715,10 +760,21 @@ class AckerService(flight.FlightServerBase):
 
     @classmethod
     def embedded(
-        cls, ft: Any, token: str | None = None, job: str | None = None, **kwargs: Any
+        cls,
+        ft: Any,
+        *,
+        token: str | None = None,
+        job: str | None = None,
+        host: str = "127.0.0.1",
+        advertise: str | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
+        **kwargs: Any,
     ) -> AckerService:
-        """Start a service for ``ft`` (serving the job ``job``, None = ``"default"``) on
-        127.0.0.1 and a free port, in a daemon thread.
+        """Start a service for ``ft`` (serving the job ``job``, None = ``"default"``) on ``host``
+        (127.0.0.1 by default) and a free port, in a daemon thread. ``advertise`` is the host
+        name executors reach it by (default ``host``); a non-loopback ``host`` needs ``token``
+        and TLS (``tls_cert``, ``tls_key``).
 
         >>> from xorack import FTLayer
         >>> svc = AckerService.embedded(FTLayer())
@@ -726,7 +782,17 @@ class AckerService(flight.FlightServerBase):
         True
         >>> svc.shutdown()
         """
-        svc = cls(ft, "127.0.0.1", 0, token=token, job=job, **kwargs)
+        svc = cls(
+            ft,
+            host,
+            0,
+            token=token,
+            job=job,
+            advertise=advertise,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            **kwargs,
+        )
         svc.start()
         return svc
 
@@ -739,12 +805,13 @@ class AckerService(flight.FlightServerBase):
 
     @property
     def location(self) -> str:
-        """``grpc://host:port`` for clients (the actual port when built with ``port=0``; this
-        machine's host name when listening on every interface)."""
-        host = self.host
+        """``grpc://host:port`` (``grpc+tls://`` with TLS) for clients: the actual port when
+        built with ``port=0``; the ``advertise`` host when given, else this machine's host name
+        when listening on every interface."""
+        host = self.advertise or self.host
         if host in ("0.0.0.0", "::", "[::]", ""):
             host = socket.gethostname()
-        return _location(host, self.port)
+        return _location(host, self.port, tls=self.tls_cert_pem is not None)
 
     def shutdown(self) -> None:
         """Stop accepting calls, finish the running ones, stop the thread; close the FT layer if
@@ -1114,7 +1181,7 @@ def _check_grpc_usable() -> None:
         )
 
 
-_clients: dict[tuple[int, str, str | None, str], AckerClient] = {}
+_clients: dict[tuple[int, str, str | None, str, bytes | None], AckerClient] = {}
 _clients_lock = threading.Lock()
 
 
@@ -1128,11 +1195,13 @@ def _clean(exc: BaseException) -> str:
 class AckerClient:
     """A connection to an acker service; its methods mirror ``FTLayer``.
 
-    Use ``AckerClient.get(location, token, job)`` inside executors: one client per (process,
-    location, token, job), reused by every task a Python worker runs, and re-created in a
-    forked child. Calls are retried (``RetryPolicy``) when the service is unavailable or times
-    out; non-idempotent calls carry a request id the service deduplicates, so a retry never
-    applies twice. When the budget is spent the call raises ``xorack.ServiceError``.
+    Use ``AckerClient.get(location, token, job=...)`` inside executors: one client per
+    (process, location, token, job, TLS roots), reused by every task a Python worker runs, and
+    re-created in a forked child. A ``grpc+tls://`` location is verified against
+    ``tls_root_certs`` (PEM bytes, e.g. the service's self-signed certificate) or, without them,
+    the system's roots. Calls are retried (``RetryPolicy``) when the service is unavailable or
+    times out; non-idempotent calls carry a request id the service deduplicates, so a retry
+    never applies twice. When the budget is spent the call raises ``xorack.ServiceError``.
 
     >>> import pyarrow as pa
     >>> from xorack import FTLayer
@@ -1149,9 +1218,20 @@ class AckerClient:
         token: str | None = None,
         retry: RetryPolicy | None = None,
         job: str | None = None,
+        tls_root_certs: bytes | None = None,
     ) -> None:
         if not isinstance(location, str) or "://" not in location:
             raise ValueError(f"location must look like grpc://host:port, got {location!r}")
+        if tls_root_certs is not None and not isinstance(tls_root_certs, bytes):
+            raise TypeError(
+                "tls_root_certs must be the PEM bytes of the certificates to trust (read the "
+                f"file first), got {type(tls_root_certs).__name__}"
+            )
+        if tls_root_certs is not None and not location.startswith("grpc+tls://"):
+            raise ValueError(
+                f"tls_root_certs given but {location!r} is not a TLS location: a TLS service's "
+                "location starts with grpc+tls://"
+            )
         self.location = location
         self.retry = retry or RetryPolicy()
         token = check_token(token)
@@ -1166,8 +1246,10 @@ class AckerClient:
         _check_grpc_usable()
         _mark_grpc()
         # Reconnect quickly after the service restarts (gRPC's default backoff grows to 120 s).
+        tls = {"tls_root_certs": tls_root_certs} if tls_root_certs is not None else {}
         self._client = flight.FlightClient(
             location,
+            **tls,
             generic_options=[
                 ("grpc.initial_reconnect_backoff_ms", 100),
                 ("grpc.min_reconnect_backoff_ms", 100),
@@ -1182,6 +1264,7 @@ class AckerClient:
         token: str | None = None,
         job: str | None = None,
         retry: RetryPolicy | None = None,
+        tls_root_certs: bytes | None = None,
     ) -> AckerClient:
         """The cached client of this process for ``location``, ``token`` and ``job`` (created on
         first use). Every call of the client belongs to ``job`` (1-64 of ``A-Z a-z 0-9 _ . -``;
@@ -1193,13 +1276,19 @@ class AckerClient:
         its parent had not started gRPC yet (else ``ServiceError`` says so at once; a gRPC call
         in such a child would hang).
         """
-        key = (os.getpid(), location, token, check_job(job))
+        key = (os.getpid(), location, token, check_job(job), tls_root_certs)
         client = _clients.get(key)
         if client is None:
             with _clients_lock:
                 client = _clients.get(key)
                 if client is None:
-                    client = cls(location, token=token, retry=retry, job=job)
+                    client = cls(
+                        location,
+                        token=token,
+                        retry=retry,
+                        job=job,
+                        tls_root_certs=tls_root_certs,
+                    )
                     _clients[key] = client
         return client
 
@@ -1247,9 +1336,15 @@ class AckerClient:
                 raise ServiceError(
                     f"acker service at {self.location}: {op} failed: {_clean(exc)}"
                 ) from None
+        hint = (
+            "; TLS: does the client trust the service's certificate (tls_root_certs) and does "
+            "the certificate name this host?"
+            if self.location.startswith("grpc+tls://")
+            else ""
+        )
         raise ServiceError(
             f"acker service at {self.location} unreachable after {policy.attempts} attempts "
-            f"({op}): {_clean(last) if last else 'no attempt made'}"
+            f"({op}): {_clean(last) if last else 'no attempt made'}{hint}"
         ) from None
 
     def _put(self, op: str, cmd: dict[str, Any], data: pa.RecordBatch | pa.Table) -> np.ndarray:

@@ -32,21 +32,35 @@ def serialized(method: _F) -> _F:
     return wrapper  # type: ignore[return-value]
 
 
+def check_ids(ids: np.ndarray, name: str) -> None:
+    """ValueError naming the first id 0 in ``ids`` (0 is never a valid id), as the native
+    module does."""
+    if ids.size and not ids.all():
+        i = int(np.flatnonzero(ids == 0)[0])
+        raise ValueError(f"{name} contains id 0 at position {i} (ids are nonzero)")
+
+
+def check_id(key: int, name: str) -> None:
+    """ValueError for the single id 0, as the native module does."""
+    if key == 0:
+        raise ValueError(f"{name} must be a nonzero id, got 0")
+
+
 def combine_by_key(keys: np.ndarray, values: np.ndarray) -> tuple[list[int], list[int]]:
-    """The distinct keys in order of first occurrence and the XOR of each key's values."""
+    """The distinct keys in order of their last occurrence and the XOR of each key's values."""
     n = keys.size
     if n == 0:
         return [], []
-    uniq, first, inv = np.unique(keys, return_index=True, return_inverse=True)
+    uniq, first_rev, inv = np.unique(keys[::-1], return_index=True, return_inverse=True)
     if uniq.size == n:  # no key repeats: nothing to combine
         return keys.tolist(), values.tolist()
     order = np.argsort(inv, kind="stable")
     counts = np.bincount(inv, minlength=uniq.size)
     starts = np.zeros(uniq.size, dtype=np.int64)
     np.cumsum(counts[:-1], out=starts[1:])
-    xors = np.bitwise_xor.reduceat(values[order], starts)
-    by_first = np.argsort(first, kind="stable")
-    return uniq[by_first].tolist(), xors[by_first].tolist()
+    xors = np.bitwise_xor.reduceat(values[::-1][order], starts)
+    by_last = np.argsort(-first_rev, kind="stable")  # last occurrence = n - 1 - first_rev
+    return uniq[by_last].tolist(), xors[by_last].tolist()
 
 
 # The XOR acker table: source id -> 64-bit ack value, plus whether the id is registered.
@@ -63,15 +77,17 @@ class AckTable:
 
     @serialized
     def register(self, keys: np.ndarray, births: np.ndarray) -> np.ndarray:
-        """Registers ids with their births; returns the ids completed (first-seen order)."""
+        """Registers ids with their births, pair after pair as if each were its own call;
+        returns the ids completed (in completion order)."""
+        check_ids(keys, "src_ids")
         done: list[int] = []
-        main, early = self._main, self._early
-        for k, b in zip(*combine_by_key(keys, births), strict=True):
+        main, early, old = self._main, self._early, self._old
+        for k, b in zip(keys.tolist(), births.tolist(), strict=True):
             v = main.get(k)
             if v is None:
                 e = early.pop(k, None)
                 if e is None:
-                    e = self._old.pop(k, None)
+                    e = old.pop(k, None)
                 if e is None:  # fresh: waits for its events even when the birth is 0
                     main[k] = b
                     continue
@@ -88,7 +104,9 @@ class AckTable:
 
     @serialized
     def xor(self, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
-        """XORs events in; returns registered ids whose value is 0 after the call (first-seen)."""
+        """XORs events in; returns registered ids whose value is 0 after the call (in order of
+        their last occurrence)."""
+        check_ids(keys, "src_ids")
         done: list[int] = []
         main, early = self._main, self._early
         for k, x in zip(*combine_by_key(keys, values), strict=True):
@@ -114,6 +132,7 @@ class AckTable:
     @serialized
     def fail(self, keys: np.ndarray) -> np.ndarray:
         """True where the id was present before the call; removes those entries."""
+        check_ids(keys, "src_ids")
         main, early, old = self._main, self._early, self._old
         ks = keys.tolist()
         present = np.array([k in main or k in early or k in old for k in ks], dtype=np.bool_)
@@ -144,10 +163,12 @@ class AckTable:
 
     def contains(self, key: int) -> bool:
         """True when the id has an entry (registered or not)."""
+        check_id(key, "src")
         return key in self._main or key in self._early or key in self._old
 
     def get(self, key: int) -> int | None:
         """The id's current ack value, or None when absent."""
+        check_id(key, "src")
         for d in (self._main, self._early, self._old):
             v = d.get(key)
             if v is not None:

@@ -12,7 +12,7 @@ import threading
 
 import numpy as np
 
-from .ack_table import serialized
+from .ack_table import check_id, check_ids, serialized
 
 __all__ = ["TimeoutWheel"]
 
@@ -38,6 +38,7 @@ class TimeoutWheel:
     @serialized
     def add(self, ids: np.ndarray) -> None:
         """Starts (or restarts) the timeout of every id."""
+        check_ids(ids, "ids")
         d = (self._rotation + self._nb) & _MASK16
         self._deadline.update(dict.fromkeys(ids.tolist(), d))
         self._peak = max(self._peak, len(self._deadline))
@@ -45,6 +46,7 @@ class TimeoutWheel:
     @serialized
     def touch(self, ids: np.ndarray) -> None:
         """Restarts the timeout of the ids present; absent ids are ignored."""
+        check_ids(ids, "ids")
         d = (self._rotation + self._nb) & _MASK16
         dl = self._deadline
         for k in ids.tolist():
@@ -54,6 +56,7 @@ class TimeoutWheel:
     @serialized
     def discard(self, ids: np.ndarray) -> None:
         """Forgets the ids (they never expire); absent ids are ignored."""
+        check_ids(ids, "ids")
         dl = self._deadline
         for k in ids.tolist():
             dl.pop(k, None)
@@ -82,6 +85,7 @@ class TimeoutWheel:
 
     def contains(self, key: int) -> bool:
         """True when the id is waiting for its timeout."""
+        check_id(key, "id")
         return key in self._deadline
 
     def nbytes(self) -> int:

@@ -17,6 +17,11 @@ def get_or_create_session(
 
     The default master ``local[2,2]`` retries a failed task once (plain ``local[2]`` never
     retries), so a Python worker that dies mid-task is recovered by Spark, as on a cluster.
+    Any master URL works: ``local-cluster[2,1,1024]`` starts two executor JVMs on this machine
+    (each executor gets 512m unless ``extra_conf`` sets ``spark.executor.memory``: it must stay
+    below the worker's 1024 MB); on a real cluster (``spark://``, ``yarn``, ``k8s://``) the
+    driver is not pinned to 127.0.0.1 and the executors need xorack installed in the same
+    Python.
 
     >>> spark = get_or_create_session()  # doctest: +SKIP
     """
@@ -32,9 +37,13 @@ def get_or_create_session(
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
     )
+    if master.startswith("local"):  # everything on this machine: keep the driver on loopback
+        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
+            "spark.driver.host", "127.0.0.1"
+        )
+    if master.startswith("local-cluster"):
+        builder = builder.config("spark.executor.memory", "512m")
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, str(value))
     session = builder.getOrCreate()

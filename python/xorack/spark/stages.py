@@ -32,10 +32,9 @@ import pandas as pd
 import pyarrow as pa
 
 from ..errors import FailRecord, LineageError, XorackError
+from .lineage import EV, KEEP, REC, SRC, settle
 
-SRC = "_ft_src"
-REC = "_ft_rec"
-LINEAGE_COLUMNS = (SRC, REC)
+LINEAGE_COLUMNS = (SRC, REC)  # what a stage's function sees (the pending columns are settled)
 DET = "_xorack_det"  # persisted with the payload: the source record's deterministic first id
 ORIG_PART = "_xorack_part"  # persisted with the payload: the partition the record was read on
 PART = "_ft_part"  # spark_partition_id() of the source's own partitioning, read by the tagger
@@ -68,10 +67,10 @@ def current_round() -> int:
     return int(value) if value else 0
 
 
-def _client(location: str, token: str | None):
+def _client(location: str, token: str | None, tls_root_certs: bytes | None = None):
     from ..service import AckerClient
 
-    return AckerClient.get(location, token=token)
+    return AckerClient.get(location, token=token, tls_root_certs=tls_root_certs)
 
 
 def u64(values: Any) -> np.ndarray:
@@ -210,11 +209,12 @@ class SourceTagger:
     deterministic: bool = True
     id_salt: int = 0
     batch: int = 0  # the micro-batch id in streaming (0 in batch runs): part of every id
+    tls_root_certs: bytes | None = None  # PEM the executors trust for a grpc+tls:// acker
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from .. import acker, hashing
 
-        client = _client(self.location, self.token)
+        client = _client(self.location, self.token, self.tls_root_certs)
         ranks = ContentRanks()
         salt = (_salt(f"source:{self.name}") ^ self.id_salt) & 0x7FFF_FFFF_FFFF_FFFF
         for batch in batches:
@@ -403,6 +403,35 @@ def call_bisecting(
     return outs, failed
 
 
+def _count(
+    tally: Any, where: str, src: np.ndarray, failures: Sequence[tuple[np.ndarray, str]]
+) -> None:
+    """Add a batch's source records seen and failed per error to the runaway guard's tally."""
+    if tally is None:
+        return
+    from .guard import SEEN, reason_key
+
+    counts = {(where, SEEN): len(np.unique(src))}
+    for pos, reason in failures:
+        key = (where, reason_key(reason))
+        counts[key] = counts.get(key, 0) + len(np.unique(src[pos]))
+    tally.add(counts)
+
+
+def settle_frame(pdf: pd.DataFrame, client: Any, ack_kept: bool) -> pd.DataFrame:
+    """At a Python boundary: send the events native operators left pending (``_ft_ev``; with
+    ``ack_kept`` also the ack of every live row), drop the ghost rows (``_ft_keep`` false: rows
+    a native filter, join or generator removed) and the two pending columns."""
+    if EV not in pdf.columns:
+        return pdf
+    keep = pdf[KEEP].to_numpy(dtype=bool)
+    ev_src, ev_val = settle(u64(pdf[SRC]), u64(pdf[REC]), u64(pdf[EV]), keep, ack_kept)
+    if len(ev_src):
+        client.xor(ev_src, ev_val)
+    out = pdf.drop(columns=[EV, KEEP])
+    return out if keep.all() else out[keep]
+
+
 @dataclass(frozen=True)
 class StageRunner:
     """``mapInPandas`` function of a tracked stage.
@@ -420,6 +449,9 @@ class StageRunner:
     ft: bool = True
     deterministic: bool = True
     bisect: bool = True
+    single_record_groups: bool = False  # apply_in_pandas: a group must hold one source record
+    tally: Any = None  # the round's failure accumulator (the runaway guard), or None
+    tls_root_certs: bytes | None = None  # PEM the executors trust for a grpc+tls:// acker
 
     def __call__(self, pdfs: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         if not self.ft:
@@ -428,7 +460,7 @@ class StageRunner:
                     yield self._select(out, lineage=False)
             return
         assert self.location is not None
-        client = _client(self.location, self.token)
+        client = _client(self.location, self.token, self.tls_root_certs)
         for pdf in pdfs:
             out = self.process(pdf, client)
             if out is not None:
@@ -454,12 +486,23 @@ class StageRunner:
                     f"stage {self.name!r}: its input has no lineage column {c!r} (columns "
                     f"{list(pdf.columns)}); a tracked stage must read a tracked DataFrame"
                 )
+        pdf = settle_frame(pdf, client, ack_kept=False)
         if len(pdf) == 0:
             return None
         pdf = pdf.reset_index(drop=True)
         in_src = u64(pdf[SRC])
         in_rec = u64(pdf[REC])
+        if self.single_record_groups and len(np.unique(in_src)) > 1:
+            raise StageSchemaError(
+                f"apply_in_pandas {self.name!r}: a group holds rows of "
+                f"{len(np.unique(in_src))} source records; a grouped function over several "
+                "records is not exact under record-level replay (a replayed record would be "
+                "grouped without the others, e.g. a partial average). Use "
+                "groupBy(...).agg(...) for aggregates (exactly-once), or group by a key that "
+                "stays within one source record"
+            )
         frames, failures = call_bisecting(self.fn, pdf, self.name, self.bisect)
+        _count(self.tally, f"stage {self.name!r}", in_src, failures)
         frames = [f for f in frames if len(f.columns)]
         out = pd.concat(frames, ignore_index=True) if frames else pdf.iloc[0:0]
         if REC not in out.columns:
@@ -524,7 +567,7 @@ class GroupStageRunner:
                 return pd.DataFrame(columns=cols)
             return r._select(pd.concat(frames, ignore_index=True), lineage=False)
         assert r.location is not None
-        out = r.process(pdf, _client(r.location, r.token))
+        out = r.process(pdf, _client(r.location, r.token, r.tls_root_certs))
         return pd.DataFrame(columns=cols) if out is None else out
 
 
@@ -576,13 +619,15 @@ class SinkRunner:
     token: str | None = None
     ft: bool = True
     write_rows: int = 100_000
+    tally: Any = None  # the round's failure accumulator (the runaway guard), or None
+    tls_root_certs: bytes | None = None  # PEM the executors trust for a grpc+tls:// acker
 
     def __call__(self, pdfs: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
-        client = _client(self.location, self.token) if self.ft else None
+        client = _client(self.location, self.token, self.tls_root_certs) if self.ft else None
         rows = dups = 0
         pending: list[pd.DataFrame] = []
         buffered = 0
@@ -617,24 +662,48 @@ class SinkRunner:
 
     def _write(self, writer: Any, client: Any, frames: list[pd.DataFrame]) -> tuple[int, int]:
         """Write (and with FT ack) one chunk; returns (rows consumed, duplicates absorbed)."""
-        from .. import acker
-
         pdf = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-        payload = pdf[list(self.columns)]
         if not self.ft:
-            return len(pdf), writer.write(payload, None)
-        rec = u64(pdf[REC])
-        src = u64(pdf[SRC])
+            return len(pdf), writer.write(pdf[list(self.columns)], None)
+        if EV in pdf.columns:  # ghosts (rows native operators removed) only send their event
+            keep = pdf[KEEP].to_numpy(dtype=bool)
+            ev = u64(pdf[EV])
+        else:
+            keep = np.ones(len(pdf), dtype=bool)
+            ev = np.zeros(len(pdf), dtype=np.uint64)
+        src, rec = u64(pdf[SRC]), u64(pdf[REC])
+        live = pdf[keep] if not keep.all() else pdf
         try:
-            dups = writer.write(payload, rec)  # durable on return
+            dups = _write_rows(writer, live[list(self.columns)], rec[keep], src[keep])
         except Exception as exc:  # the write rolled back: replay these records
             reason = f"sink {self.name}: {type(exc).__name__}: {exc}"[:500]
-            client.fail(np.unique(src), reason=reason)
+            failed = np.unique(src[keep])
+            everything = np.arange(int(keep.sum()))
+            _count(self.tally, f"sink {self.name!r}", src[keep], [(everything, reason)])
+            client.fail(failed, reason=reason)
             writer.reset()
+            others = ~np.isin(src, failed)
+            ev_src, ev_val = settle(src[others], rec[others], ev[others], keep[others], False)
+            if len(ev_src):
+                client.xor(ev_src, ev_val)
             return 0, 0
-        ev_src, ev_xor = acker.xor_reduce(src, rec)
-        client.xor(ev_src, ev_xor)
-        return len(pdf), dups
+        _count(self.tally, f"sink {self.name!r}", src[keep], [])
+        ev_src, ev_val = settle(src, rec, ev, keep, ack_kept=True)
+        if len(ev_src):
+            client.xor(ev_src, ev_val)
+        return int(keep.sum()), dups
+
+
+def _write_rows(writer: Any, rows: pd.DataFrame, rec: np.ndarray, src: np.ndarray) -> int:
+    """``writer.write`` (durable on return), with the rows' attempt ids for writers that keep
+    them (so that rows of attempts that did not complete can be retracted after the run)."""
+    import inspect
+
+    try:
+        takes_src = "src" in inspect.signature(writer.write).parameters
+    except (TypeError, ValueError):
+        takes_src = False
+    return writer.write(rows, rec, src=src) if takes_src else writer.write(rows, rec)
 
 
 def check_columns(name: str, have: Sequence[str], need: Sequence[str], what: str) -> None:

@@ -1,0 +1,375 @@
+"""xorack on a real multi-process Spark cluster: ``local-cluster[2,1,1024]``, two executor JVMs
+(each with its own Python workers) started by the driver on this machine.
+
+What local mode cannot show: executors reaching the acker over the network stack (with the
+token, over TLS on a non-loopback address), everything a task needs being serialized to another
+JVM, and an executor JVM killed with SIGKILL in the middle of a round.
+
+A JVM hosts one SparkContext, and the other test modules share a ``local[2]`` one, so this
+group runs in a pytest process of its own: ``python -m pytest -m cluster`` (any run whose
+``-m`` does not name ``cluster`` leaves it out: see ``tests/conftest.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import test_topology as topology
+from conftest import own_address
+from xorack import ServiceError, demo
+from xorack.spark import Pipeline, SQLiteSink, current_round
+
+pytest.importorskip("pyspark", reason="pyspark is not installed: install xorack[test]")
+from pyspark import cloudpickle
+
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux"),
+        reason="finds the executor JVMs through /proc (Linux only)",
+    ),
+]
+
+# Spark's Python workers cannot import this test module: ship its functions by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+MASTER = "local-cluster[2,1,1024]"
+EXECUTORS = 2
+EXECUTOR_MAIN = "CoarseGrainedExecutorBackend"
+N = 2000
+SERVE = (sys.executable, "-m", "xorack", "serve", "--port", "0", "--rotate-interval", "0")
+PARTITIONS = 4
+
+
+# ---- the cluster ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """One local-cluster session for the whole group (it takes ~15-20 s to start)."""
+    from pyspark import SparkContext
+
+    from xorack.spark.session import get_or_create_session
+
+    active = SparkContext._active_spark_context
+    if active is not None and not active.master.startswith("local-cluster"):
+        pytest.fail(
+            f"a {active.master} SparkContext already runs in this process (one per JVM): run "
+            "the cluster group in its own pytest process: python -m pytest -m cluster"
+        )
+    session = get_or_create_session(
+        MASTER, app_name="xorack-cluster-tests", shuffle_partitions=PARTITIONS
+    )
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def spark(cluster):
+    """The cluster session, once both executors are registered (also after one was killed:
+    the standalone master replaces a lost executor)."""
+    _wait_for_executors(cluster, EXECUTORS)
+    return cluster
+
+
+def _wait_for_executors(spark, n: int, timeout: float = 120.0) -> None:
+    status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus
+    deadline = time.monotonic() + timeout
+    while status().size() < n + 1:  # the driver's block manager counts too
+        if time.monotonic() > deadline:
+            pytest.fail(f"{MASTER}: {n} executors not registered after {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+def _executor_jvms() -> list[int]:
+    """The pids of the executor JVMs this process (the driver) started: its descendants whose
+    command line runs CoarseGrainedExecutorBackend (never another test run's executors)."""
+    parents: dict[int, int] = {}
+    executors = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue  # exited meanwhile
+        pid = int(entry.name)
+        parents[pid] = int(stat.rsplit(")", 1)[1].split()[1])
+        if EXECUTOR_MAIN.encode() in cmdline:
+            executors.append(pid)
+    me = os.getpid()
+
+    def mine(pid: int) -> bool:
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == me:
+                return True
+        return False
+
+    return sorted(p for p in executors if mine(p))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+# ---- a small pipeline: numbers → (number, square) → SQLite ----------------------------------
+
+
+def _numbers(spark):
+    return spark.range(N, numPartitions=PARTITIONS).selectExpr("id AS n")
+
+
+def _square(pdf: pd.DataFrame) -> pd.DataFrame:
+    return pdf.assign(sq=pdf["n"] * pdf["n"])
+
+
+def _run_squares(spark, tmp_path, fn=_square, **pipeline_kw):
+    sink = SQLiteSink(str(tmp_path / "squares.db"), "squares")
+    p = Pipeline(spark, **pipeline_kw)
+    p.source(_numbers(spark), name="numbers").map_in_pandas(
+        fn, "n long, sq long", name="square"
+    ).sink(sink, name="squares")
+    rounds = []
+    report = p.run(on_round=rounds.append)
+    return report, sink, rounds
+
+
+def _assert_exact(report, sink) -> None:
+    assert report.lost == 0
+    assert report.dead_lettered == 0
+    assert report.completed == report.source_records
+    rows = sink.read()
+    assert len(rows) == N  # exactly once: no duplicate, nothing missing
+    assert sorted(rows["n"].tolist()) == list(range(N))
+    assert (rows["sq"] == rows["n"] * rows["n"]).all()
+
+
+def _executor_jvm_of_this_worker() -> int:
+    """The executor JVM running this Python worker (worker → daemon → JVM)."""
+    pid = os.getpid()
+    for _ in range(6):
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if EXECUTOR_MAIN.encode() in f.read():
+                return pid
+    raise RuntimeError("no executor JVM among this worker's ancestors")
+
+
+@dataclass(frozen=True)
+class SlowSquareThatSignals:
+    """Round 0: tells the driver which executor JVM runs it (once, through ``marker``), then
+    works slowly, so that the round is still in flight when that executor is killed."""
+
+    marker: str
+    pause: float = 0.3
+
+    def __call__(self, pdf: pd.DataFrame) -> pd.DataFrame:
+        if current_round() == 0:
+            try:
+                fd = os.open(self.marker + ".tmp", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                pass
+            else:
+                os.write(fd, str(_executor_jvm_of_this_worker()).encode())
+                os.close(fd)
+                os.rename(self.marker + ".tmp", self.marker)
+            time.sleep(self.pause)
+        return _square(pdf)
+
+
+# ---- the tests -------------------------------------------------------------------------------
+
+
+def test_the_demo_on_a_cluster_accounts_for_every_record(spark, capsys):
+    code = demo.main(
+        [
+            "--master", MASTER,  # the running cluster session is reused
+            "--records", "3000",
+            "--partitions", str(PARTITIONS),
+            "--fail-rate", "0.05",
+            "--poison-rate", "0.01",
+            "--drop-rate", "0.05",
+            "--max-attempts", "3",
+            "--json",
+            "--no-progress",
+        ]
+    )  # fmt: skip
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0
+    assert report["lost"] == 0
+    assert report["results_match"] is True
+    assert report["source_records"] == 3000
+    assert report["failed"] > 0
+    assert report["timed_out"] > 0
+    assert report["dead_lettered"] > 0
+
+
+def test_an_executor_killed_mid_round_loses_nothing(spark, tmp_path):
+    """SIGKILL to an executor JVM while it runs a task of the first round: Spark reschedules
+    its tasks on the other executor; the run ends with lost 0 and an exact sink."""
+    before = _executor_jvms()
+    assert len(before) == EXECUTORS, before
+    marker = str(tmp_path / "running-on")
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")  # many slow batches
+    killed: list[int] = []
+
+    def kill_when_running() -> None:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(marker):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        victim = int(Path(marker).read_text())
+        if victim in _executor_jvms():  # one of ours, never another process
+            os.kill(victim, signal.SIGKILL)
+            killed.append(victim)
+
+    killer = threading.Thread(target=kill_when_running, daemon=True)
+    killer.start()
+    try:
+        report, sink, _ = _run_squares(spark, tmp_path, fn=SlowSquareThatSignals(marker))
+    finally:
+        killer.join(timeout=130)
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert killed, "the executor was not killed: the test proved nothing"
+    assert killed[0] in before
+    assert not _alive(killed[0])
+    _assert_exact(report, sink)
+    # the records the dead executor's task had persisted never completed there: the acker
+    # timed them out and replayed them (the sink absorbed what the rerun task also wrote)
+    assert report.timed_out > 0
+    assert report.replayed >= report.timed_out
+
+
+def test_the_topology_on_a_cluster(spark, tmp_path):
+    """The seed's FaultToleranceWithTopologyTest (two sources, branches, a union, failures and
+    losses injected), its tasks spread over the two executor JVMs."""
+    topology.test_fault_tolerance_with_topology(spark, tmp_path)
+
+
+@pytest.fixture
+def standalone_tls_acker(tls_files):
+    """``xorack serve`` on every interface with a token and TLS; its location at this machine's
+    own address."""
+    cert, key = tls_files
+    env = {**os.environ, "XORACK_TOKEN": "cluster-s3cret"}
+    proc = subprocess.Popen(
+        [*SERVE, "--host", "0.0.0.0", "--tls-cert", cert, "--tls-key", key],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        line = proc.stdout.readline() if ready else ""
+        assert "listening on grpc+tls://" in line, line
+        port = line.split("listening on ")[1].split()[0].rsplit(":", 1)[1]
+        yield f"grpc+tls://{own_address()}:{port}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=20)
+
+
+@pytest.mark.skipif(own_address() is None, reason="no non-loopback IPv4 address to bind")
+@pytest.mark.parametrize("acker", ["embedded", "standalone"])
+def test_executors_reach_a_tls_acker_on_a_non_loopback_address(
+    spark, tmp_path, tls_files, acker, request
+):
+    """The acker binds every interface (token + TLS required there) and is reached at this
+    machine's own address: the embedded one (bind, advertise, certificate and key given to the
+    pipeline) or a standalone ``xorack serve`` (the pipeline trusts its certificate)."""
+    cert, key = tls_files
+    address = own_address()
+    if acker == "embedded":
+        where = {"acker_host": "0.0.0.0", "acker_advertise": address, "tls_key": key}
+    else:
+        where = {"service": request.getfixturevalue("standalone_tls_acker")}
+    report, sink, rounds = _run_squares(
+        spark, tmp_path, token="cluster-s3cret", tls_cert=cert, **where
+    )
+    _assert_exact(report, sink)
+    service = rounds[0].stats["service"]
+    assert service["location"].startswith(
+        f"grpc+tls://{address}:" if acker == "embedded" else "grpc+tls://"
+    )
+    # persists and events come only from the executors' tasks, never from the driver
+    assert service["calls"]["persist"] > 0
+    assert service["calls"]["xor"] > 0
+    assert service["rejected"] == 0
+
+
+@dataclass(frozen=True)
+class PingFromExecutor:
+    """``mapInPandas``: each task pings the acker with the given token and reports the answer
+    (and the executor JVM it ran in)."""
+
+    location: str
+    token: str | None
+    roots: bytes
+
+    def __call__(self, batches):
+        from xorack.service import AckerClient
+
+        for pdf in batches:
+            # the default retries, as a pipeline's tasks have them (a refusal is not retried)
+            client = AckerClient.get(self.location, token=self.token, tls_root_certs=self.roots)
+            try:
+                answer = "pong" if client.ping() else "no"
+            except ServiceError as exc:
+                answer = f"refused: {exc}"
+            yield pd.DataFrame(
+                {"answer": [answer] * len(pdf), "jvm": [_executor_jvm_of_this_worker()] * len(pdf)}
+            )
+
+
+@pytest.mark.skipif(own_address() is None, reason="no non-loopback IPv4 address to bind")
+def test_executors_with_a_wrong_or_missing_token_are_refused(spark, tls_files):
+    from xorack import FTLayer
+    from xorack.service import AckerService
+
+    cert, key = tls_files
+    roots = Path(cert).read_bytes()
+    with (
+        FTLayer() as ft,
+        AckerService.embedded(
+            ft, token="right", host="0.0.0.0", advertise=own_address(), tls_cert=cert, tls_key=key
+        ) as svc,
+    ):
+        answers = {}
+        for token in ("right", "wrong", None):
+            rows = (
+                spark.range(8, numPartitions=EXECUTORS * 2)
+                .mapInPandas(
+                    PingFromExecutor(svc.location, token, roots), "answer string, jvm long"
+                )
+                .toPandas()
+            )
+            assert set(rows["jvm"]) <= set(_executor_jvms())  # asked from the executors
+            answers[token] = Counter(rows["answer"])
+        assert answers["right"] == Counter({"pong": 8})
+        for token in ("wrong", None):
+            refused = answers[token]
+            assert sum(refused.values()) == 8
+            assert all("refused ping: unauthenticated" in answer for answer in refused), refused
