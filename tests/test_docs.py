@@ -17,6 +17,7 @@ MODULES = [
     "xorack.replay",
     "xorack.storage",
     "xorack.ftlayer",
+    "xorack.protocol",
     "xorack.service",
     "xorack.cli",
     "xorack._checks",

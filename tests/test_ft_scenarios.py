@@ -303,8 +303,7 @@ def test_fail_after_a_failed_delete_does_not_replay_a_completed_record(backend):
     ft = FTLayer(storage, backend=backend)
     (src,) = ft.persist(pa.record_batch({"x": [1]}), births=[1])
     storage.fail_next = True
-    with pytest.raises(StorageError):
-        ft.xor([src], [1])  # completed; its delete failed
+    assert ft.xor([src], [1]).tolist() == [src]  # completed (reported); its delete failed
     assert ft.fail([src]).size == 0  # completed: a no-op, not a replay
     assert ft.take_replays() == {}
     s = ft.stats()
@@ -630,7 +629,7 @@ def test_reopen_accounts_for_every_origin_exactly_once(tmp_path, backend):
         assert sorted(origin_of[o] for o in reps.column("_ft_origin").to_pylist()) == values[3:]
         assert all(r["v"] == origin_of[r["_ft_origin"]] for r in reps.to_pylist())
         attempts = {origin_of[r["_ft_origin"]]: r["_ft_attempt"] for r in reps.to_pylist()}
-        assert attempts == {3: 3, 4: 3, 5: 2, 6: 2, 7: 2, 8: 2, 9: 2}
+        assert attempts == {3: 2, 4: 2, 5: 1, 6: 1, 7: 1, 8: 1, 9: 1}  # a restart: none
         done = ft.xor(reps.column("_ft_src"), reps.column("_ft_rec").to_numpy())
         assert len(done) == 7
         assert ft.pending == 0

@@ -578,8 +578,8 @@ def test_failed_delete_is_retried(backend):
     ft = FTLayer(storage, backend=backend)
     src = ft.persist(batch(1, 2), births=[1, 2])
     storage.fail_next = True
-    with pytest.raises(StorageError, match="simulated"):
-        ft.xor(src[:1], [1])
+    # applied and recorded: reported as completed (an error would make the caller XOR again)
+    assert ft.xor(src[:1], [1]).tolist() == src[:1].tolist()
     assert ft.stats().completed == 1
     assert len(storage) == 2
     ft.xor(src[1:], [2])  # the earlier delete is retried first
@@ -592,17 +592,35 @@ def test_reopen_replays_pending_records(tmp_path, backend):
     with FTLayer(path, backend=backend, max_attempts=2) as ft:
         src = ft.persist(batch(1, 2, 3), key_hash=[5, 6, 7], births=[1, 2, 3])
         ft.xor(src[:1], [1])
-        (_again,) = ft.fail(src[2:])  # attempt 2 waiting: dead-lettered on recovery
+        (_again,) = ft.fail(src[2:])  # attempt 2 (the last) waiting when the layer stops
     with FTLayer(path, backend=backend, max_attempts=2, default_partitions=4) as ft:
         s = ft.stats()
-        assert (s.recovered, s.replayed, s.dead_lettered, s.pending) == (2, 1, 1, 1)
+        assert (s.recovered, s.restarts, s.replayed, s.dead_lettered, s.pending) == (2, 1, 2, 0, 2)
+        rep = replays(ft).sort_by("v")
+        assert rep.column("v").to_pylist() == [2, 3]
+        assert rep.column("_ft_origin").to_pylist() == [src[1], src[2]]
+        assert rep.column("_ft_key_hash").to_pylist() == [6, 7]
+        assert rep.column("_ft_attempt").to_pylist() == [1, 2]  # a restart is no attempt
+        assert ft.dead_letters().num_rows == 0
+
+
+def test_clean_reopens_are_not_attempts(tmp_path, backend):
+    """Issue 11, defect 5: five clean restarts with max_attempts=5 dead-lettered records that
+    were never processed. A restart replays them under the same attempt, counted apart."""
+    path = f"sqlite:///{tmp_path}/ft.db"
+    with FTLayer(path, backend=backend, max_attempts=5) as ft:
+        src = ft.persist(batch(1, 2, 3), births=[1, 2, 3])
+    for _ in range(7):  # a crash loop of the acker, or clean restarts
+        with FTLayer(path, backend=backend, max_attempts=5) as ft:
+            s = ft.stats()
+            assert (s.recovered, s.restarts, s.dead_lettered, s.pending) == (3, 1, 0, 3)
+    with FTLayer(path, backend=backend, max_attempts=5) as ft:
         rep = replays(ft)
-        assert rep.column("v").to_pylist() == [2]
-        assert rep.column("_ft_origin").to_pylist() == [src[1]]
-        assert rep.column("_ft_key_hash").to_pylist() == [6]
-        dl = ft.dead_letters()
-        assert dl.column("_ft_origin").to_pylist() == [src[2]]
-        assert dl.column("_ft_reason").to_pylist()[0].startswith("recovered")
+        assert sorted(rep.column("_ft_origin").to_pylist()) == sorted(src.tolist())
+        assert rep.column("_ft_attempt").to_pylist() == [1, 1, 1]
+        assert ft.dead_letters().num_rows == 0
+    with FTLayer("memory", backend=backend) as ft:
+        assert ft.stats().restarts == 0
 
 
 def test_timeout_retry_interrupted_by_storage_error_times_out_again(backend):
@@ -725,3 +743,24 @@ def test_ids_as_python_lists_of_large_ints(make_ft):
     assert ft.persist(batch(1, 2), src_ids=big, births=[2**63 + 1, 3]).tolist() == big
     assert ft.xor([big[0], big[1]], [2**63 + 1, 2]).tolist() == big[:1]
     assert ft.fail(big[1:]).size == 1
+
+
+def test_a_fail_that_raised_is_counted_once_when_retried(backend):
+    """A fail whose storage call raised applied nothing: its retry must not count it twice."""
+
+    class RenewFailsOnce(MemoryStorage):
+        failed = False
+
+        def renew(self, old_ids, new_ids, **kwargs):
+            if not self.failed:
+                self.failed = True
+                raise StorageError("simulated: disk unavailable")
+            return super().renew(old_ids, new_ids, **kwargs)
+
+    ft = FTLayer(RenewFailsOnce(), backend=backend)
+    src = ft.persist(batch(1, 2), births=[1, 2])
+    with pytest.raises(StorageError, match="simulated"):
+        ft.fail(src[:1])
+    assert ft.fail(src[:1]).size == 1
+    s = ft.stats()
+    assert (s.failed, s.unknown_failures, s.replayed, s.pending) == (1, 0, 1, 2)

@@ -42,7 +42,7 @@ def test_tls_service_serves_clients_that_trust_its_certificate(ft, tls_files):
         assert svc.location.startswith("grpc+tls://127.0.0.1:")
         assert svc.tls_cert_pem == _roots(tls_files)
         roots = _roots(tls_files)
-        with AckerClient(svc.location, "s3cret", FAST_RETRY, roots) as c:
+        with AckerClient(svc.location, "s3cret", FAST_RETRY, tls_root_certs=roots) as c:
             births = np.array([7, 8], dtype=U64)
             src = c.persist(pa.record_batch({"w": ["a", "b"]}), births=births)
             assert sorted(c.xor(src, births).tolist()) == sorted(src.tolist())
@@ -61,7 +61,9 @@ def test_tls_service_refuses_untrusting_plaintext_and_tokenless_clients(ft, tls_
             AckerClient(plain, "s3cret", FAST_RETRY).ping()
         for token in (None, "guess"):
             with pytest.raises(ServiceError, match="unauthenticated"):
-                AckerClient(svc.location, token, FAST_RETRY, _roots(tls_files)).ping()
+                AckerClient(
+                    svc.location, token, FAST_RETRY, tls_root_certs=_roots(tls_files)
+                ).ping()
 
 
 def test_non_loopback_bind_requires_tls_as_well_as_a_token(ft, tls_files):
@@ -96,9 +98,11 @@ def test_every_interface_bind_advertises_the_routable_address(ft, tls_files):
         ft, token="s3cret", host="0.0.0.0", advertise=address, tls_cert=cert, tls_key=key
     ) as svc:
         assert svc.location == f"grpc+tls://{address}:{svc.port}"
-        assert AckerClient(svc.location, "s3cret", FAST_RETRY, _roots(tls_files)).ping()
+        assert AckerClient(
+            svc.location, "s3cret", FAST_RETRY, tls_root_certs=_roots(tls_files)
+        ).ping()
         with pytest.raises(ServiceError, match="unauthenticated"):
-            AckerClient(svc.location, None, FAST_RETRY, _roots(tls_files)).ping()
+            AckerClient(svc.location, None, FAST_RETRY, tls_root_certs=_roots(tls_files)).ping()
 
 
 # ---- xorack serve --tls-cert/--tls-key ---------------------------------------------------------
@@ -137,9 +141,9 @@ def test_cli_serve_with_tls_on_every_interface(tls_files):
         assert "tls=on" in line
         port = line.split("listening on ")[1].split()[0].rsplit(":", 1)[1]
         location = f"grpc+tls://{own_address()}:{port}"
-        assert AckerClient(location, "t0ken", FAST_RETRY, _roots(tls_files)).ping()
+        assert AckerClient(location, "t0ken", FAST_RETRY, tls_root_certs=_roots(tls_files)).ping()
         with pytest.raises(ServiceError, match="unauthenticated"):
-            AckerClient(location, "wrong", FAST_RETRY, _roots(tls_files)).ping()
+            AckerClient(location, "wrong", FAST_RETRY, tls_root_certs=_roots(tls_files)).ping()
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=20)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from xorack import StorageError
 from xorack.storage import MemoryStorage, RecordMeta, SQLiteStorage, Storage, open_storage
@@ -257,3 +259,192 @@ def test_sqlite_locked_file_raises_storage_error(tmp_path):
     s.persist(pa.record_batch({"x": [2]}), meta_for(u64(2)))  # works again once released
     assert sorted(s.lookup(u64(1, 2)).src.tolist()) == [1, 2]
     s.close()
+
+
+@pytest.mark.parametrize("link", ["file", "directory", "hard link"])
+def test_sqlite_single_owner_lock_holds_through_a_symlink(tmp_path, link):
+    """Issue 11, defect 6: a second FT layer opened the same database through a symlink and
+    both recovered the same records. The lock is on the database's real path."""
+    (tmp_path / "real").mkdir()
+    path = tmp_path / "real" / "ft.db"
+    if link == "file":
+        other = tmp_path / "alias.db"
+        other.symlink_to(path)
+    elif link == "hard link":
+        path.touch()
+        (tmp_path / "elsewhere").mkdir()
+        other = tmp_path / "elsewhere" / "same.db"
+        other.hardlink_to(path)
+    else:
+        (tmp_path / "alias").symlink_to(tmp_path / "real")
+        other = tmp_path / "alias" / "ft.db"
+    with SQLiteStorage(path) as s:
+        s.persist(pa.record_batch({"x": [1]}), meta_for(u64(1)))
+        with pytest.raises(StorageError, match="in use by another FT layer"):
+            SQLiteStorage(other, busy_timeout=0.05)
+    with SQLiteStorage(other) as s:  # free again once the first one closed
+        assert len(s) == 1
+
+
+# ---- issue 11, defect 7: a corrupt database ----------------------------------------------------
+
+
+def _store_two_batches(path) -> None:
+    """400 healthy records in batch 1, 5 in batch 2."""
+    with SQLiteStorage(path) as s:
+        s.persist(
+            pa.record_batch({"x": np.arange(400)}), meta_for(np.arange(1, 401, dtype=np.uint64))
+        )
+        s.persist(
+            pa.record_batch({"x": np.arange(5)}), meta_for(np.arange(1001, 1006, dtype=np.uint64))
+        )
+
+
+def _corrupt(path, sql: str, *params) -> None:
+    import sqlite3
+
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute(sql, params)
+    db.close()
+
+
+@pytest.mark.parametrize(
+    ("sql", "params", "note"),
+    [
+        ("UPDATE batches SET payload = ? WHERE id = 2", (b"\xff" * 64,), "batch 2 (5 records)"),
+        ("UPDATE batches SET meta = substr(meta, 1, 40) WHERE id = 2", (), "batch 2 (5 records)"),
+        ("UPDATE batches SET meta = ? WHERE id = 2", (b"",), "batch 2 (5 records)"),
+        ("UPDATE batches SET payload = 12345 WHERE id = 2", (), "batch 2 (5 records)"),
+        ("UPDATE records SET loc = 'garbage' WHERE src > 1000", (), "5 records: record row"),
+        ("UPDATE records SET loc = loc + 999 WHERE src > 1000", (), "past the end"),
+        ("UPDATE records SET loc = 77 << 32 WHERE src > 1000", (), "missing batch"),
+    ],
+)
+def test_sqlite_corrupt_records_are_quarantined_and_the_healthy_ones_recovered(
+    tmp_path, sql, params, note
+):
+    """One corrupt blob made the whole store unopenable (IndexError, TypeError, ArrowInvalid),
+    hiding 400 healthy records."""
+    from xorack import FTLayer
+
+    path = tmp_path / "ft.db"
+    _store_two_batches(path)
+    _corrupt(path, sql, *params)
+    with SQLiteStorage(path) as s:
+        assert len(s) == 400
+        assert s.quarantined == 5
+        assert any(note in n for n in s.quarantine_notes), s.quarantine_notes
+        assert sorted(s.stored_ids().tolist()) == list(range(1, 401))
+    with FTLayer(f"sqlite:///{path}", default_partitions=1) as ft:  # reopened: healthy now
+        stats = ft.stats()
+        assert (stats.recovered, stats.quarantined) == (400, 0)
+        (rep,) = ft.take_replays().values()
+        assert sorted(rep.column("x").to_pylist()) == list(range(400))
+    import sqlite3
+
+    db = sqlite3.connect(path)
+    (kept,) = db.execute("SELECT count(*) FROM quarantine").fetchone()
+    db.close()
+    assert kept == 1  # set aside for a human, not deleted
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["not a database", "truncated", "foreign tables", "directory"],
+)
+def test_sqlite_unopenable_file_is_a_storage_error_naming_the_file(tmp_path, damage):
+    import sqlite3
+
+    path = tmp_path / "ft.db"
+    if damage == "not a database":
+        path.write_bytes(b"this is not a database file" * 200)
+    elif damage == "truncated":
+        _store_two_batches(path)
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "foreign tables":
+        db = sqlite3.connect(path)
+        db.execute("CREATE TABLE records (a, b)")
+        db.close()
+    else:
+        path.mkdir()
+
+    def open_and_read() -> None:
+        with SQLiteStorage(path) as s:
+            s.lookup(u64(1))  # a truncated file may open: its first read reports it
+
+    with pytest.raises(StorageError, match=str(path.name)):
+        open_and_read()
+
+
+def test_sqlite_corrupt_dead_letters_are_quarantined_the_others_read(tmp_path):
+    path = tmp_path / "ft.db"
+    with SQLiteStorage(path) as s:
+        s.persist(pa.record_batch({"x": [1, 2]}), meta_for(u64(1, 2)))
+        s.dead_letter(u64(1), "first")
+        s.dead_letter(u64(2), "second")
+    _corrupt(path, "UPDATE dead_letters SET payload = ? WHERE id = 1", b"\x00" * 10)
+    with SQLiteStorage(path) as s:
+        assert s.dead_letters().column("_ft_reason").to_pylist() == ["second"]
+        assert any("dead letters 1" in n for n in s.quarantine_notes)
+
+
+def test_memory_storage_keeps_few_bytes_per_record():
+    """Issue 11, defect 2: memory storage kept ~134 bytes of bookkeeping per record (a dict of
+    Python ints); the index is 16 bytes a record now, the metadata ~16 (a memory measure,
+    deterministic: not a timing)."""
+    import gc
+    import tracemalloc
+
+    n, size = 200_000, 20_000
+    data = [pa.record_batch({"v": np.arange(i, i + size)}) for i in range(0, n, size)]
+    ids = np.random.default_rng(7).integers(1, 2**63, n, dtype=np.uint64)
+    s = MemoryStorage()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for k, b in enumerate(data):
+            s.persist(b, RecordMeta.new(ids[k * size : (k + 1) * size], source=3))
+        gc.collect()
+        per_record = tracemalloc.get_traced_memory()[0] / n
+    finally:
+        tracemalloc.stop()
+    assert len(s) == n
+    assert per_record <= 40, f"{per_record:.1f} bytes per record"
+    half = ids[: n // 2]
+    assert s.delete(half) == n // 2
+    assert len(s) == n // 2
+    assert sorted(s.stored_ids().tolist()) == sorted(ids[n // 2 :].tolist())
+    assert s.lookup(half).src.size == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["add", "pop", "get"]),
+            st.lists(st.integers(1, 40), max_size=30),
+        ),
+        max_size=40,
+    )
+)
+def test_id_index_behaves_like_a_dict(ops):
+    from xorack.storage import _IdIndex
+
+    index, model, next_loc = _IdIndex(), {}, 0
+    index.compact_min = 2  # compact often
+    for op, keys in ops:
+        if op == "add":
+            keys = sorted(set(keys) - model.keys())  # ids added are never live already
+            locs = list(range(next_loc, next_loc + len(keys)))
+            next_loc += len(keys)
+            index.add(np.array(keys, np.uint64), np.array(locs, np.int64))
+            model.update(zip(keys, locs, strict=True))
+        elif op == "get":
+            got = index.get(np.array(keys, np.uint64)).tolist()
+            assert got == [model.get(k, -1) for k in keys]
+        else:
+            got = index.pop(np.array(keys, np.uint64)).tolist()
+            assert got == [model.pop(k, -1) for k in keys]
+        assert len(index) == len(model)
+        assert sorted(index.keys().tolist()) == sorted(model)

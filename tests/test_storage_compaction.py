@@ -175,6 +175,29 @@ def test_sqlite_compaction_survives_reopening(tmp_path):
         s.close()
 
 
+def test_a_compacted_sqlite_file_reopens_without_quarantine(tmp_path):
+    """The open-time corruption check knows compacted batches (a 5th metadata column, records
+    pointing at their first row numbers): it keeps them and every record they hold."""
+    path = tmp_path / "ft.db"
+    s = SQLiteStorage(path)
+    src = _persist(s, 4, 1000)
+    kept = src[1::50]  # first rows 1, 51, ...: not where a compacted batch holds them
+    s.delete(np.setdiff1d(src, kept))
+    s.compact()
+    assert _compacted(s) == 4
+    s.close()
+    s = SQLiteStorage(path)
+    try:
+        assert s.quarantine_notes == []
+        assert len(s) == len(kept)
+        assert _compacted(s) == 4
+        payload, meta = s.fetch(kept)
+        assert payload.column("n").to_pylist() == (kept - U64(1)).tolist()
+        assert meta.origin.tolist() == kept.tolist()
+    finally:
+        s.close()
+
+
 ROWS = 40  # per persisted batch: compaction starts once 30 of them are gone
 
 

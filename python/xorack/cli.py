@@ -103,6 +103,44 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between timeout rotations (0 = never rotate on a timer; clients call rotate)",
     )
     serve.add_argument(
+        "--max-request-mb",
+        type=_positive_int,
+        default=256,
+        help="largest request (the Arrow data of one persist/xor/fail call) in MiB; a bigger "
+        "one is refused before it is read (keep it well below the acker's memory)",
+    )
+    serve.add_argument(
+        "--max-request-rows",
+        type=_positive_int,
+        default=1 << 20,
+        help="most rows of one request: each pending record costs the acker ~150-250 bytes "
+        "however small its payload",
+    )
+    serve.add_argument(
+        "--max-jobs",
+        type=_positive_int,
+        default=256,
+        help="jobs served at once: each job (one pipeline run, AckerClient.get(..., job=NAME)) "
+        "gets its own FT layer on its first call, with its own records, replays, dead letters "
+        "and stats (with sqlite storage in PATH.jobs/NAME.db, durable across restarts)",
+    )
+    serve.add_argument(
+        "--job-idle-seconds",
+        type=_non_negative_float,
+        default=3600.0,
+        help="when --max-jobs are served and a new job comes, the jobs with nothing pending "
+        "and no call for this long are closed to make room",
+    )
+    serve.add_argument(
+        "--job-token",
+        action="append",
+        default=argparse.SUPPRESS,  # never show a token in --help
+        metavar="JOB=TOKEN",
+        help="a credential of one job's own (repeatable): its calls must present TOKEN, and "
+        "no other token opens it. Prefer XORACK_JOB_TOKENS='JOB=TOKEN,...' (used when no "
+        "--job-token is given): command lines are visible to other users",
+    )
+    serve.add_argument(
         "--token",
         default=argparse.SUPPRESS,  # never show a token in --help
         help="shared secret every call must present; required for a non-loopback --host. "
@@ -170,6 +208,38 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def job_storage(spec: str, job: str) -> str:
+    """The storage spec of ``job``'s FT layer on an acker started with storage ``spec``: the
+    job ``"default"`` uses ``spec`` itself; with ``sqlite:///PATH`` another job uses
+    ``PATH.jobs/JOB.db`` (so a restarted acker finds each job's unfinished records again).
+
+    >>> job_storage("sqlite:///data/acker.db", "run-7"), job_storage("memory", "run-7")
+    ('sqlite:///data/acker.db.jobs/run-7.db', 'memory')
+    """
+    from .service import DEFAULT_JOB, check_job
+
+    job = check_job(job)  # no path separator can reach the file name
+    if job == DEFAULT_JOB or not spec.startswith("sqlite:///"):
+        return spec
+    return f"sqlite:///{spec[len('sqlite:///') :]}.jobs/{job}.db"
+
+
+def _job_tokens(given: list[str] | str) -> dict[str, str]:
+    """``{job: token}`` from ``--job-token JOB=TOKEN`` options or ``'JOB=TOKEN,...'``."""
+    from .service import check_job, check_token
+
+    items = given.split(",") if isinstance(given, str) else given
+    out: dict[str, str] = {}
+    for item in (i.strip() for i in items):
+        if not item:
+            continue
+        job, sep, token = item.partition("=")
+        if not sep or not token:
+            raise ValueError("expected JOB=TOKEN (e.g. nightly-run=s3cret)")
+        out[check_job(job)] = check_token(token) or ""
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``xorack`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -197,9 +267,15 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser | None = Non
     """Run the acker service until SIGINT/SIGTERM; returns 0 after a clean shutdown."""
     from .errors import ServiceError, XorackError
     from .ftlayer import FTLayer
-    from .service import AckerService, is_loopback
+    from .service import DEFAULT_JOB, AckerService, check_token, is_loopback
 
     token = getattr(args, "token", None) or os.environ.get("XORACK_TOKEN") or None
+    try:
+        token = check_token(token)
+    except ValueError as exc:
+        where = "--token" if getattr(args, "token", None) else "XORACK_TOKEN"
+        print(f"xorack serve: error: {where}: {exc}", file=sys.stderr)
+        return 2
     if not is_loopback(args.host) and not token:
         msg = (
             f"--host {args.host} is not a loopback address: pass --token (or set XORACK_TOKEN) "
@@ -220,19 +296,53 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser | None = Non
             parser.error(msg)
         raise ServiceError(msg)
     try:
+        job_tokens = _job_tokens(
+            getattr(args, "job_token", None) or os.environ.get("XORACK_JOB_TOKENS", "")
+        )
+    except ValueError as exc:
+        print(f"xorack serve: error: --job-token: {exc}", file=sys.stderr)
+        return 2
+
+    def make_ft(job: str = DEFAULT_JOB) -> FTLayer:
+        storage = job_storage(args.storage, job)
+        if storage != args.storage:
+            os.makedirs(os.path.dirname(storage[len("sqlite:///") :]), exist_ok=True)
         ft = FTLayer(
-            storage=args.storage,
+            storage=storage,
             num_buckets=args.num_buckets,
             max_attempts=args.max_attempts,
             replay_partitioners=dict(args.replay_partitioner) or None,
             default_partitions=args.default_partitions,
         )
-    except (XorackError, ValueError, TypeError, OSError) as exc:
-        print(f"xorack serve: error: cannot open the FT layer: {exc}", file=sys.stderr)
+        if job != DEFAULT_JOB and args.rotate_interval > 0:
+            ft.start(args.rotate_interval)
+        return ft
+
+    try:
+        ft = make_ft()
+    except Exception as exc:  # one line, never a traceback: what is wrong and with what
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        if not isinstance(exc, (XorackError, ValueError, TypeError, OSError)):
+            text = f"{type(exc).__name__}: {text}"
+        print(f"xorack serve: error: cannot open the FT layer: {text}", file=sys.stderr)
         return 1
+    for note in getattr(ft.storage, "quarantine_notes", ()):
+        print(f"xorack serve: warning: corrupt storage, quarantined {note}", file=sys.stderr)
     try:
         service = AckerService(
-            ft, args.host, args.port, token=token, close_ft=True, tls_cert=tls_cert, tls_key=tls_key
+            ft,
+            args.host,
+            args.port,
+            token=token,
+            ft_factory=make_ft,
+            job_tokens=job_tokens,
+            max_jobs=getattr(args, "max_jobs", 256),
+            job_idle_seconds=getattr(args, "job_idle_seconds", 3600.0),
+            max_request_bytes=getattr(args, "max_request_mb", 256) << 20,
+            max_request_rows=getattr(args, "max_request_rows", 1 << 20),
+            close_ft=True,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
         )
     except ServiceError as exc:
         ft.close()

@@ -81,11 +81,15 @@ class FTStats:
     ``unknown_failures`` counts fails of unknown/completed ids); ``timed_out`` (by rotate or
     expire_all); ``replayed`` (replays created, ``replayed_by_source`` per source index);
     ``dead_lettered``; ``orphans`` (entries of never-persisted ids that timed out);
-    ``recovered`` (records found in storage when the layer opened); ``pending`` (records neither
-    completed nor dead-lettered, including ``replays_waiting``, the replays not yet handed out by
-    ``take_replays``); ``rotations``; completion latency percentiles in seconds of the layer's
-    clock (None before any completion; every record persisted or replayed in a call of fewer
-    than 1024 records is timed, of bigger calls a fixed 1 in 16, so big batches cost nothing).
+    ``recovered`` (records found in storage when the layer opened: a restart of the acker,
+    which replays them without using up an attempt; ``restarts`` is 1 then, each record's
+    ``attempt`` stays as it was); ``quarantined`` (records the storage found corrupt and set
+    aside instead of recovering them: see ``storage.quarantine_notes``); ``pending`` (records
+    neither completed nor dead-lettered, including ``replays_waiting``, the replays not yet
+    handed out by ``take_replays``); ``rotations``; completion latency percentiles in seconds
+    of the layer's clock (None before any completion; every record persisted or replayed in a
+    call of fewer than 1024 records is timed, of bigger calls a fixed 1 in 16, so big batches
+    cost nothing).
 
     >>> FTStats().as_dict()["pending"]
     0
@@ -100,6 +104,8 @@ class FTStats:
     dead_lettered: int = 0
     orphans: int = 0
     recovered: int = 0
+    restarts: int = 0
+    quarantined: int = 0
     pending: int = 0
     replays_waiting: int = 0
     rotations: int = 0
@@ -134,14 +140,23 @@ def _ids(x: Any, name: str, *, nonzero: bool = True) -> np.ndarray:
     return as_u64(exact_ints(x, name), name, nonzero=nonzero)
 
 
-def _as_batch(batch: Any) -> pa.RecordBatch:
+def _as_batch(batch: Any) -> pa.RecordBatch | pa.Table:
+    """A RecordBatch, or a Table of several chunks (persisted chunk by chunk: never copied
+    into one)."""
     if isinstance(batch, pa.Table):
-        table = batch.combine_chunks()
-        batches = table.to_batches()
-        batch = batches[0] if len(batches) == 1 else pa.RecordBatch.from_pylist([], table.schema)
+        batches = batch.to_batches()
+        if len(batches) == 1:
+            batch = batches[0]
+        elif not batches:
+            batch = pa.RecordBatch.from_pylist([], batch.schema)
     elif not isinstance(batch, pa.RecordBatch):
         raise TypeError(f"batch must be a pyarrow RecordBatch or Table, got {type(batch).__name__}")
     cols = batch.schema.names
+    if not cols:
+        raise ValueError(
+            f"batch has no columns ({batch.num_rows} rows): a record is replayed from its "
+            "persisted payload, so persist at least one payload column"
+        )
     reserved = [c for c in cols if c.startswith(_RESERVED_PREFIX)]
     if reserved:
         raise ValueError(
@@ -197,7 +212,7 @@ class PersistArgs:
     (``AckerClient.persist``) both take them through :func:`check_persist_args`, so a call is
     accepted or refused the same way in and out of process. ``None`` = not given."""
 
-    batch: pa.RecordBatch
+    batch: pa.RecordBatch | pa.Table  # a Table of several chunks is kept as it is
     source: int
     key_hash: np.ndarray | None  # int32 per row
     partition: np.ndarray | None  # int32 per row, >= -1
@@ -387,7 +402,7 @@ class FTLayer:
                         "draw fresh ids for new records"
                     )
                 src = src_ids
-            self._storage.persist(batch, RecordMeta.new(src, key_hash, source, partition))
+            self._store(batch, RecordMeta.new(src, key_hash, source, partition))
             self._registered += n
             self._stats.persisted += n
             self._unwatch(src)
@@ -437,9 +452,10 @@ class FTLayer:
             self._retry_deletes()  # a completed record whose delete failed is not failed again
             ids = ids[np.sort(np.unique(ids, return_index=True)[1])]
             meta = self._storage.lookup(ids)
+            new = self._retry(meta, reason)  # counted once it is done (a retry may follow)
             self._stats.unknown_failures += len(ids) - len(meta)
             self._stats.failed += len(meta)
-            return self._retry(meta, reason)
+            return new
 
     def touch(self, src_ids: Any) -> None:
         """Restart the timeout of these pending records (Storm's resetTimeout)."""
@@ -580,6 +596,7 @@ class FTLayer:
                 }
             )
             s.pending = self._registered
+            s.quarantined = int(getattr(self._storage, "quarantined", 0))
             s.replays_waiting = sum(
                 len(np.unique(np.concatenate([q.src for q in queue])))
                 for queue in self._waiting.values()
@@ -650,16 +667,18 @@ class FTLayer:
 
     # ---------------------------------------------------------------- decision logic
 
-    def _retry(self, meta: RecordMeta, reason: str) -> np.ndarray:
-        """The records of ``meta`` failed (explicitly, by timeout or by a crash): replay each one
-        with a new source id, attempt + 1, to the partition its source's replay partitioner
-        picks — or dead-letter it once ``max_attempts`` are used up (or when no partition can
-        be computed for it). Returns the new ids. Routing first and storage next, so that an
-        error leaves every record where it was."""
+    def _retry(self, meta: RecordMeta, reason: str, *, attempt: bool = True) -> np.ndarray:
+        """The records of ``meta`` failed (explicitly or by timeout): replay each one with a new
+        source id, attempt + 1, to the partition its source's replay partitioner picks — or
+        dead-letter it once ``max_attempts`` are used up (or when no partition can be computed
+        for it). With ``attempt=False`` (recovery after a restart: the record's run was cut
+        short by the acker, not by the record) the replay keeps its attempt number and nothing
+        is dead-lettered for attempts. Returns the new ids. Routing first and storage next, so
+        that an error leaves every record where it was."""
         if not len(meta):
             return _EMPTY.copy()
         self._ended.append(np.array(meta.src, dtype=_U64))
-        exhausted = meta.attempt >= self.max_attempts
+        exhausted = (meta.attempt >= self.max_attempts) & attempt
         again = meta.take(~exhausted)
         routes, unroutable = self._route(again)
         self._dead_letter(meta.take(exhausted), reason)
@@ -673,7 +692,10 @@ class FTLayer:
             routed = np.unique(np.concatenate([rows for _, rows, _, _ in routes]))
         new = np.zeros(len(again), _U64)
         new[routed] = new_ids(len(routed), backend=self.backend)
-        self._storage.renew(again.src[routed], new[routed])
+        if attempt:
+            self._storage.renew(again.src[routed], new[routed])
+        else:
+            self._storage.renew(again.src[routed], new[routed], next_attempt=False)
         self._forget(again.src[routed])
         births = np.zeros(len(again), _U64)
         for source, rows, parts, count in routes:
@@ -712,6 +734,24 @@ class FTLayer:
             routes.append((source, rows, np.asarray(parts, np.int32), len(mine)))
         return routes, unroutable
 
+    def _store(self, batch: pa.RecordBatch | pa.Table, meta: RecordMeta) -> None:
+        """Persist ``batch`` (chunk by chunk when it is a Table of several): all or nothing."""
+        if isinstance(batch, pa.RecordBatch):
+            self._storage.persist(batch, meta)
+            return
+        stored, start = [], 0
+        try:
+            for part in batch.to_batches():
+                rows = np.arange(start, start + part.num_rows)
+                start += part.num_rows
+                if part.num_rows:
+                    self._storage.persist(part, meta.take(rows))
+                    stored.append(meta.src[rows])
+        except BaseException:
+            if stored:  # nothing of the batch is kept
+                self._storage.delete(np.concatenate(stored))
+            raise
+
     def _dead_letter(self, meta: RecordMeta, reason: str) -> None:
         if len(meta):
             self._storage.dead_letter(meta.src, reason)
@@ -745,9 +785,12 @@ class FTLayer:
         self._stop_timer(done)
         try:
             self._storage.delete(done)
-        except Exception:
-            self._undeleted.append(done)  # completion is recorded; the delete is retried
-            raise
+        except Exception as exc:
+            # The completion is applied and recorded: the call reports it (a caller that saw an
+            # error would retry the events and XOR them twice). The delete is retried first
+            # thing in the next call, which fails, applying nothing, while the storage does.
+            self._undeleted.append(done)
+            log.warning("xorack FT layer: deleting %d completed records failed: %s", len(done), exc)
 
     # ---------------------------------------------------------------- bookkeeping
 
@@ -756,7 +799,8 @@ class FTLayer:
         for meta in self._storage.iter_pending():
             self._registered += len(meta)
             self._stats.recovered += len(meta)
-            self._retry(meta, RECOVERED)
+            self._stats.restarts = 1
+            self._retry(meta, RECOVERED, attempt=False)  # a restart is no attempt of the record
 
     def _check_routable(self, source: int, partition: np.ndarray) -> None:
         p = self._partitioners.get(source)

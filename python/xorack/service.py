@@ -39,14 +39,20 @@ rotate,        DoAction    body ``{"req"}`` → expired / replayed source ids (r
 expire_all
 =============  ==========  =============================================================
 
+Every call carries its job in the header ``x-xorack-job`` (absent: ``"default"``; see
+``AckerService`` on jobs). A put's command may say its size (``"bytes"``, ``"rows"``: the client
+always does): one bigger than the service's ``max_request_bytes`` / ``max_request_rows`` is refused
+before its data is read, and the data is read one message at a time and refused as soon as it
+passes the cap.
+
 Retries never double-apply a request. Every non-idempotent request (persist, xor, fail, rotate,
-expire_all, replays) carries a random request id, the same on every retry of one logical call.
-The service remembers each request id and its result (``RequestLog``) for ``dedup_seconds``
-(default 600 s) after it completed, and a retry that arrives while the first attempt is still
-running waits for it. So a retry after a lost reply or a client-side timeout gets the first
-result back instead of XOR-ing the events twice (which would corrupt the checksums) or handing
-out the same replays twice (or losing them). The client's whole retry budget (attempts x call
-timeout + backoff) is well below ``dedup_seconds``. The log lives in the service's memory: if
+expire_all, replays) carries a random request id, the same on every retry of one logical call. The
+service remembers each (job, operation, request id) and its result (``RequestLog``) for
+``dedup_seconds`` (default 600 s) after it completed, and a retry that arrives while the first
+attempt is still running waits for it. So a retry after a lost reply or a client-side timeout gets
+the first result back instead of XOR-ing the events twice (which would corrupt the checksums) or
+handing out the same replays twice (or losing them). The client's whole retry budget (attempts x
+call timeout + backoff) is well below ``dedup_seconds``. The log lives in the service's memory: if
 the acker process itself restarts, the FT layer reopens on its durable storage and replays every
 unfinished record under a *new* source id, so a retried event for an old id is an orphan (counted,
 harmless) and a retried persist at worst duplicates a record — a duplicate delivery, never a loss
@@ -70,8 +76,10 @@ import contextlib
 import hmac
 import ipaddress
 import json
+import logging
 import os
 import random
+import re
 import socket
 import threading
 import time
@@ -85,7 +93,24 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from ._checks import as_u64, same_length
-from .errors import ServiceError
+from .errors import ServiceError, XorackError
+from .protocol import (
+    AUTH_HEADER,
+    BIRTHS,
+    CONTROL_PREFIX,
+    FAIL_SCHEMA,
+    JOB_HEADER,
+    KEY_HASH,
+    PARTITION,
+    PERSIST_CONTROL,
+    PROTOCOL_HEADER,
+    PROTOCOL_VERSION,
+    SRC,
+    TOUCH_SCHEMA,
+    XOR,
+    XOR_SCHEMA,
+    Op,
+)
 
 __all__ = [
     "FAIL_SCHEMA",
@@ -98,27 +123,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
-CONTROL_PREFIX = "_ft_"
-KEY_HASH = "_ft_key_hash"
-BIRTHS = "_ft_rec"
-PARTITION = "_ft_partition"
-SRC = "_ft_src"
-XOR = "_ft_xor"
-
-#: Events: one row per source id (pre-reduced by the sender), the value to XOR in.
-XOR_SCHEMA = pa.schema([pa.field(SRC, pa.uint64(), False), pa.field(XOR, pa.uint64(), False)])
-#: Explicit failures: the source ids to fail (the reason travels in the request command).
-FAIL_SCHEMA = pa.schema([pa.field(SRC, pa.uint64(), False)])
-#: Timeout resets: the source ids to touch.
-TOUCH_SCHEMA = FAIL_SCHEMA
-#: Optional control columns of a persist stream (the rest of the columns are the payload).
-PERSIST_CONTROL = {
-    KEY_HASH: pa.int32(),
-    BIRTHS: pa.uint64(),
-    PARTITION: pa.int32(),
-    SRC: pa.uint64(),
-}
 _PERSIST_DOC = (
     "payload columns (names not starting with '_ft_') + optional _ft_key_hash: int32, "
     "_ft_rec: uint64 (birth values), _ft_partition: int32, _ft_src: uint64 (caller-drawn ids)"
@@ -126,12 +132,23 @@ _PERSIST_DOC = (
 _EMPTY_REPLAYS = pa.schema([pa.field(SRC, pa.uint64()), pa.field(PARTITION, pa.int32())])
 _EMPTY_IDS = np.empty(0, dtype=np.uint64)
 
-#: HTTP/2 header carrying the shared token ("authorization: Bearer <token>").
-AUTH_HEADER = "authorization"
+DEFAULT_JOB = "default"
+_JOB_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 DEFAULT_PORT = 8815
-_PUT_OPS = ("persist", "xor", "fail", "touch")
-_GET_OPS = ("replays", "dead_letters")
+#: Largest request (the Arrow data of one put) an acker accepts unless told otherwise.
+DEFAULT_MAX_REQUEST = 256 << 20
+#: Most rows of one put an acker accepts unless told otherwise: each pending record costs the
+#: acker ~150-250 bytes however small its payload (one persist of 4M int64 rows peaked at
+#: ~900 MiB), so this bounds what one request can cost (a Spark Arrow batch is 10K rows).
+DEFAULT_MAX_ROWS = 1 << 20
+#: The client sends an xor/fail/touch of more events than this as several requests.
+EVENT_CHUNK_ROWS = DEFAULT_MAX_ROWS
+#: The client sends a put's rows in messages of about this many bytes (the service reads and
+#: counts them one at a time, so an oversized request is refused before it is all in memory).
+CHUNK_BYTES = 4 << 20
+_PUT_OPS = tuple(op.value for op in Op.of("put"))
+_GET_OPS = tuple(op.value for op in Op.of("get"))
 _ACTIONS = {
     "ping": "liveness check; returns b'pong'",
     "stats": "JSON: the FT layer's stats plus the service's counters",
@@ -145,6 +162,55 @@ _ACTIONS = {
 # --------------------------------------------------------------------------------------------
 # Server side
 # --------------------------------------------------------------------------------------------
+
+
+#: Longest token accepted: it travels in an HTTP/2 header (gRPC's header budget is 8 KiB).
+TOKEN_MAX = 4096
+
+
+def check_token(token: Any) -> str | None:
+    """``token`` if a client can send it (None/empty = no token): 1-4096 visible ASCII
+    characters (``!`` to ``~``, no space, tab, newline or non-ASCII: an HTTP/2 header value);
+    ``ValueError`` saying what is wrong otherwise.
+
+    >>> check_token("s3cret-token"), check_token(None)
+    ('s3cret-token', None)
+    """
+    if token is None or token == "":
+        return None
+    if not isinstance(token, str):
+        raise ValueError(f"the token must be a string, got {type(token).__name__}")
+    if len(token) > TOKEN_MAX:
+        raise ValueError(
+            f"the token is {len(token)} characters long; at most {TOKEN_MAX} fit in the header "
+            "every call carries: use a shorter secret"
+        )
+    bad = next((c for c in token if not "!" <= c <= "~"), None)
+    if bad is not None:
+        raise ValueError(
+            f"the token contains {bad!r} at position {token.index(bad)}: only visible ASCII "
+            "characters ('!' to '~') can travel in a call's header (no spaces, tabs, newlines "
+            "or non-ASCII)"
+        )
+    return token
+
+
+def check_job(job: Any) -> str:
+    """The job name ``job`` stands for: None is the job ``"default"``; otherwise 1-64 of
+    ``A-Z a-z 0-9 _ . -`` (``ValueError`` saying so). A job is one pipeline run: its sources,
+    rounds, replays, dead letters, stats and ended attempts are its own on a shared acker.
+
+    >>> check_job(None), check_job("run-2024.06_01")
+    ('default', 'run-2024.06_01')
+    """
+    if job is None:
+        return DEFAULT_JOB
+    if not isinstance(job, str) or not _JOB_RE.fullmatch(job):
+        raise ValueError(
+            f"job must be 1-64 characters among A-Z a-z 0-9 _ . - (one pipeline run's name), "
+            f"got {job!r:.80}"
+        )
+    return job
 
 
 def is_loopback(host: str) -> bool:
@@ -193,41 +259,79 @@ def _tls_pair(tls_cert: Any, tls_key: Any) -> tuple[bytes, bytes] | None:
 
 @dataclass
 class _Entry:
+    op: str
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     error: BaseException | None = None
 
 
+#: What a request id may be: the client draws 32 hex digits; anything printable up to 128.
+REQUEST_ID_MAX = 128
+
+
+def check_request_id(value: Any) -> str | None:
+    """``value`` if it is a valid request id (None, or a string of 1-128 printable ASCII
+    characters); ``ValueError`` otherwise. Checked before a request is applied.
+
+    >>> check_request_id("5f0c"), check_request_id(None)
+    ('5f0c', None)
+    """
+    if value is None:
+        return None
+    if (
+        not isinstance(value, str)
+        or not 0 < len(value) <= REQUEST_ID_MAX
+        or not value.isascii()
+        or not value.isprintable()
+    ):
+        raise ValueError(
+            f"'req' (the request id) must be a string of 1-{REQUEST_ID_MAX} printable ASCII "
+            f"characters, got {value!r:.80}"
+        )
+    return value
+
+
+class RequestIdReused(ValueError):
+    """A request id already used for another operation: the client must draw a fresh one."""
+
+
 class RequestLog:
-    """Remembers recent request ids and their results, so that a retried request is answered
-    from memory instead of being applied twice.
+    """Remembers recent requests by (operation, request id) with their results, so that a
+    retried request is answered from memory instead of being applied twice.
 
     An entry is kept ``ttl`` seconds after its request completed; beyond ``max_bytes`` of
     remembered results (each entry counted with its own bookkeeping, ``ENTRY_BYTES``, so that
     many small results are bounded too) the oldest completed entries are dropped early (counted
     in ``evicted_early``; the newest one always stays). A request that failed is forgotten
     (nothing was applied: a retry runs it again). A duplicate that arrives while the first
-    attempt still runs waits for its result. Each call costs O(1) amortized.
+    attempt still runs waits for its result (at most ``max_waiters`` threads wait at once; more
+    are told to retry later). A request id seen with another operation is refused
+    (``RequestIdReused``): an xor must never be answered with a persist's result. Each call
+    costs O(1) amortized.
 
     >>> log = RequestLog()
     >>> calls = []
-    >>> log.run("r1", lambda: calls.append(1) or "applied")
+    >>> log.run("r1", lambda: calls.append(1) or "applied", op="xor")
     'applied'
-    >>> log.run("r1", lambda: calls.append(1) or "applied again"), len(calls)
+    >>> log.run("r1", lambda: calls.append(1) or "applied again", op="xor"), len(calls)
     ('applied', 1)
     """
 
     #: What remembering one completed request costs besides its result (key, entry, dict slot).
     ENTRY_BYTES = 384
 
-    def __init__(self, ttl: float = 600.0, max_bytes: int = 256 << 20) -> None:
+    def __init__(
+        self, ttl: float = 600.0, max_bytes: int = 256 << 20, max_waiters: int = 64
+    ) -> None:
         self.ttl = float(ttl)
         self.max_bytes = int(max_bytes)
-        self._running: dict[str, _Entry] = {}
-        # completed: req id -> (result, counted bytes, finished at), in completion order
-        self._done: OrderedDict[str, tuple[Any, int, float]] = OrderedDict()
+        self.max_waiters = int(max_waiters)
+        self._running: dict[Any, _Entry] = {}
+        # completed: key -> (op, result, counted bytes, finished at), in completion order
+        self._done: OrderedDict[Any, tuple[str, Any, int, float]] = OrderedDict()
         self._lock = threading.Lock()
         self._bytes = 0
+        self._waiters = 0
         self.hits = 0
         self.evicted_early = 0
 
@@ -240,33 +344,56 @@ class RequestLog:
         """The bytes counted for the completed requests remembered now."""
         return self._bytes
 
-    def run(self, req_id: str | None, fn: Callable[[], T], *, wait: float = 300.0) -> T:
-        """``fn()`` applied at most once per ``req_id`` while remembered; its result otherwise."""
-        if not req_id:
+    @property
+    def running(self) -> int:
+        """Requests being applied now (their ids are remembered until they finish)."""
+        with self._lock:
+            return len(self._running)
+
+    def run(self, req_id: Any, fn: Callable[[], T], *, op: str = "", wait: float = 300.0) -> T:
+        """``fn()`` applied at most once per ``req_id`` while remembered; its result otherwise.
+
+        ``req_id`` is a string, or any hashable key (a tuple of a job and a request id); None
+        means "not deduplicated". ``op`` names the operation: the same id with another op is
+        refused with ``RequestIdReused`` before anything is applied."""
+        if req_id is None or req_id == "":
             return fn()
         with self._lock:
             self._expire(time.monotonic())
             done = self._done.get(req_id)
             if done is not None:
+                self._same_op(req_id, done[0], op)
                 self.hits += 1
-                return done[0]
+                return done[1]
             entry = self._running.get(req_id)
             owner = entry is None
             if owner:
-                entry = self._running[req_id] = _Entry()
+                entry = self._running[req_id] = _Entry(op)
             else:
+                self._same_op(req_id, entry.op, op)
+                if self._waiters >= self.max_waiters:
+                    raise flight.FlightUnavailableError(
+                        f"request {_key_text(req_id)} is still being applied and "
+                        f"{self._waiters} duplicates already wait: retry later"
+                    )
+                self._waiters += 1
                 self.hits += 1
         assert entry is not None
         if not owner:
-            if not entry.done.wait(wait):
-                raise flight.FlightTimedOutError(
-                    f"request {req_id} is still being applied by an earlier attempt"
-                )
+            try:
+                if not entry.done.wait(wait):
+                    raise flight.FlightTimedOutError(
+                        f"request {_key_text(req_id)} is still being applied by an earlier attempt"
+                    )
+            finally:
+                with self._lock:
+                    self._waiters -= 1
             if entry.error is not None:
                 raise entry.error
             return entry.result
         try:
             result = fn()
+            size = _nbytes(result) + self.ENTRY_BYTES + len(_key_text(req_id))
         except BaseException as exc:
             entry.error = exc
             with self._lock:
@@ -274,20 +401,27 @@ class RequestLog:
             entry.done.set()
             raise
         entry.result = result
-        size = _nbytes(result) + self.ENTRY_BYTES + len(req_id)
         with self._lock:
             self._running.pop(req_id, None)
-            self._done[req_id] = (result, size, time.monotonic())
+            self._done[req_id] = (op, result, size, time.monotonic())
             self._bytes += size
             self._shrink()
         entry.done.set()
         return result
 
+    @staticmethod
+    def _same_op(req_id: Any, seen: str, op: str) -> None:
+        if seen != op:
+            raise RequestIdReused(
+                f"request id {_key_text(req_id)} was already used for {seen or 'another op'!r}, "
+                f"not {op or 'this op'!r}: draw a fresh request id for each logical call"
+            )
+
     def _expire(self, now: float) -> None:
         done = self._done
         while done:
             key = next(iter(done))
-            if now - done[key][2] < self.ttl:
+            if now - done[key][3] < self.ttl:
                 break
             self._drop(key)
 
@@ -296,9 +430,13 @@ class RequestLog:
             self._drop(next(iter(self._done)))
             self.evicted_early += 1
 
-    def _drop(self, key: str) -> None:
-        _result, size, _at = self._done.pop(key)
+    def _drop(self, key: Any) -> None:
+        _op, _result, size, _at = self._done.pop(key)
         self._bytes -= size
+
+
+def _key_text(key: Any) -> str:
+    return key if isinstance(key, str) else ":".join(map(str, key))
 
 
 def _nbytes(result: Any) -> int:
@@ -315,22 +453,50 @@ class _RequestError(Exception):
     """A request the service rejects (bad schema, bad arguments): the client's fault."""
 
 
-class _TokenAuthFactory(flight.ServerMiddlewareFactory):
-    """Rejects every call that does not carry ``authorization: Bearer <token>``."""
+class _CallJob(flight.ServerMiddleware):
+    """What the service knows of a call before its handler runs: the job it belongs to."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, job: str) -> None:
         super().__init__()
-        self._expected = f"Bearer {token}".encode()
+        self.job = job
 
-    def start_call(self, info: flight.CallInfo, headers: dict[str, list[Any]]) -> None:
-        for value in headers.get(AUTH_HEADER, ()):
-            got = value if isinstance(value, bytes) else str(value).encode()
-            if hmac.compare_digest(got, self._expected):
-                return
-        raise flight.FlightUnauthenticatedError(
-            "xorack acker: missing or wrong token (pass token=... to AckerClient.get, "
-            "or set XORACK_TOKEN)"
-        )
+
+class _CallFactory(flight.ServerMiddlewareFactory):
+    """Reads the job of every call (header ``x-xorack-job``, absent = ``"default"``) and checks
+    its credential: a job with its own token (``job_tokens``) needs exactly that one, any other
+    job the service's token (when it has one), as ``authorization: Bearer <token>``, compared
+    in constant time."""
+
+    def __init__(self, token: str | None, job_tokens: dict[str, str]) -> None:
+        super().__init__()
+        self._expected = f"Bearer {token}".encode() if token else None
+        self._job_expected = {j: f"Bearer {t}".encode() for j, t in job_tokens.items()}
+
+    def start_call(self, info: flight.CallInfo, headers: dict[str, list[Any]]) -> _CallJob:
+        version = headers.get(PROTOCOL_HEADER, ())
+        if version and str(version[0]) != str(PROTOCOL_VERSION):
+            raise flight.FlightServerError(
+                f"xorack acker rejected the call: the client speaks protocol version "
+                f"{str(version[0])[:20]!r}, this acker speaks {PROTOCOL_VERSION}: run the same "
+                "xorack version on both sides"
+            )
+        values = headers.get(JOB_HEADER, ())
+        raw = values[0] if values else None
+        raw = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        try:
+            job = check_job(raw)
+        except ValueError as exc:
+            raise flight.FlightServerError(f"xorack acker rejected the call: {exc}") from None
+        expected = self._job_expected.get(job, self._expected)
+        if expected is not None and not any(
+            hmac.compare_digest(v if isinstance(v, bytes) else str(v).encode(), expected)
+            for v in headers.get(AUTH_HEADER, ())
+        ):
+            raise flight.FlightUnauthenticatedError(
+                f"xorack acker: missing or wrong token for job {job!r} (pass token=... to "
+                "AckerClient.get, or set XORACK_TOKEN)"
+            )
+        return _CallJob(job)
 
 
 def _parse_command(raw: bytes, what: str) -> dict[str, Any]:
@@ -406,7 +572,8 @@ def _ids_buffer(ids: Any) -> pa.Buffer:
 
 
 class AckerService(flight.FlightServerBase):
-    """An Arrow Flight server hosting one ``FTLayer`` (the seed's FTLayerVertex).
+    """An Arrow Flight server hosting the FT layers of one or more jobs (the seed's
+    FTLayerVertex).
 
     ``AckerService(ft)`` listens on 127.0.0.1 and a free port as soon as it is built; call
     ``serve()`` to block, or use ``AckerService.embedded(ft)`` to run it in a thread of this
@@ -414,6 +581,25 @@ class AckerService(flight.FlightServerBase):
     PEM files); with a token every call must present it. ``advertise`` is the host name put in
     ``location`` (the name clients route to; default ``host``). ``ft`` stays owned by the
     caller unless ``close_ft=True``.
+
+    Jobs: every call belongs to a job (``AckerClient.get(location, job=...)``; none = the job
+    ``"default"``), and each job has its own FT layer — its own sources, rounds, replays, dead
+    letters, stats and ended attempts: a client of one job cannot take, ack or fail another
+    job's records. ``ft`` serves the job ``job``. ``ft_factory(job)`` (a standalone acker:
+    ``xorack serve``) makes the FT layer of a job on its first call, up to ``max_jobs`` jobs;
+    without it, calls of other jobs are refused. When ``max_jobs`` are served and a new job
+    comes, the factory-made jobs with nothing pending and no call for ``job_idle_seconds`` are
+    closed first (a later call of such a job opens it again: with durable storage its dead
+    letters are still there, its counters start over). ``job_tokens`` ``{job: token}`` gives a job a
+    credential of its own: its calls must present that token (the service's ``token`` does not
+    open it), other jobs' calls the service's ``token``. FT layers made by ``ft_factory`` are
+    closed with the service.
+
+    ``max_request_bytes`` / ``max_request_rows`` bound one request's Arrow data / rows: a
+    request that says it is bigger is refused before its data is read, one that sends more is
+    refused as soon as the total passes the cap (the client sends its rows in messages of
+    ``CHUNK_BYTES``). Running out of memory
+    applying a request refuses that request (nothing of it applied); the service stays up.
 
     >>> from xorack import FTLayer
     >>> from xorack.service import AckerClient, AckerService
@@ -429,6 +615,13 @@ class AckerService(flight.FlightServerBase):
         port: int = 0,
         *,
         token: str | None = None,
+        job: str | None = None,
+        ft_factory: Callable[[str], Any] | None = None,
+        job_tokens: dict[str, str] | None = None,
+        max_jobs: int = 256,
+        job_idle_seconds: float = 3600.0,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST,
+        max_request_rows: int = DEFAULT_MAX_ROWS,
         dedup_seconds: float = 600.0,
         dedup_max_bytes: int = 256 << 20,
         close_ft: bool = False,
@@ -436,6 +629,16 @@ class AckerService(flight.FlightServerBase):
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
     ) -> None:
+        try:
+            token = check_token(token)
+            tokens = {check_job(j): check_token(t) for j, t in (job_tokens or {}).items()}
+        except ValueError as exc:
+            raise ServiceError(f"cannot serve with this token: {exc}") from None
+        if any(t is None for t in tokens.values()):
+            raise ServiceError("job_tokens: every job's token must be a non-empty string")
+        job = check_job(job)
+        if ft is None and ft_factory is None:
+            raise ValueError("give the FT layer to serve (ft) or a factory of FT layers per job")
         if not is_loopback(host) and not token:
             raise ServiceError(
                 f"refusing to listen on non-loopback address {host!r} without a token: "
@@ -451,7 +654,7 @@ class AckerService(flight.FlightServerBase):
             )
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an int in [0, 65535], got {port!r}")
-        middleware = {"auth": _TokenAuthFactory(token)} if token else {}
+        middleware = {"xorack": _CallFactory(token, tokens)}
         _check_grpc_usable()
         _mark_grpc()
         bind = _location(host, port, tls=tls is not None)
@@ -465,19 +668,93 @@ class AckerService(flight.FlightServerBase):
                 f"not a pair?): {str(exc).splitlines()[0]}"
             ) from exc
         self.ft = ft
+        self.job = job
         self.host = host
         self.advertise = advertise
         #: The PEM certificate this service presents (None without TLS): the ``tls_root_certs``
         #: of its clients when it is self-signed.
         self.tls_cert_pem = tls[0] if tls is not None else None
         self.token = token
+        self.max_jobs = int(max_jobs)
+        self.job_idle_seconds = float(job_idle_seconds)
+        self.jobs_retired = 0
+        for name, value in (
+            ("max_request_bytes", max_request_bytes),
+            ("max_request_rows", max_request_rows),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {value!r}")
+            if value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        self.max_request_bytes = max_request_bytes
+        self.max_request_rows = max_request_rows
         self.requests = RequestLog(ttl=dedup_seconds, max_bytes=dedup_max_bytes)
+        self._jobs: dict[str, Any] = {} if ft is None else {job: ft}
+        self._made: list[Any] = []  # FT layers made by the factory: closed with the service
+        self._used: dict[str, float] = {}  # job -> monotonic time of its last call
+        self._ft_factory = ft_factory
+        self._jobs_lock = threading.Lock()
         self._close_ft = close_ft
         self._thread: threading.Thread | None = None
         self._closed = False
         self._calls: dict[str, int] = {}
         self._rejected = 0
+        self._failed = 0
         self._counter_lock = threading.Lock()
+
+    @property
+    def jobs(self) -> dict[str, Any]:
+        """``{job: FT layer}`` of the jobs served so far."""
+        with self._jobs_lock:
+            return dict(self._jobs)
+
+    def ft_of(self, job: str | None = None) -> Any:
+        """The FT layer of ``job`` (made by ``ft_factory`` on first use); ``_RequestError``
+        when this service does not serve that job."""
+        job = check_job(job)
+        with self._jobs_lock:
+            ft = self._jobs.get(job)
+            if ft is not None:
+                self._used[job] = time.monotonic()
+                return ft
+            if self._ft_factory is None:
+                raise _RequestError(
+                    f"this acker serves job {self.job!r} only, not {job!r}: pass "
+                    f"job={self.job!r} to AckerClient.get (or run a standalone xorack serve, "
+                    "which serves any job)"
+                )
+            if self._closed:
+                raise flight.FlightUnavailableError("the acker is shutting down")
+            if len(self._jobs) >= self.max_jobs:
+                self._retire_idle_jobs()
+            if len(self._jobs) >= self.max_jobs:
+                raise _RequestError(
+                    f"this acker already serves {len(self._jobs)} jobs with records pending or "
+                    f"used in the last {self.job_idle_seconds:g} s (max_jobs): cannot start job "
+                    f"{job!r}; use another acker, or restart this one with more"
+                )
+            ft = self._ft_factory(job)
+            self._made.append(ft)
+            self._jobs[job] = ft
+            self._used[job] = time.monotonic()
+            return ft
+
+    def _retire_idle_jobs(self) -> None:
+        """Close the jobs made by the factory that have nothing pending and were not used for
+        ``job_idle_seconds`` (called when ``max_jobs`` are served and a new job comes)."""
+        now = time.monotonic()
+        for job, ft in list(self._jobs.items()):
+            if ft not in self._made or now - self._used.get(job, now) < self.job_idle_seconds:
+                continue
+            if ft.pending:  # records (or replays waiting) of a job not finished
+                continue
+            with contextlib.suppress(AttributeError):
+                ft.stop()
+            ft.close()
+            self._made.remove(ft)
+            del self._jobs[job]
+            self._used.pop(job, None)
+            self.jobs_retired += 1
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -487,15 +764,17 @@ class AckerService(flight.FlightServerBase):
         ft: Any,
         *,
         token: str | None = None,
+        job: str | None = None,
         host: str = "127.0.0.1",
         advertise: str | None = None,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
         **kwargs: Any,
     ) -> AckerService:
-        """Start a service for ``ft`` on ``host`` (127.0.0.1 by default) and a free port, in a
-        daemon thread. ``advertise`` is the host name executors reach it by (default ``host``);
-        a non-loopback ``host`` needs ``token`` and TLS (``tls_cert``, ``tls_key``).
+        """Start a service for ``ft`` (serving the job ``job``, None = ``"default"``) on ``host``
+        (127.0.0.1 by default) and a free port, in a daemon thread. ``advertise`` is the host
+        name executors reach it by (default ``host``); a non-loopback ``host`` needs ``token``
+        and TLS (``tls_cert``, ``tls_key``).
 
         >>> from xorack import FTLayer
         >>> svc = AckerService.embedded(FTLayer())
@@ -508,6 +787,7 @@ class AckerService(flight.FlightServerBase):
             host,
             0,
             token=token,
+            job=job,
             advertise=advertise,
             tls_cert=tls_cert,
             tls_key=tls_key,
@@ -542,10 +822,14 @@ class AckerService(flight.FlightServerBase):
         super().shutdown()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        if self._close_ft:
+        with self._jobs_lock:
+            owned = list(self._made)
+            if self._close_ft and self.ft is not None:
+                owned.append(self.ft)
+        for ft in owned:
             with contextlib.suppress(AttributeError):
-                self.ft.stop()
-            self.ft.close()
+                ft.stop()
+            ft.close()
 
     def __enter__(self) -> AckerService:
         return self
@@ -564,15 +848,32 @@ class AckerService(flight.FlightServerBase):
             return fn()
         except flight.FlightError:
             raise
+        except MemoryError as exc:  # before ArrowException: ArrowMemoryError is both
+            self._count_reject()
+            raise flight.FlightServerError(
+                f"xorack acker ran out of memory on {op} and refused it (nothing of it was "
+                f"applied; {type(exc).__name__}: {exc}): send smaller batches, or give the "
+                "acker more memory / a lower max_request_bytes"
+            ) from None
         except _RequestError as exc:
             self._count_reject()
             raise flight.FlightServerError(f"xorack acker rejected {op}: {exc}") from None
-        except (TypeError, ValueError, KeyError, pa.ArrowException) as exc:
+        except (TypeError, ValueError) as exc:  # the checks of the FT layer's arguments
             self._count_reject()
             raise flight.FlightServerError(f"xorack acker rejected {op}: {exc}") from None
-        except Exception as exc:
+        except XorackError as exc:  # the storage failed: the client's request was fine
+            with self._counter_lock:
+                self._failed += 1
             raise flight.FlightServerError(
                 f"xorack acker failed on {op}: {type(exc).__name__}: {exc}"
+            ) from None
+        except Exception as exc:  # a bug of the acker: logged with its traceback, said so
+            with self._counter_lock:
+                self._failed += 1
+            log.exception("xorack acker: internal error on %s", op)
+            raise flight.FlightServerError(
+                f"xorack acker failed on {op} (internal error, not a problem of the request: "
+                f"{type(exc).__name__}: {exc}); the acker's log has the details"
             ) from None
 
     def _count_reject(self) -> None:
@@ -593,36 +894,83 @@ class AckerService(flight.FlightServerBase):
             op = cmd["op"]
             if op not in _PUT_OPS:
                 raise _RequestError(f"unknown put op {op!r}: expected one of {_PUT_OPS}")
+            req = check_request_id(cmd.get("req"))  # before anything is applied
+            job = _job_of(context)
+            ft = self.ft_of(job)
             _check_put_schema(op, reader.schema)  # before reading a foreign stream's data
-            table = reader.read_all()
-            result = self.requests.run(cmd.get("req"), lambda: self._apply_put(op, cmd, table))
+            declared = _opt_int(cmd, "bytes", None)
+            if declared is not None and declared > self.max_request_bytes:
+                raise _RequestError(self._too_big(op, declared, "says it is"))
+            rows = _opt_int(cmd, "rows", None)
+            if rows is not None and rows > self.max_request_rows:
+                raise _RequestError(self._too_many(op, rows, "says it has"))
+            table = self._read_bounded(op, reader)
+            result = self.requests.run(
+                _req_key(job, req), lambda: self._apply_put(ft, op, cmd, table), op=op
+            )
             if result is not None:
                 writer.write(_ids_buffer(result))
 
         self._guard(_op_name(descriptor.command, "put"), handle)
 
-    def _apply_put(self, op: str, cmd: dict[str, Any], table: pa.Table) -> np.ndarray | None:
+    def _too_big(self, op: str, size: int, verb: str) -> str:
+        return (
+            f"{op}: the request {verb} {size} bytes, more than this acker's limit of "
+            f"{self.max_request_bytes} bytes (max_request_bytes; xorack serve --max-request-mb): "
+            "send it in smaller batches"
+        )
+
+    def _too_many(self, op: str, rows: int, verb: str) -> str:
+        return (
+            f"{op}: the request {verb} {rows} rows, more than this acker's limit of "
+            f"{self.max_request_rows} rows (max_request_rows; xorack serve --max-request-rows; "
+            "each pending record costs the acker ~150-250 bytes): send it in smaller batches"
+        )
+
+    def _read_bounded(self, op: str, reader: flight.MetadataRecordBatchReader) -> pa.Table:
+        """The put's data, read one message at a time and refused as soon as it passes
+        ``max_request_bytes`` (the rest is never read)."""
+        batches, total, rows = [], 0, 0
+        while True:
+            try:
+                chunk = reader.read_chunk()
+            except StopIteration:
+                break
+            batch = chunk.data
+            if batch is None:
+                continue
+            total += batch.get_total_buffer_size()
+            if total > self.max_request_bytes:
+                raise _RequestError(self._too_big(op, total, "sent at least"))
+            rows += batch.num_rows
+            if rows > self.max_request_rows:
+                raise _RequestError(self._too_many(op, rows, "sent at least"))
+            batches.append(batch)
+        return pa.Table.from_batches(batches, schema=reader.schema)
+
+    def _apply_put(
+        self, ft: Any, op: str, cmd: dict[str, Any], table: pa.Table
+    ) -> np.ndarray | None:
         if op == "persist":
-            return self._persist(cmd, table)
+            return self._persist(ft, cmd, table)
         src = _column_u64(table, SRC, op)
         if op == "xor":
             values = _column_u64(table, XOR, op)
-            return np.asarray(self.ft.xor(src, values), dtype=np.uint64)
+            return np.asarray(ft.xor(src, values), dtype=np.uint64)
         if op == "fail":
             reason = cmd.get("reason")
             if reason is not None and not isinstance(reason, str):
                 raise _RequestError(f"fail: 'reason' must be a string, got {reason!r}")
-            return np.asarray(self.ft.fail(src, reason=reason), dtype=np.uint64)
-        self.ft.touch(src)
+            return np.asarray(ft.fail(src, reason=reason), dtype=np.uint64)
+        ft.touch(src)
         return None
 
-    def _persist(self, cmd: dict[str, Any], table: pa.Table) -> np.ndarray:
+    def _persist(self, ft: Any, cmd: dict[str, Any], table: pa.Table) -> np.ndarray:
         source = _opt_int(cmd, "source", 0)
         partition: Any = _opt_int(cmd, "partition", None)
         payload_cols = _persist_payload_columns(table.schema)
         if table.num_rows == 0:
             return _EMPTY_IDS
-        table = table.combine_chunks()
         names = table.schema.names
         key_hash = table.column(KEY_HASH).to_numpy() if KEY_HASH in names else None
         births = _column_u64(table, BIRTHS, "persist") if BIRTHS in names else None
@@ -634,8 +982,8 @@ class AckerService(flight.FlightServerBase):
         for name in (KEY_HASH, PARTITION):
             if name in names and table.column(name).null_count:
                 raise _RequestError(f"persist: column {name} must not contain nulls")
-        batch = table.select(payload_cols).to_batches()[0]
-        ids = self.ft.persist(
+        batch = table.select(payload_cols)  # chunk by chunk, never copied into one
+        ids = ft.persist(
             batch,
             key_hash=key_hash,
             source=source,
@@ -651,22 +999,27 @@ class AckerService(flight.FlightServerBase):
         def handle() -> flight.FlightDataStream:
             cmd = _parse_command(ticket.ticket, "ticket")
             op = cmd["op"]
+            if op not in _GET_OPS:
+                raise _RequestError(f"unknown ticket op {op!r}: expected one of {_GET_OPS}")
+            job = _job_of(context)
+            ft = self.ft_of(job)
             if op == "dead_letters":
                 source = _opt_int(cmd, "source", None)
                 if source is None:
-                    return flight.RecordBatchStream(self.ft.dead_letters())
-                return flight.RecordBatchStream(self.ft.dead_letters(source=source))
-            if op != "replays":
-                raise _RequestError(f"unknown ticket op {op!r}: expected one of {_GET_OPS}")
+                    return flight.RecordBatchStream(ft.dead_letters())
+                return flight.RecordBatchStream(ft.dead_letters(source=source))
             source = _opt_int(cmd, "source", 0)
             partition = _opt_int(cmd, "partition", None)
-            table = self.requests.run(cmd.get("req"), lambda: self._take(source, partition))
+            req = check_request_id(cmd.get("req"))
+            table = self.requests.run(
+                _req_key(job, req), lambda: self._take(ft, source, partition), op=op
+            )
             return flight.RecordBatchStream(table)
 
         return self._guard(_op_name(ticket.ticket, "get"), handle)
 
-    def _take(self, source: int | None, partition: int | None) -> pa.Table:
-        parts = self.ft.take_replays(source=source, partition=partition)
+    def _take(self, ft: Any, source: int | None, partition: int | None) -> pa.Table:
+        parts = ft.take_replays(source=source, partition=partition)
         tables = [parts[p] for p in sorted(parts) if parts[p].num_rows]
         if not tables:
             return _EMPTY_REPLAYS.empty_table()
@@ -688,16 +1041,20 @@ class AckerService(flight.FlightServerBase):
                 body = None
             if not isinstance(body, dict):
                 raise _RequestError(f"{kind}: body must be a JSON object, got {raw[:60]!r}")
+            job = _job_of(context)
+            ft = self.ft_of(job)
             if kind == "ping":
                 return [pa.py_buffer(b"pong")]
             if kind == "stats":
-                return [pa.py_buffer(json.dumps(self.stats(), default=_json_default).encode())]
-            fn = {
-                "rotate": self.ft.rotate,
-                "expire_all": self.ft.expire_all,
-                "take_ended": self.ft.take_ended,
-            }[kind]
-            ids = self.requests.run(body.get("req"), lambda: np.asarray(fn(), dtype=np.uint64))
+                stats = self.stats(job)
+                return [pa.py_buffer(json.dumps(stats, default=_json_default).encode())]
+            fn = {"rotate": ft.rotate, "expire_all": ft.expire_all, "take_ended": ft.take_ended}[
+                kind
+            ]
+            req = check_request_id(body.get("req"))
+            ids = self.requests.run(
+                _req_key(job, req), lambda: np.asarray(fn(), dtype=np.uint64), op=kind
+            )
             return [_ids_buffer(ids)]
 
         return iter(self._guard(action.type, handle))
@@ -705,21 +1062,39 @@ class AckerService(flight.FlightServerBase):
     def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
         return sorted(_ACTIONS.items())
 
-    def stats(self) -> dict[str, Any]:
-        """The FT layer's stats plus the service's own counters (under ``"service"``)."""
-        stats = self.ft.stats()
+    def stats(self, job: str | None = None) -> dict[str, Any]:
+        """The stats of ``job``'s FT layer plus the service's own counters (under
+        ``"service"``)."""
+        job = check_job(job) if job is not None else self.job
+        stats = self.ft_of(job).stats()
         out = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
         with self._counter_lock:
             calls = dict(self._calls)
             rejected = self._rejected
+            failed = self._failed
         out["service"] = {
             "location": self.location,
+            "job": job,
+            "jobs": len(self._jobs),
+            "jobs_retired": self.jobs_retired,
             "calls": calls,
             "rejected": rejected,
+            "failed": failed,
             "retries_deduplicated": self.requests.hits,
             "dedup_evicted_early": self.requests.evicted_early,
         }
         return out
+
+
+def _job_of(context: flight.ServerCallContext) -> str:
+    """The job of a call (read and checked by ``_CallFactory`` before the handler runs)."""
+    call = context.get_middleware("xorack")
+    return call.job if call is not None else DEFAULT_JOB
+
+
+def _req_key(job: str, req: str | None) -> tuple[str, str] | None:
+    """The request log's key: request ids are the job's own."""
+    return None if req is None else (job, req)
 
 
 def _op_name(command: bytes | None, default: str) -> str:
@@ -806,7 +1181,7 @@ def _check_grpc_usable() -> None:
         )
 
 
-_clients: dict[tuple[int, str, str | None, bytes | None], AckerClient] = {}
+_clients: dict[tuple[int, str, str | None, str, bytes | None], AckerClient] = {}
 _clients_lock = threading.Lock()
 
 
@@ -820,13 +1195,13 @@ def _clean(exc: BaseException) -> str:
 class AckerClient:
     """A connection to an acker service; its methods mirror ``FTLayer``.
 
-    Use ``AckerClient.get(location)`` inside executors: one client per (process, location,
-    token, TLS roots), reused by every task a Python worker runs, and re-created in a forked
-    child. A ``grpc+tls://`` location is verified against ``tls_root_certs`` (PEM bytes, e.g.
-    the service's self-signed certificate) or, without them, the system's roots. Calls
-    are retried (``RetryPolicy``) when the service is unavailable or times out; non-idempotent
-    calls carry a request id the service deduplicates, so a retry never applies twice. When the
-    budget is spent the call raises ``xorack.ServiceError``.
+    Use ``AckerClient.get(location, token, job=...)`` inside executors: one client per
+    (process, location, token, job, TLS roots), reused by every task a Python worker runs, and
+    re-created in a forked child. A ``grpc+tls://`` location is verified against
+    ``tls_root_certs`` (PEM bytes, e.g. the service's self-signed certificate) or, without them,
+    the system's roots. Calls are retried (``RetryPolicy``) when the service is unavailable or
+    times out; non-idempotent calls carry a request id the service deduplicates, so a retry
+    never applies twice. When the budget is spent the call raises ``xorack.ServiceError``.
 
     >>> import pyarrow as pa
     >>> from xorack import FTLayer
@@ -842,6 +1217,7 @@ class AckerClient:
         location: str,
         token: str | None = None,
         retry: RetryPolicy | None = None,
+        job: str | None = None,
         tls_root_certs: bytes | None = None,
     ) -> None:
         if not isinstance(location, str) or "://" not in location:
@@ -858,8 +1234,14 @@ class AckerClient:
             )
         self.location = location
         self.retry = retry or RetryPolicy()
+        token = check_token(token)
+        self.job = check_job(job)
         self._pid = os.getpid()
-        headers = [(AUTH_HEADER.encode(), f"Bearer {token}".encode())] if token else []
+        headers = [(PROTOCOL_HEADER.encode(), str(PROTOCOL_VERSION).encode())]
+        if token:
+            headers.append((AUTH_HEADER.encode(), f"Bearer {token}".encode()))
+        if job is not None:
+            headers.append((JOB_HEADER.encode(), self.job.encode()))
         self._options = flight.FlightCallOptions(timeout=self.retry.call_timeout, headers=headers)
         _check_grpc_usable()
         _mark_grpc()
@@ -880,23 +1262,33 @@ class AckerClient:
         cls,
         location: str,
         token: str | None = None,
+        job: str | None = None,
         retry: RetryPolicy | None = None,
         tls_root_certs: bytes | None = None,
     ) -> AckerClient:
-        """The cached client of this process for ``location`` (created on first use).
+        """The cached client of this process for ``location``, ``token`` and ``job`` (created on
+        first use). Every call of the client belongs to ``job`` (1-64 of ``A-Z a-z 0-9 _ . -``;
+        None = the job ``"default"``): it sees only that job's records, replays, dead letters,
+        stats and ended attempts.
 
         The cache is keyed by process id: a client inherited through ``fork`` is never used in
         the child (gRPC connections do not survive a fork), the child makes its own — provided
         its parent had not started gRPC yet (else ``ServiceError`` says so at once; a gRPC call
         in such a child would hang).
         """
-        key = (os.getpid(), location, token, tls_root_certs)
+        key = (os.getpid(), location, token, check_job(job), tls_root_certs)
         client = _clients.get(key)
         if client is None:
             with _clients_lock:
                 client = _clients.get(key)
                 if client is None:
-                    client = cls(location, token=token, retry=retry, tls_root_certs=tls_root_certs)
+                    client = cls(
+                        location,
+                        token=token,
+                        retry=retry,
+                        job=job,
+                        tls_root_certs=tls_root_certs,
+                    )
                     _clients[key] = client
         return client
 
@@ -955,13 +1347,19 @@ class AckerClient:
             f"({op}): {_clean(last) if last else 'no attempt made'}{hint}"
         ) from None
 
-    def _put(self, op: str, cmd: dict[str, Any], batch: pa.RecordBatch) -> np.ndarray:
-        descriptor = flight.FlightDescriptor.for_command(json.dumps({"op": op, **cmd}))
+    def _put(self, op: str, cmd: dict[str, Any], data: pa.RecordBatch | pa.Table) -> np.ndarray:
+        table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
+        size = int(table.nbytes)
+        rows = max(1, (CHUNK_BYTES * table.num_rows) // max(size, 1))
+        parts = table.to_batches(max_chunksize=rows)  # slices: no copy
+        cmd = {"op": op, **cmd, "bytes": size, "rows": table.num_rows}  # refused at once if big
+        descriptor = flight.FlightDescriptor.for_command(json.dumps(cmd))
 
         def attempt() -> np.ndarray:
-            writer, reader = self._client.do_put(descriptor, batch.schema, options=self._options)
+            writer, reader = self._client.do_put(descriptor, table.schema, options=self._options)
             try:
-                writer.write_batch(batch)
+                for part in parts:
+                    writer.write_batch(part)
                 writer.done_writing()
                 buf = reader.read()
             finally:
@@ -971,6 +1369,25 @@ class AckerClient:
             return np.frombuffer(buf, dtype="<u8").astype(np.uint64, copy=False)
 
         return self._call(op, attempt)
+
+    def _put_events(
+        self,
+        op: str,
+        cmd: Callable[[], dict[str, Any]],
+        batch: pa.RecordBatch,
+        *,
+        dedupe: bool = True,
+    ) -> np.ndarray:
+        """An xor/fail/touch, as one request per ``EVENT_CHUNK_ROWS`` rows (the service's
+        default row cap), each with its own request id; their results concatenated. (A call of
+        more rows that fails part way has applied the requests before: events are independent,
+        and each request is applied once.)"""
+        out = []
+        for start in range(0, batch.num_rows, EVENT_CHUNK_ROWS):
+            part = batch.slice(start, EVENT_CHUNK_ROWS)
+            command = cmd() | ({"req": _request_id()} if dedupe else {})
+            out.append(self._put(op, command, part))
+        return out[0] if len(out) == 1 else np.concatenate(out)
 
     def _get(self, op: str, ticket: dict[str, Any]) -> pa.Table:
         t = flight.Ticket(json.dumps({"op": op, **ticket}).encode())
@@ -1006,9 +1423,9 @@ class AckerClient:
         from .ftlayer import check_persist_args  # the FT layer's own checks, before the wire
 
         a = check_persist_args(batch, key_hash, source, partition, births, src_ids)
-        n = a.batch.num_rows
-        arrays = list(a.batch.columns)
-        names = list(a.batch.schema.names)
+        if a.batch.num_rows == 0:
+            return _EMPTY_IDS
+        wire = a.batch if isinstance(a.batch, pa.Table) else pa.Table.from_batches([a.batch])
         for column, values, kind in (
             (KEY_HASH, a.key_hash, pa.int32()),
             (BIRTHS, a.births, pa.uint64()),
@@ -1016,12 +1433,8 @@ class AckerClient:
             (PARTITION, a.partition, pa.int32()),
         ):
             if values is not None:
-                arrays.append(pa.array(values, kind))
-                names.append(column)
+                wire = wire.append_column(column, pa.array(values, kind))
         cmd: dict[str, Any] = {"source": a.source, "req": _request_id()}
-        if n == 0:
-            return _EMPTY_IDS
-        wire = pa.RecordBatch.from_arrays(arrays, names=names)
         return self._put("persist", cmd, wire)
 
     def xor(self, src_ids: Any, values: Any) -> np.ndarray:
@@ -1032,7 +1445,7 @@ class AckerClient:
         if not src.size:
             return _EMPTY_IDS
         batch = pa.RecordBatch.from_arrays([pa.array(src), pa.array(val)], schema=XOR_SCHEMA)
-        return self._put("xor", {"req": _request_id()}, batch)
+        return self._put_events("xor", dict, batch)
 
     def fail(self, src_ids: Any, reason: str | None = None) -> np.ndarray:
         """Fail records explicitly; returns the new source ids of their replays."""
@@ -1042,14 +1455,14 @@ class AckerClient:
         if reason is not None and not isinstance(reason, str):
             raise TypeError(f"reason must be a str or None, got {type(reason).__name__}")
         batch = pa.RecordBatch.from_arrays([pa.array(src)], schema=FAIL_SCHEMA)
-        return self._put("fail", {"reason": reason, "req": _request_id()}, batch)
+        return self._put_events("fail", lambda: {"reason": reason}, batch)
 
     def touch(self, src_ids: Any) -> None:
         """Reset the timeout of these records (idempotent: retried without a request id)."""
         src = as_u64(src_ids, "src_ids", nonzero=True)
         if src.size:
             batch = pa.RecordBatch.from_arrays([pa.array(src)], schema=TOUCH_SCHEMA)
-            self._put("touch", {}, batch)
+            self._put_events("touch", dict, batch, dedupe=False)
 
     def take_replays(self, source: int = 0, partition: int | None = None) -> dict[int, pa.Table]:
         """The replays waiting for ``source`` (one partition or all): ``{partition: table}``.

@@ -33,8 +33,11 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
+import logging
 import os
 import sqlite3
+import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -62,6 +65,8 @@ __all__ = [
     "Storage",
     "open_storage",
 ]
+
+log = logging.getLogger(__name__)
 
 _EMPTY_U64 = np.empty(0, dtype=np.uint64)
 _EMPTY_I32 = np.empty(0, dtype=np.int32)
@@ -140,8 +145,17 @@ class Storage(ABC):
     Every method takes and returns whole arrays; ids are ``uint64``. Unknown ids are ignored by
     ``delete``/``lookup``/``fetch``/``renew`` (the FT layer decides what an unknown id means).
     Implementations are thread-safe and raise :class:`xorack.StorageError` when the medium fails;
-    a failed call changes nothing.
+    a failed call changes nothing. ``quarantined`` counts the records a durable storage found
+    corrupt (and set aside, ``quarantine_notes`` saying what was wrong) instead of recovering.
     """
+
+    quarantined: int = 0
+    quarantine_notes: list[str]
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Storage:
+        self = super().__new__(cls)
+        self.quarantine_notes = []
+        return self
 
     @abstractmethod
     def persist(self, batch: pa.RecordBatch, meta: RecordMeta) -> None:
@@ -156,9 +170,11 @@ class Storage(ABC):
         """Metadata of the stored ones among ``src_ids`` (in ``src_ids`` order)."""
 
     @abstractmethod
-    def renew(self, old_ids: np.ndarray, new_ids: np.ndarray) -> None:
-        """Replay bookkeeping: record ``old_ids[i]`` becomes ``new_ids[i]``, attempt + 1; the
-        payload row stays where it is. Every ``old_ids`` must be stored."""
+    def renew(self, old_ids: np.ndarray, new_ids: np.ndarray, *, next_attempt: bool = True) -> None:
+        """Replay bookkeeping: record ``old_ids[i]`` becomes ``new_ids[i]``, attempt + 1 (the
+        same attempt with ``next_attempt=False``: a replay after a restart of the FT layer,
+        which is no attempt of the record); the payload row stays where it is. Every
+        ``old_ids`` must be stored."""
 
     @abstractmethod
     def fetch(self, src_ids: np.ndarray) -> tuple[pa.Table, RecordMeta]:
@@ -354,6 +370,14 @@ def _gather(
     )
 
 
+def _check_batch(batch: pa.RecordBatch, n: int) -> None:
+    """A batch a storage can persist: ``n`` rows (one per record), at least one column."""
+    if batch.num_rows != n:
+        raise ValueError(f"batch has {batch.num_rows} rows but meta has {n}")
+    if n and not batch.num_columns:
+        raise ValueError(f"batch has {n} rows but no columns: a record needs a payload to replay")
+
+
 def _schema_text(schema: pa.Schema) -> str:
     return ", ".join(f"{f.name}: {f.type}" for f in schema)
 
@@ -363,10 +387,11 @@ def _schema_text(schema: pa.Schema) -> str:
 
 
 class _Chunk:
-    """One persisted batch and the per-row metadata of its records (``src``: the source id each
-    row was last stored under; the row is live while the storage still locates that id here)."""
+    """One persisted batch and the per-row metadata of its records (``alive``: a record still
+    refers to the row; a record's location in the index stays (batch, first row))."""
 
     __slots__ = (
+        "alive",
         "attempt",
         "batch",
         "kept",
@@ -375,17 +400,16 @@ class _Chunk:
         "origin",
         "partition",
         "source",
-        "src",
     )
 
     def __init__(self, batch: pa.RecordBatch, meta: RecordMeta) -> None:
         self.batch = batch
         self.key_hash = meta.key_hash
-        self.source = meta.source
-        self.partition = meta.partition
+        self.source = _compact(meta.source)
+        self.partition = _compact(meta.partition)
         self.attempt = meta.attempt.copy()
         self.origin = meta.origin
-        self.src = meta.src.copy()
+        self.alive = np.ones(len(meta), bool)  # the rows held that a record still refers to
         self.live = len(meta)
         self.kept: np.ndarray | None = None  # first row numbers of the rows held, once compacted
 
@@ -395,19 +419,26 @@ class _Chunk:
 
     def wasteful(self) -> bool:
         """Worth compacting (see ``_sparse``)."""
-        return _sparse(self.live, len(self.src))
+        return _sparse(self.live, len(self.alive))
 
-    def compact(self, no: int, loc: dict[int, int]) -> None:
+    def release(self, rows: np.ndarray) -> None:
+        """The records first stored at ``rows`` are gone (each row released once)."""
+        self.alive[self.position(rows)] = False
+        self.live -= len(rows)
+
+    def compact(self) -> None:
         """Keep only the live rows (a copy: the old buffers are freed). Records keep their
-        locations (batch, first row): ``kept`` maps them to the rows held now."""
-        first = np.arange(len(self.src), dtype=np.int64) if self.kept is None else self.kept
-        here = first + (no << _ROW_BITS)
-        found = np.fromiter((loc.get(k, -1) for k in self.src.tolist()), np.int64, len(here))
-        rows = np.flatnonzero(found == here)
+        locations (batch, first row) in the id index: ``kept`` maps them to the rows held
+        now."""
+        first = np.arange(len(self.alive), dtype=np.int64) if self.kept is None else self.kept
+        rows = np.flatnonzero(self.alive)
         self.batch = self.batch.take(pa.array(rows))
-        for name in ("key_hash", "source", "partition", "attempt", "origin", "src"):
+        for name in ("key_hash", "attempt", "origin"):
             setattr(self, name, getattr(self, name)[rows])
+        self.source = _compact(self.source[rows])
+        self.partition = _compact(self.partition[rows])
         self.kept = first[rows]
+        self.alive = np.ones(len(rows), bool)
         self.live = len(rows)
 
 
@@ -428,14 +459,117 @@ def _sparse(live: int, rows: int) -> bool:
     return rows - live >= _COMPACT_MIN_GONE and _COMPACT_SHARE * live <= rows
 
 
+def _compact(column: np.ndarray) -> np.ndarray:
+    """``column`` itself, or a read-only view of one value when all its values are equal (a
+    batch's source index, often its partition): no memory per record."""
+    if len(column) and (column == column[0]).all():
+        return np.broadcast_to(column[:1].copy(), column.shape)
+    return column
+
+
 _ROW_BITS = 32
 _ROW_MASK = (1 << _ROW_BITS) - 1
 
 
+class _IdIndex:
+    """Source id (uint64) -> location (int64 >= 0), batched: 16 bytes per record.
+
+    Sorted runs of (id, location), LSM-style: ``add`` appends a sorted run and merges runs of
+    similar size (so there are O(log n) runs and each entry is merged O(log n) times, the
+    merges being numpy sorts of two sorted runs: near linear); lookups binary-search each run;
+    ``pop`` marks the location -1, and the removed entries are dropped when they outnumber the
+    live ones. (A dict of Python ints costs ~100 bytes per record.) Ids added must not be
+    live already (the FT layer checks).
+
+    >>> ix = _IdIndex()
+    >>> ix.add(np.array([7, 3], np.uint64), np.array([70, 30]))
+    >>> ix.get(np.array([3, 9], np.uint64)).tolist(), ix.pop(np.array([7], np.uint64)).tolist()
+    ([30, -1], [70])
+    >>> len(ix), ix.keys().tolist()
+    (1, [3])
+    """
+
+    compact_min = 4096  # removed entries are dropped once more than this (and than live ones)
+
+    def __init__(self) -> None:
+        self._runs: list[tuple[np.ndarray, np.ndarray]] = []  # (sorted ids, locations)
+        self._live = 0
+        self._removed = 0
+
+    def __len__(self) -> int:
+        return self._live
+
+    def add(self, keys: np.ndarray, locs: np.ndarray) -> None:
+        keys = np.asarray(keys, np.uint64)
+        order = np.argsort(keys, kind="stable")
+        self._runs.append((keys[order], np.asarray(locs, np.int64)[order]))
+        self._live += len(keys)
+        runs = self._runs
+        while len(runs) > 1 and 2 * len(runs[-1][0]) >= len(runs[-2][0]):
+            runs[-2:] = [_merge_runs(runs[-2:])]
+
+    def get(self, keys: np.ndarray) -> np.ndarray:
+        """The location of each id, -1 for the absent ones."""
+        keys = np.asarray(keys, np.uint64)
+        out = np.full(len(keys), -1, np.int64)
+        for rk, rl in self._runs:
+            pos, hit = _search(rk, rl, keys)
+            out[hit] = rl[pos[hit]]
+        return out
+
+    def pop(self, keys: np.ndarray) -> np.ndarray:
+        """Like ``get``, and the ids found are removed (a repeated id is found once)."""
+        keys = np.asarray(keys, np.uint64)
+        out = np.full(len(keys), -1, np.int64)
+        for rk, rl in self._runs:
+            pos, hit = _search(rk, rl, keys)
+            idx = np.flatnonzero(hit)
+            if not len(idx):
+                continue
+            p = pos[idx]
+            _, first = np.unique(p, return_index=True)
+            if len(first) != len(p):  # the same id asked for twice: found once
+                idx, p = idx[first], p[first]
+            out[idx] = rl[p]
+            rl[p] = -1
+            self._live -= len(idx)
+            self._removed += len(idx)
+        if self._removed > max(self._live, self.compact_min):
+            self._runs = [_merge_runs(self._runs)] if self._runs else []
+            self._removed = 0
+        return out
+
+    def keys(self) -> np.ndarray:
+        """Every live id."""
+        parts = [rk[rl >= 0] for rk, rl in self._runs]
+        return np.concatenate(parts) if parts else np.empty(0, np.uint64)
+
+
+def _search(rk: np.ndarray, rl: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(positions in the run, found mask) of ``keys`` in the sorted run ``rk``."""
+    if not len(rk):
+        return np.zeros(len(keys), np.int64), np.zeros(len(keys), bool)
+    pos = np.minimum(np.searchsorted(rk, keys), len(rk) - 1)
+    return pos, (rk[pos] == keys) & (rl[pos] >= 0)
+
+
+def _merge_runs(runs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    keys = np.concatenate([rk for rk, _ in runs])
+    locs = np.concatenate([rl for _, rl in runs])
+    live = locs >= 0
+    if not live.all():
+        keys, locs = keys[live], locs[live]
+    order = np.argsort(keys, kind="stable")  # sorted runs back to back: timsort merges them
+    return keys[order], locs[order]
+
+
 class MemoryStorage(Storage):
     """Records kept in this process: the persisted ``RecordBatch`` objects themselves plus one
-    ``(batch, row)`` reference per record. Lost with the process (use :class:`SQLiteStorage` for
-    durability).
+    ``(batch, row)`` reference per record in a compact index (``_IdIndex``, 16 bytes), and the
+    rows' metadata as numpy columns per batch (a constant column costs nothing) and a live flag:
+    ~33 bytes per record besides the payload. A batch mostly completed is rewritten with its live
+    rows (records keep their ``(batch, first row)`` location in the index). Lost with the
+    process (use :class:`SQLiteStorage` for durability).
 
     >>> import numpy as np, pyarrow as pa
     >>> s = MemoryStorage()
@@ -447,7 +581,7 @@ class MemoryStorage(Storage):
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._chunks: dict[int, _Chunk] = {}
-        self._loc: dict[int, int] = {}  # src id -> chunk number << 32 | row
+        self._loc = _IdIndex()  # src id -> chunk number << 32 | row
         self._next_chunk = 0
         self._dead: list[pa.Table] = []
 
@@ -456,8 +590,7 @@ class MemoryStorage(Storage):
 
     def persist(self, batch: pa.RecordBatch, meta: RecordMeta) -> None:
         n = len(meta)
-        if batch.num_rows != n:
-            raise ValueError(f"batch has {batch.num_rows} rows but meta has {n}")
+        _check_batch(batch, n)
         if n == 0:
             return
         with self._lock:
@@ -465,24 +598,23 @@ class MemoryStorage(Storage):
             self._next_chunk += 1
             self._chunks[no] = _Chunk(batch, meta)
             locs = np.arange(n, dtype=np.int64) + (no << _ROW_BITS)
-            self._loc.update(zip(meta.src.tolist(), locs.tolist(), strict=True))
+            self._loc.add(meta.src, locs)
 
     def _locate(self, src_ids: np.ndarray, *, pop: bool) -> tuple[np.ndarray, np.ndarray]:
         """(found mask, locations of the found ones)."""
-        get = self._loc.pop if pop else self._loc.get
-        locs = np.fromiter((get(k, -1) for k in src_ids.tolist()), np.int64, len(src_ids))
+        locs = self._loc.pop(src_ids) if pop else self._loc.get(src_ids)
         found = locs >= 0
         return found, locs[found]
 
     def _release(self, locs: np.ndarray) -> None:
-        chunk_nos, counts = _distinct(locs >> _ROW_BITS)
-        for no, k in zip(chunk_nos.tolist(), counts.tolist(), strict=True):
+        chunk_nos = locs >> _ROW_BITS
+        for no in _distinct(chunk_nos)[0].tolist():
             chunk = self._chunks[no]
-            chunk.live -= k
+            chunk.release(locs[chunk_nos == no] & _ROW_MASK)
             if chunk.live <= 0:
                 del self._chunks[no]
             elif chunk.wasteful():
-                chunk.compact(no, self._loc)
+                chunk.compact()
 
     def delete(self, src_ids: np.ndarray) -> int:
         with self._lock:
@@ -520,22 +652,22 @@ class MemoryStorage(Storage):
             found, locs = self._locate(src_ids, pop=False)
             return self._meta_at(src_ids[found], locs)
 
-    def renew(self, old_ids: np.ndarray, new_ids: np.ndarray) -> None:
+    def renew(self, old_ids: np.ndarray, new_ids: np.ndarray, *, next_attempt: bool = True) -> None:
         if len(old_ids) != len(new_ids):
             raise ValueError("old_ids and new_ids must have the same length")
         with self._lock:
             found, locs = self._locate(old_ids, pop=True)
             if not found.all():
                 # put back what was taken: a failed call changes nothing
-                self._loc.update(zip(old_ids[found].tolist(), locs.tolist(), strict=True))
+                self._loc.add(old_ids[found], locs)
                 raise ValueError("renew: some old_ids are not stored")
-            self._loc.update(zip(new_ids.tolist(), locs.tolist(), strict=True))
+            self._loc.add(new_ids, locs)
             chunk_nos = locs >> _ROW_BITS
             for no in _distinct(chunk_nos)[0].tolist():
                 chunk = self._chunks[no]
                 rows = chunk.position(locs[chunk_nos == no] & _ROW_MASK)
-                chunk.attempt[rows] += 1
-                chunk.src[rows] = new_ids[chunk_nos == no]
+                if next_attempt:
+                    chunk.attempt[rows] += 1
 
     def fetch(self, src_ids: np.ndarray) -> tuple[pa.Table, RecordMeta]:
         with self._lock:
@@ -555,7 +687,7 @@ class MemoryStorage(Storage):
 
     def stored_ids(self) -> np.ndarray:
         with self._lock:
-            return np.fromiter(self._loc.keys(), np.uint64, len(self._loc))
+            return self._loc.keys()
 
     def dead_letter(self, src_ids: np.ndarray, reason: str) -> None:
         if not len(src_ids):
@@ -593,7 +725,21 @@ CREATE TABLE IF NOT EXISTS batches (
 CREATE TABLE IF NOT EXISTS records (
     src INTEGER PRIMARY KEY, loc INTEGER NOT NULL, attempt INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS dead_letters (id INTEGER PRIMARY KEY, payload BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS quarantine (
+    id INTEGER PRIMARY KEY, what TEXT NOT NULL, reason TEXT NOT NULL,
+    payload BLOB, meta BLOB, records TEXT);
 """
+#: The columns each table must have (a file with other tables of these names is not ours).
+_TABLES = {
+    "xorack_meta": ["key", "value"],
+    "batches": ["id", "payload", "meta"],
+    "records": ["src", "loc", "attempt"],
+    "dead_letters": ["id", "payload"],
+    "quarantine": ["id", "what", "reason", "payload", "meta", "records"],
+}
+_META_TYPES = [("key_hash", pa.int32()), ("source", pa.int32()), ("partition", pa.int32())]
+_META_TYPES.append(("origin", pa.uint64()))
+_KEPT_TYPE = ("row", pa.uint32())  # the 5th metadata column of a compacted batch
 # ft-2: a compacted batch's meta blob has a 5th column (the first row numbers of the rows it
 # holds). An ft-1 file is read as is and marked ft-2 when opened (this code may compact it);
 # code that knows only ft-1 then refuses the file instead of reading compacted batches wrong.
@@ -662,6 +808,33 @@ class _StoredBatch:
             names=["key_hash", "source", "partition", "origin", "row"],
         )
         return self.payload.take(pa.array(at)), meta
+
+
+def _check_stored_batch(payload: bytes, meta: bytes) -> range | frozenset[int]:
+    """The first row numbers held by a stored batch whose blobs decode into a payload with at
+    least one column and the four metadata columns of as many rows (a compacted batch: five,
+    the fifth ascending), without nulls; an exception (of any type: the blobs are untrusted
+    bytes) otherwise."""
+    if not isinstance(payload, bytes) or not isinstance(meta, bytes):
+        raise TypeError("the batch's blobs are not BLOBs")
+    p = _read_ipc(payload)
+    m = _read_ipc(meta)
+    if not p.num_columns:
+        raise ValueError("the payload has no columns")
+    got = [(f.name, f.type) for f in m.schema]
+    if got not in (_META_TYPES, [*_META_TYPES, _KEPT_TYPE]):
+        raise ValueError(f"the metadata columns are {got}, expected {_META_TYPES}")
+    if m.num_rows != p.num_rows:
+        raise ValueError(f"{p.num_rows} payload rows but {m.num_rows} metadata rows")
+    if any(c.null_count for c in m.columns):
+        raise ValueError("the metadata has nulls")
+    p.validate(full=True)
+    if m.num_columns == len(_META_TYPES):
+        return range(p.num_rows)
+    kept = m.column(len(_META_TYPES)).to_numpy().astype(np.int64)
+    if len(kept) > 1 and not (np.diff(kept) > 0).all():
+        raise ValueError("the compacted batch's row numbers are not ascending")
+    return frozenset(kept.tolist())
 
 
 def _meta_batch(meta: RecordMeta) -> pa.RecordBatch:
@@ -741,8 +914,10 @@ class SQLiteStorage(Storage):
             if max_bytes is not None:
                 page = self._db.execute("PRAGMA page_size").fetchone()[0]
                 self._db.execute(f"PRAGMA max_page_count={max(1, int(max_bytes) // page)}")
-            (self._count,) = self._db.execute("SELECT count(*) FROM records").fetchone()
+            self._check_tables()
             self._drop_unreferenced()
+            self._quarantine_corrupt()
+            (self._count,) = self._db.execute("SELECT count(*) FROM records").fetchone()
             (self._next_batch,) = self._db.execute(
                 "SELECT coalesce(max(id), 0) + 1 FROM batches"
             ).fetchone()
@@ -751,9 +926,93 @@ class SQLiteStorage(Storage):
                 self._db.close()
             owner, self._owner = self._owner, None
             _release_file(owner)
-            if isinstance(exc, sqlite3.Error):
-                raise StorageError(f"cannot open SQLite storage {self.path!r}: {exc}") from exc
+            if isinstance(exc, StorageError) or not isinstance(exc, Exception):
+                raise
+            raise StorageError(
+                f"cannot open SQLite storage {self.path!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _check_tables(self) -> None:
+        for table, columns in _TABLES.items():
+            got = [r[1] for r in self._db.execute(f"PRAGMA table_info({table})").fetchall()]
+            if got != columns:
+                raise StorageError(
+                    f"{self.path}: not an xorack storage file (table {table} has columns "
+                    f"{got}, expected {columns}); give the FT layer its own file"
+                )
+
+    def _quarantine_corrupt(self) -> None:
+        """Check every stored batch and record once, at open; move the corrupt ones (a blob
+        that does not decode, a record row that is not integers or points at no row) into the
+        ``quarantine`` table, where they stay for a human to look at, and note them in
+        ``quarantined`` / ``quarantine_notes``. The healthy records are recovered as usual."""
+        db = self._db
+        good_rows: dict[int, range | frozenset[int]] = {}
+        corrupt: list[tuple[int, str]] = []
+        for no, payload, meta in db.execute("SELECT id, payload, meta FROM batches"):
+            try:
+                good_rows[int(no)] = _check_stored_batch(payload, meta)
+            except Exception as exc:  # any decoding failure: the blob is corrupt
+                corrupt.append((int(no), f"{type(exc).__name__}: {exc}"[:300]))
+        corrupt_nos = {no for no, _ in corrupt}
+        rows = db.execute(
+            "SELECT src, loc, attempt, typeof(loc) = 'integer' AND typeof(attempt) = 'integer' "
+            "AND attempt >= 1 FROM records"
+        ).fetchall()
+        bad_records: dict[str, list[int]] = {}
+        for src, loc, _attempt, typed in rows:
+            if not typed:
+                reason = "record row with a non-integer location or attempt"
+            elif (loc >> _ROW_BITS) in good_rows:
+                if loc >= 0 and (loc & _ROW_MASK) in good_rows[loc >> _ROW_BITS]:
+                    continue
+                reason = "record row points past the end of its batch"
+            elif loc >> _ROW_BITS in corrupt_nos:
+                continue  # quarantined with its batch below
+            else:
+                reason = "record row points at a missing batch"
+            bad_records.setdefault(reason, []).append(int(src))
+        if not corrupt and not bad_records:
+            return
+        moved = 0
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for no, reason in corrupt:
+                srcs = [
+                    r[0]
+                    for r in db.execute(
+                        f"SELECT src FROM records WHERE loc >> {_ROW_BITS} = ?", (no,)
+                    ).fetchall()
+                ]
+                db.execute(
+                    "INSERT INTO quarantine (what, reason, payload, meta, records) "
+                    "SELECT ?, ?, payload, meta, ? FROM batches WHERE id = ?",
+                    (f"batch {no}", reason, json.dumps(srcs), no),
+                )
+                db.execute("DELETE FROM batches WHERE id = ?", (no,))
+                db.execute(f"DELETE FROM records WHERE loc >> {_ROW_BITS} = ?", (no,))
+                self.quarantine_notes.append(f"batch {no} ({len(srcs)} records): {reason}")
+                moved += len(srcs)
+            for reason, srcs in bad_records.items():
+                db.execute(
+                    "INSERT INTO quarantine (what, reason, records) VALUES ('records', ?, ?)",
+                    (reason, json.dumps(srcs)),
+                )
+                db.executemany("DELETE FROM records WHERE src = ?", zip(srcs))
+                self.quarantine_notes.append(f"{len(srcs)} records: {reason}")
+                moved += len(srcs)
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             raise
+        self.quarantined += moved
+        log.warning(
+            "xorack storage %s: %d corrupt record(s) moved to its quarantine table: %s",
+            self.path,
+            moved,
+            "; ".join(self.quarantine_notes),
+        )
 
     def __len__(self) -> int:
         return self._count
@@ -788,8 +1047,7 @@ class SQLiteStorage(Storage):
 
     def persist(self, batch: pa.RecordBatch, meta: RecordMeta) -> None:
         n = len(meta)
-        if batch.num_rows != n:
-            raise ValueError(f"batch has {batch.num_rows} rows but meta has {n}")
+        _check_batch(batch, n)
         if n == 0:
             return
         meta_batch = _meta_batch(meta)
@@ -927,15 +1185,16 @@ class SQLiteStorage(Storage):
             return RecordMeta.empty()
         return self._transaction("lookup", lambda: self._select(src_ids)[0])
 
-    def renew(self, old_ids: np.ndarray, new_ids: np.ndarray) -> None:
+    def renew(self, old_ids: np.ndarray, new_ids: np.ndarray, *, next_attempt: bool = True) -> None:
         if len(old_ids) != len(new_ids):
             raise ValueError("old_ids and new_ids must have the same length")
         if not len(old_ids):
             return
+        step = 1 if next_attempt else 0
 
         def run() -> None:
             cur = self._db.executemany(
-                "UPDATE records SET src = ?, attempt = attempt + 1 WHERE src = ?",
+                f"UPDATE records SET src = ?, attempt = attempt + {step} WHERE src = ?",
                 zip(_i64(new_ids), _i64(old_ids), strict=True),
             )
             if cur.rowcount != len(old_ids):
@@ -957,10 +1216,22 @@ class SQLiteStorage(Storage):
         for no in nos:
             b = self._cache.get(no)
             if b is None:
-                payload, meta = self._db.execute(
+                row = self._db.execute(
                     "SELECT payload, meta FROM batches WHERE id = ?", (no,)
                 ).fetchone()
-                b = _StoredBatch(_one_batch(_read_ipc(payload)), _one_batch(_read_ipc(meta)))
+                if row is None:
+                    raise StorageError(
+                        f"SQLite storage {self.path!r} is corrupt: batch {no} is missing "
+                        "(reopen the storage: corrupt records are quarantined at open)"
+                    )
+                try:
+                    b = _StoredBatch(_one_batch(_read_ipc(row[0])), _one_batch(_read_ipc(row[1])))
+                except Exception as exc:
+                    raise StorageError(
+                        f"SQLite storage {self.path!r} is corrupt: batch {no} does not decode "
+                        f"({type(exc).__name__}: {exc}); reopen the storage: corrupt records "
+                        "are quarantined at open"
+                    ) from exc
                 self._cache_put(no, b)
             out[no] = b
         return out
@@ -1016,8 +1287,28 @@ class SQLiteStorage(Storage):
 
     def dead_letters(self, source: int | None = None) -> pa.Table:
         def run() -> list[pa.Table]:
-            rows = self._db.execute("SELECT payload FROM dead_letters ORDER BY id").fetchall()
-            return [_read_ipc(blob) for (blob,) in rows]
+            tables = []
+            for no, blob in self._db.execute(
+                "SELECT id, payload FROM dead_letters ORDER BY id"
+            ).fetchall():
+                try:
+                    tables.append(_read_ipc(blob))
+                except Exception as exc:  # a corrupt blob: quarantined, the others returned
+                    reason = f"{type(exc).__name__}: {exc}"[:300]
+                    self._db.execute(
+                        "INSERT INTO quarantine (what, reason, payload) VALUES (?, ?, ?)",
+                        (f"dead letters {no}", reason, blob),
+                    )
+                    self._db.execute("DELETE FROM dead_letters WHERE id = ?", (no,))
+                    self.quarantine_notes.append(f"dead letters {no}: {reason}")
+                    log.warning(
+                        "xorack storage %s: dead-letter blob %d is corrupt (%s): moved to its "
+                        "quarantine table",
+                        self.path,
+                        no,
+                        reason,
+                    )
+            return tables
 
         return _dead_letters_of(self._transaction("dead_letters", run), source)
 
@@ -1039,42 +1330,63 @@ class SQLiteStorage(Storage):
                     _release_file(owner)
 
 
-def _own_file(path: str, timeout: float) -> tuple[int, int] | None:
-    """Make this storage the only one using the SQLite file ``path``: an exclusive ``flock`` on
-    ``path + ".lock"``, held until close (the OS drops it when the process dies, so a restart
-    after a crash gets it). Two FT layers on one file would each replay the other's pending
-    records as "recovered" (duplicate replays, wrong counts): the second one waits up to
-    ``timeout`` seconds for the first to close, then gets a StorageError. None where ``flock``
-    is not available, or for an in-memory database."""
+def _own_file(path: str, timeout: float) -> tuple[int, list[int]] | None:
+    """Make this storage the only one using the SQLite file ``path``: exclusive ``flock``s on
+    ``<real path> + ".lock"`` (symbolic links resolved: a link to the file, or to a directory on
+    its path, finds the same lock) and on a lock named by the file's device and inode in this
+    user's temporary directory (a hard link to the file finds it too), held until close (the OS
+    drops them when the process dies, so a restart after a crash gets them). Two FT layers on
+    one file would each replay the other's pending records as "recovered" (duplicate replays,
+    wrong counts): the second one waits up to ``timeout`` seconds for the first to close, then
+    gets a StorageError. None where ``flock`` is not available, or for an in-memory database."""
     if path == ":memory:" or path.startswith("file:") or fcntl is None:
         return None
+    path = os.path.realpath(path)  # the database itself, not the name it was opened by
     try:
-        fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        with contextlib.suppress(FileExistsError):  # an empty file is a new SQLite database
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644))
+        st = os.stat(path)
+        folder = os.path.join(tempfile.gettempdir(), f"xorack-locks-{os.getuid()}")
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        locks = [path + ".lock", os.path.join(folder, f"{st.st_dev}-{st.st_ino}.lock")]
     except OSError as exc:
         raise StorageError(f"cannot open SQLite storage {path!r}: {exc}") from exc
+    fds: list[int] = []
     deadline = time.monotonic() + max(0.0, float(timeout))
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            _HELD.add(fd)
-            return os.getpid(), fd
-        except OSError as exc:
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                raise StorageError(
-                    f"cannot open SQLite storage {path!r}: it is in use by another FT layer "
-                    f"(lock {path + '.lock'!r} held: {exc.strerror}); one storage file serves "
-                    "one FT layer at a time (run one acker service and share it)"
-                ) from None
-            time.sleep(0.02)
+    try:
+        for lock in locks:
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise StorageError(f"cannot open SQLite storage {path!r}: {exc}") from exc
+            fds.append(fd)
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    _HELD.add(fd)
+                    break
+                except OSError as exc:
+                    if time.monotonic() >= deadline:
+                        raise StorageError(
+                            f"cannot open SQLite storage {path!r}: it is in use by another FT "
+                            f"layer (lock {lock!r} held: {exc.strerror}); one storage file "
+                            "serves one FT layer at a time (run one acker service and share it)"
+                        ) from None
+                    time.sleep(0.02)
+    except BaseException:
+        _release_file((os.getpid(), fds))
+        raise
+    return os.getpid(), fds
 
 
-def _release_file(owner: tuple[int, int] | None) -> None:
-    """Close the lock descriptor (which drops the flock) — in the process that took it only: a
-    forked child closed its copy already, and the number may name another file there."""
+def _release_file(owner: tuple[int, list[int]] | None) -> None:
+    """Close the lock descriptors (which drops the flocks) — in the process that took them
+    only: a forked child closed its copies already, and the numbers may name other files
+    there."""
     if owner is not None and owner[0] == os.getpid():
-        _HELD.discard(owner[1])
-        os.close(owner[1])
+        for fd in owner[1]:
+            _HELD.discard(fd)
+            os.close(fd)
 
 
 # Lock descriptors held by this process. A forked child drops its copies at once: a flock belongs

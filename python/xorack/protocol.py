@@ -1,0 +1,126 @@
+"""The acker service's wire protocol, in one place: the protocol version, the operations, the
+headers, the control column names and the Arrow schemas that the service (``AckerService``) and
+its client (``AckerClient``) both speak. Plain constants over pyarrow: no Flight, no FT layer.
+
+>>> from xorack.protocol import Op, PROTOCOL_VERSION, XOR_SCHEMA
+>>> Op.XOR.value, Op("expire_all").rpc, PROTOCOL_VERSION
+('xor', 'action', 1)
+>>> XOR_SCHEMA.names
+['_ft_src', '_ft_xor']
+
+Column names: the service takes ``_ft_src``, ``_ft_rec`` (birth values), ``_ft_key_hash``,
+``_ft_partition`` and ``_ft_xor``; a replay table (``take_replays``) has ``_ft_src``,
+``_ft_rec``, ``_ft_key_hash``, ``_ft_attempt``, ``_ft_origin``, ``_ft_partition``; a dead-letter
+table ``_ft_origin``, ``_ft_source``, ``_ft_attempts``, ``_ft_reason``. (``_ft_attempt`` of a
+replay — the attempt it is — and ``_ft_attempts`` of a dead letter — how many it had — are two
+names on purpose-built tables that users and the Spark layer read: they stay as they are.)
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import pyarrow as pa
+
+__all__ = [
+    "AUTH_HEADER",
+    "BIRTHS",
+    "CONTROL_PREFIX",
+    "FAIL_SCHEMA",
+    "JOB_HEADER",
+    "KEY_HASH",
+    "PARTITION",
+    "PERSIST_CONTROL",
+    "PROTOCOL_HEADER",
+    "PROTOCOL_VERSION",
+    "REPLAY_COLUMNS",
+    "SRC",
+    "TOUCH_SCHEMA",
+    "XOR",
+    "XOR_SCHEMA",
+    "Op",
+]
+
+#: Bumped when a change would make an older client or service misread a call. Clients send it
+#: in ``PROTOCOL_HEADER``; a service refuses a version it does not speak (absent: version 1).
+PROTOCOL_VERSION = 1
+
+
+class Op(str, Enum):
+    """The service's operations, with the Flight RPC each one travels by (``Op.X.rpc``)."""
+
+    PERSIST = "persist"
+    XOR = "xor"
+    FAIL = "fail"
+    TOUCH = "touch"
+    REPLAYS = "replays"
+    DEAD_LETTERS = "dead_letters"
+    PING = "ping"
+    STATS = "stats"
+    ROTATE = "rotate"
+    EXPIRE_ALL = "expire_all"
+    TAKE_ENDED = "take_ended"
+
+    @property
+    def rpc(self) -> str:
+        """``"put"`` (DoPut: a command + an Arrow stream), ``"get"`` (DoGet: a ticket) or
+        ``"action"`` (DoAction: a JSON body)."""
+        return _RPC[self]
+
+    @classmethod
+    def of(cls, rpc: str) -> tuple[Op, ...]:
+        """The operations that travel by ``rpc``."""
+        return tuple(op for op in cls if _RPC[op] == rpc)
+
+
+_RPC = {
+    Op.PERSIST: "put",
+    Op.XOR: "put",
+    Op.FAIL: "put",
+    Op.TOUCH: "put",
+    Op.REPLAYS: "get",
+    Op.DEAD_LETTERS: "get",
+    Op.PING: "action",
+    Op.STATS: "action",
+    Op.ROTATE: "action",
+    Op.EXPIRE_ALL: "action",
+    Op.TAKE_ENDED: "action",
+}
+
+#: HTTP/2 header carrying the token ("authorization: Bearer <token>").
+AUTH_HEADER = "authorization"
+#: HTTP/2 header naming the job a call belongs to (absent: the job "default").
+JOB_HEADER = "x-xorack-job"
+#: HTTP/2 header carrying the client's ``PROTOCOL_VERSION``.
+PROTOCOL_HEADER = "x-xorack-protocol"
+
+#: Column names starting with this belong to xorack (a payload may not use them).
+CONTROL_PREFIX = "_ft_"
+SRC = "_ft_src"
+BIRTHS = "_ft_rec"
+KEY_HASH = "_ft_key_hash"
+PARTITION = "_ft_partition"
+XOR = "_ft_xor"
+
+#: Events: one row per source id (pre-reduced by the sender), the value to XOR in.
+XOR_SCHEMA = pa.schema([pa.field(SRC, pa.uint64(), False), pa.field(XOR, pa.uint64(), False)])
+#: Explicit failures: the source ids to fail (the reason travels in the request command).
+FAIL_SCHEMA = pa.schema([pa.field(SRC, pa.uint64(), False)])
+#: Timeout resets: the source ids to touch.
+TOUCH_SCHEMA = FAIL_SCHEMA
+#: Optional control columns of a persist stream (the rest of the columns are the payload).
+PERSIST_CONTROL = {
+    KEY_HASH: pa.int32(),
+    BIRTHS: pa.uint64(),
+    PARTITION: pa.int32(),
+    SRC: pa.uint64(),
+}
+#: The columns a replay table adds to the payload, in order, with their types.
+REPLAY_COLUMNS = {
+    SRC: pa.uint64(),
+    BIRTHS: pa.uint64(),
+    KEY_HASH: pa.int32(),
+    "_ft_attempt": pa.int32(),
+    "_ft_origin": pa.uint64(),
+    PARTITION: pa.int32(),
+}
