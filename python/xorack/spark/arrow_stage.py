@@ -132,6 +132,7 @@ class ArrowStageRunner:
     deterministic: bool = True
     tally: Any = None  # the round's failure accumulator (the runaway guard), or None
     tls_root_certs: bytes | None = None  # PEM the executors trust for a grpc+tls:// acker
+    job: str | None = None  # the pipeline run's namespace on the acker
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         if not self.ft:
@@ -141,7 +142,7 @@ class ArrowStageRunner:
                         yield self._select(out, lineage=False)
             return
         assert self.location is not None
-        client = _client(self.location, self.token, self.tls_root_certs)
+        client = _client(self.location, self.token, self.tls_root_certs, self.job)
         for batch in batches:
             yield from self.process(batch, client)
 

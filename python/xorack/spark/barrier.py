@@ -120,13 +120,14 @@ class EventSender:
     location: str
     token: str | None = None
     tls_root_certs: bytes | None = None
+    job: str | None = None  # the pipeline run's namespace on the acker
     chunk: int = 1 << 20
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from .lineage import settle
         from .stages import _client, u64
 
-        client = _client(self.location, self.token, self.tls_root_certs)
+        client = _client(self.location, self.token, self.tls_root_certs, self.job)
         sent, src, val, buffered = 0, [], [], 0
 
         def flush() -> int:
@@ -156,6 +157,7 @@ def send_staged_events(
     location: str,
     token: str | None,
     tls_root_certs: bytes | None = None,
+    job: str | None = None,
 ) -> int:
     """Send the events of the rows staged at ``paths`` (read back from what was durably
     written: an ack never precedes its write). Python sees two int64 columns; no shuffle.
@@ -165,7 +167,7 @@ def send_staged_events(
     f = _f()
     parts = [spark.read.parquet(p).select(SRC, EVT) for p in paths]
     staged = reduce(lambda a, b: a.unionByName(b), parts).where(f.col(EVT) != 0)
-    sender = EventSender(location, token, tls_root_certs)
+    sender = EventSender(location, token, tls_root_certs, job=job)
     sent = staged.mapInArrow(sender, "n long").agg(f.sum("n")).collect()
     return int(sent[0][0] or 0)
 

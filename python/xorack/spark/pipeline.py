@@ -476,6 +476,11 @@ class Pipeline:
     ``token`` and TLS), ``acker_advertise`` the host name executors connect to (default
     ``acker_host``), ``tls_cert``/``tls_key`` its PEM certificate and key (the executors trust
     that certificate; with ``service=...`` ``tls_cert`` alone is the certificate to trust).
+    ``job``: the run's namespace on the acker (default: a fresh one per run, so runs sharing a
+    standalone acker never see each other's records). ``workdir``: where barriers stage their
+    rows (a temporary directory by default; on a cluster a path every executor can write).
+    ``runaway_share``: the share of a stage's records one error must fail on two attempts in a
+    row to stop the run (None: never).
 
     >>> # p = Pipeline(spark, ft=True, storage="memory", max_attempts=5)
     """
@@ -492,6 +497,7 @@ class Pipeline:
         id_salt: int = 0,
         workdir: str | None = None,
         runaway_share: float | None = 0.5,
+        job: str | None = None,
         acker_host: str = "127.0.0.1",
         acker_advertise: str | None = None,
         tls_cert: str | None = None,
@@ -510,6 +516,12 @@ class Pipeline:
         self.token = token
         self.id_salt = int(id_salt)
         self.workdir = workdir  # where barriers stage their rows (a temporary directory if None)
+        if job is not None:
+            from ..service import check_job
+
+            job = check_job(job)
+        self.job = job  # the run's namespace on the acker (a fresh one per run when None)
+        self._job: str | None = None
         FailureTally(runaway_share)  # checks the value now
         self.runaway_share = runaway_share
         self._tally: Any = None  # the running round's failure accumulator
@@ -726,6 +738,10 @@ class Pipeline:
     def _start_service(self) -> str:
         from ..service import AckerService
 
+        # each run is a job of its own on the acker: its sources, rounds, replays, dead letters
+        # and stats are kept apart from any other pipeline's on a shared `xorack serve`
+        self._job = self.job or f"run-{os.urandom(8).hex()}"
+
         if self.service_location is not None:
             if self.tls_cert is not None:
                 with open(self.tls_cert, "rb") as f:
@@ -747,6 +763,7 @@ class Pipeline:
         self._service = AckerService.embedded(
             self._ft_layer,
             token=self.token,
+            job=self._job,
             host=self.acker_host,
             advertise=self.acker_advertise,
             tls_cert=self.tls_cert,
@@ -774,7 +791,9 @@ class Pipeline:
         """A client of the acker at ``location`` with this pipeline's token and TLS roots."""
         from ..service import AckerClient
 
-        return AckerClient.get(location, token=self.token, tls_root_certs=self._tls_root_certs)
+        return AckerClient.get(
+            location, token=self.token, job=self._job, tls_root_certs=self._tls_root_certs
+        )
 
     # ---- building one round -------------------------------------------------------------------
 
@@ -937,6 +956,7 @@ class Pipeline:
             location=self._location,
             token=self.token,
             tls_root_certs=self._tls_root_certs,
+            job=self._job,
             deterministic=self.deterministic_ids,
         )
         return _with_pending(df.mapInPandas(runner, schema)).localCheckpoint(eager=True)
@@ -986,6 +1006,7 @@ class Pipeline:
             location=self._location,
             token=self.token,
             tls_root_certs=self._tls_root_certs,
+            job=self._job,
             deterministic=self.deterministic_ids,
             id_salt=self.id_salt,
             batch=self.round,
@@ -1005,6 +1026,7 @@ class Pipeline:
                 location=self._location,
                 token=self.token,
                 tls_root_certs=self._tls_root_certs,
+                job=self._job,
                 ft=self.ft,
                 deterministic=self.deterministic_ids,
                 tally=self._tally,
@@ -1018,6 +1040,7 @@ class Pipeline:
             location=self._location,
             token=self.token,
             tls_root_certs=self._tls_root_certs,
+            job=self._job,
             ft=self.ft,
             deterministic=self.deterministic_ids,
             bisect=node.kind == "stage",
@@ -1041,6 +1064,7 @@ class Pipeline:
             location=self._location,
             token=self.token,
             tls_root_certs=self._tls_root_certs,
+            job=self._job,
             ft=self.ft,
             tally=self._tally,
         )
@@ -1141,7 +1165,9 @@ class Pipeline:
             if not self.ft:
                 break
             paths = [st.write(df, f"p{phase}-r{round_no}") for st, df in work.staged]
-            send_staged_events(self.spark, paths, self._location, self.token, self._tls_root_certs)
+            send_staged_events(
+                self.spark, paths, self._location, self.token, self._tls_root_certs, self._job
+            )
             self._count_vanished(work, report)
             runaway = guard.add_round(dict(self._tally.value))
             if runaway is not None:

@@ -161,10 +161,12 @@ def current_attempt(pdf: pd.DataFrame | None = None) -> Any:
     return out
 
 
-def _client(location: str, token: str | None, tls_root_certs: bytes | None = None):
+def _client(
+    location: str, token: str | None, tls_root_certs: bytes | None = None, job: str | None = None
+):
     from ..service import AckerClient
 
-    return AckerClient.get(location, token=token, tls_root_certs=tls_root_certs)
+    return AckerClient.get(location, token=token, job=job, tls_root_certs=tls_root_certs)
 
 
 def u64(values: Any) -> np.ndarray:
@@ -304,11 +306,12 @@ class SourceTagger:
     id_salt: int = 0
     batch: int = 0  # the micro-batch id in streaming (0 in batch runs): part of every id
     tls_root_certs: bytes | None = None  # PEM the executors trust for a grpc+tls:// acker
+    job: str | None = None  # the pipeline run's namespace on the acker
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from .. import acker, hashing
 
-        client = _client(self.location, self.token, self.tls_root_certs)
+        client = _client(self.location, self.token, self.tls_root_certs, self.job)
         ranks = ContentRanks()
         salt = (_salt(f"source:{self.name}") ^ self.id_salt) & 0x7FFF_FFFF_FFFF_FFFF
         for batch in batches:
@@ -636,6 +639,7 @@ class StageRunner:
     single_record_groups: bool = False  # apply_in_pandas: a group must hold one source record
     tally: Any = None  # the round's failure accumulator (the runaway guard), or None
     tls_root_certs: bytes | None = None  # PEM the executors trust for a grpc+tls:// acker
+    job: str | None = None  # the pipeline run's namespace on the acker
 
     def __call__(self, pdfs: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         if not self.ft:
@@ -644,7 +648,7 @@ class StageRunner:
                     yield self._select(out, lineage=False)
             return
         assert self.location is not None
-        client = _client(self.location, self.token, self.tls_root_certs)
+        client = _client(self.location, self.token, self.tls_root_certs, self.job)
         for pdf in pdfs:
             out = self.process(pdf, client)
             if out is not None:
@@ -730,7 +734,7 @@ class GroupStageRunner:
                 return pd.DataFrame(columns=cols)
             return r._select(pd.concat(frames, ignore_index=True), lineage=False)
         assert r.location is not None
-        out = r.process(pdf, _client(r.location, r.token, r.tls_root_certs))
+        out = r.process(pdf, _client(r.location, r.token, r.tls_root_certs, r.job))
         return pd.DataFrame(columns=cols) if out is None else out
 
 
@@ -784,13 +788,16 @@ class SinkRunner:
     write_rows: int = 100_000
     tally: Any = None  # the round's failure accumulator (the runaway guard), or None
     tls_root_certs: bytes | None = None  # PEM the executors trust for a grpc+tls:// acker
+    job: str | None = None  # the pipeline run's namespace on the acker
 
     def __call__(self, pdfs: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
-        client = _client(self.location, self.token, self.tls_root_certs) if self.ft else None
+        client = (
+            _client(self.location, self.token, self.tls_root_certs, self.job) if self.ft else None
+        )
         rows = dups = 0
         pending: list[pd.DataFrame] = []
         buffered = 0
