@@ -20,6 +20,8 @@ MODULES = [
     "xorack.service",
     "xorack.cli",
     "xorack._checks",
+    "xorack._kernel_api",
+    "xorack.spark.sink_types",
 ]
 
 
