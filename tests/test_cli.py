@@ -76,6 +76,8 @@ BAD_OPTIONS = [
     (["serve", "--storage", "memroy"], "argument --storage: unknown storage spec"),
     (["serve", "--storage", "sqlite:///no/such/dir/a.db"], "argument --storage: cannot open"),
     (["serve", "--host", "0.0.0.0"], "not a loopback address: pass --token"),
+    (["serve", "--host", ""], "argument --host: the host is empty"),
+    (["serve", "--host", "no-such-host.invalid"], "argument --host: cannot resolve host"),
     (["bench", "--parts", "9"], "argument --parts: the parts are 1, 2, 3, 4, 5; got '9'"),
     (["bench", "--parts", "1,6"], "(no part 6)"),
     (["bench", "--parts", "one"], "argument --parts: expected part numbers"),

@@ -77,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(command_parser=serve)  # errors found after parsing say "xorack serve"
     serve.add_argument(
         "--host",
+        type=_host,
         default="127.0.0.1",
         help="address to listen on; a non-loopback address requires --token",
     )
@@ -159,6 +160,18 @@ STORAGE_FORMS = (
     "'sqlite:///relative/path.db' or 'sqlite:////absolute/path.db' (SQLAlchemy's rule: a "
     "fourth slash makes the path absolute) or a plain file path such as /var/lib/ft.db"
 )
+
+
+def _host(text: str) -> str:
+    import socket
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the host is empty (e.g. 127.0.0.1 or 0.0.0.0)")
+    try:
+        socket.getaddrinfo(text, None)
+    except (OSError, UnicodeError) as exc:
+        raise argparse.ArgumentTypeError(f"cannot resolve host {text!r}: {exc}") from None
+    return text
 
 
 def _port(text: str) -> int:
