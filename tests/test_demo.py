@@ -39,7 +39,9 @@ def test_demo_json_with_failures_injected_loses_nothing(spark, capsys):
     assert report["timed_out"] > 0
     assert report["dead_lettered"] > 0
     assert report["completed"] + report["dead_lettered"] == 3000
-    assert report["duplicates_absorbed"] > 0  # words re-delivered by replays, stored once
+    # the counts come from the aggregation inside the pipeline (one row per word): words of
+    # the attempts that did not complete were staged but left out, never counted twice
+    assert report["derived_records"] == report["distinct_words"] > 0
 
 
 def test_demo_reference_excludes_exactly_the_poisoned_sentences():

@@ -5,19 +5,25 @@
 
 from __future__ import annotations
 
-from .pipeline import REPORT_KEYS, Pipeline, RoundInfo, RunReport, Tracked
-from .sinks import Sink, SQLiteSink
+from .guard import RunawayFailure
+from .ops import TrackedOperationError
+from .pipeline import REPORT_KEYS, GroupedTracked, Pipeline, RoundInfo, RunReport, Tracked
+from .sinks import ParquetSink, Sink, SQLiteSink
 from .stages import LINEAGE_COLUMNS, StageSchemaError, current_round
 
 __all__ = [
     "LINEAGE_COLUMNS",
     "REPORT_KEYS",
+    "GroupedTracked",
+    "ParquetSink",
     "Pipeline",
     "RoundInfo",
     "RunReport",
+    "RunawayFailure",
     "SQLiteSink",
     "Sink",
     "StageSchemaError",
     "Tracked",
+    "TrackedOperationError",
     "current_round",
 ]

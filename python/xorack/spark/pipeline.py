@@ -23,6 +23,7 @@ With ``ft=False`` the same Spark plan is built without tagging, service or extra
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,11 +33,14 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ServiceError
+from . import ops
+from .barrier import AggregateSpec, JoinSpec, Staging, ids_frame, send_staged_events
+from .guard import FailureTally, RunawayFailure, tally_param
+from .lineage import EV, KEEP, LINEAGE
 from .sinks import Sink
 from .stages import (
     BRANCH,
     DET,
-    LINEAGE_COLUMNS,
     ORIG_PART,
     PART,
     REC,
@@ -95,6 +99,9 @@ class RunReport:
     ft: bool = True
     sink_rows: dict[str, int] = field(default_factory=dict)
     orphans: int | None = 0
+    derived_records: int = 0  # rows of barriers (aggregates, tracked joins) tracked as records
+    derived_dead_lettered: int = 0  # of those, dead-lettered (a failure after the barrier)
+    retracted_rows: int = 0  # rows of attempts that did not complete, removed from sinks
 
     def as_dict(self) -> dict[str, Any]:
         """The report as a dict whose first keys are :data:`REPORT_KEYS`, in that order."""
@@ -118,7 +125,8 @@ class RoundInfo:
 
 @dataclass(eq=False)
 class _Node:
-    kind: str  # "source" | "stage" | "group" | "transform" | "union" | "sink"
+    # "source" | "native" | "stage" | "group" | "transform" | "union" | "barrier" | "sink"
+    kind: str
     name: str
     parents: list[_Node]
     columns: tuple[str, ...]  # payload columns (without lineage)
@@ -130,6 +138,10 @@ class _Node:
     keys: tuple[str, ...] = ()
     partitions: int = 0
     repartition: bool = False  # the source repartitions its input (by keys, or round-robin)
+    phase: int = 0  # barriers split a run into phases; a barrier's output opens a later one
+    spec: Any = None  # a barrier's operator (AggregateSpec, JoinSpec)
+    derived: _Node | None = None  # a source that is a barrier's output: the barrier
+    staging: list[Staging] = field(default_factory=list)  # a barrier's / native sink's inputs
 
     def prepare(self, df: Any) -> Any:
         """The source's own partitioning applied to an input DataFrame (or micro-batch)."""
@@ -138,6 +150,29 @@ class _Node:
         if self.repartition:
             return df.repartition(self.partitions)
         return df
+
+
+@dataclass
+class _Round:
+    """The Spark work of one round: the summary frames of the Python sinks (one action), the
+    frames to stage (barrier inputs, native sinks), and with FT off the barriers' outputs and
+    the native sinks' writes."""
+
+    summaries: list[Any] = field(default_factory=list)
+    staged: list[tuple[Staging, Any]] = field(default_factory=list)
+    plain_barriers: dict[int, Any] = field(default_factory=dict)
+    plain_writes: list[tuple[Any, Any]] = field(default_factory=list)
+    replays: int = 0
+
+    def empty(self) -> bool:
+        return not (self.summaries or self.staged or self.plain_writes)
+
+
+def _with_pending(df: Any) -> Any:
+    """A frame that came out of Python (settled) with the pending-event columns added."""
+    from pyspark.sql import functions as F
+
+    return df.withColumns({EV: F.lit(0).cast("long"), KEEP: F.lit(True)})
 
 
 class Tracked:
@@ -154,6 +189,97 @@ class Tracked:
     def columns(self) -> list[str]:
         """The payload columns (lineage columns are added when FT is on)."""
         return list(self._node.columns)
+
+    @property
+    def schema(self) -> Any:
+        """The payload schema (a StructType)."""
+        return self._node.schema
+
+    # ---- native operations: PySpark's DataFrame API, run in the JVM, lineage kept ----------
+
+    def filter(self, condition: Any) -> Tracked:
+        """``DataFrame.filter`` (a Column or a SQL string). A removed row is acked as dropped:
+        its source record completes without it, never by a timeout.
+
+        >>> # long_lines = lines.filter(F.length("line") > 20)
+        """
+        return self._p._native(self._node, "filter", lambda name: ops.Filter(condition))
+
+    where = filter
+
+    def select(self, *cols: Any) -> Tracked:
+        """``DataFrame.select``; at most one generator (``F.explode``, ``F.explode_outer``,
+        ``F.posexplode``, ``F.posexplode_outer``, ``F.inline``, ``F.inline_outer``): each
+        generated row is a child record with its own id, a row generating nothing is acked.
+
+        >>> # words = lines.select(F.explode(F.split("line", " ")).alias("word"))
+        """
+        if len(cols) == 1 and isinstance(cols[0], (list, tuple)):
+            cols = tuple(cols[0])
+        return self._p._native(self._node, "select", lambda name: ops.Select(tuple(cols), name))
+
+    def withColumn(self, colName: str, col: Any) -> Tracked:
+        """``DataFrame.withColumn``; ``col`` may be a generator (as in :meth:`select`)."""
+        return self.withColumns({colName: col})
+
+    def withColumns(self, *colsMap: dict[str, Any]) -> Tracked:
+        """``DataFrame.withColumns({name: Column})``."""
+        if len(colsMap) != 1:
+            raise TypeError("withColumns: expected one dict {name: Column}")
+        mapping = ops.mapping_arg(colsMap[0])
+        return self._p._native(
+            self._node, "withColumns", lambda name: ops.WithColumns(mapping, name)
+        )
+
+    def withColumnRenamed(self, existing: str, new: str) -> Tracked:
+        """``DataFrame.withColumnRenamed``."""
+        return self._p._native(
+            self._node, "withColumnRenamed", lambda name: ops.Renamed(existing, new)
+        )
+
+    def drop(self, *cols: str) -> Tracked:
+        """``DataFrame.drop`` (column names)."""
+        return self._p._native(self._node, "drop", lambda name: ops.Drop(tuple(cols)))
+
+    def join(self, other: Any, on: Any = None, how: str = "inner") -> Tracked:
+        """``DataFrame.join`` on column names (an equi-join).
+
+        * ``other`` an untracked DataFrame (a lookup or dimension table, broadcast or not),
+          ``how`` in inner, left, left_semi, left_anti: runs in the JVM; each match is a child
+          record; a row without a match under inner/left_semi (or with one under left_anti) is
+          acked as dropped.
+        * ``other`` a :class:`Tracked` of the same pipeline, ``how`` in inner, left: a barrier.
+          The rows of both sides are staged until every record upstream is completed or
+          dead-lettered, then joined once, so a record replayed on one side meets every row of
+          the other side that went through before it, and a dead-lettered record joins
+          nothing. The joined rows are the source records of the next phase.
+
+        >>> # rated = words.join(F.broadcast(sentiment), "word", "left")
+        """
+        how = ops.join_type(how)
+        if isinstance(other, Tracked):
+            return self._p._tracked_join(self, other, on, how)
+        if not hasattr(other, "columns") or not hasattr(other, "join"):
+            raise TypeError(f"join: expected a DataFrame or a Tracked, got {type(other)}")
+        keys = tuple(ops.join_keys(on, self.columns, list(other.columns)))
+        return self._p._native(
+            self._node, "join", lambda name: ops.LookupJoin(other, keys, how, name)
+        )
+
+    def groupBy(self, *cols: str) -> GroupedTracked:
+        """``DataFrame.groupBy(*cols)`` (column names); then ``.agg(*exprs)`` or ``.count()``.
+
+        >>> # counts = words.groupBy("word").agg(F.count("*").alias("n"))
+        """
+        if len(cols) == 1 and isinstance(cols[0], (list, tuple)):
+            cols = tuple(cols[0])
+        bad = [c for c in cols if not isinstance(c, str)]
+        if bad or not cols:
+            raise TypeError(f"groupBy: takes column names on a tracked DataFrame, got {cols!r}")
+        check_columns("groupBy", self.columns, cols, "groupBy")
+        return GroupedTracked(self, tuple(cols))
+
+    groupby = groupBy
 
     def map_in_pandas(self, fn: UserFunction, schema: Any, name: str | None = None) -> Tracked:
         """A tracked stage: ``fn(pdf) -> pdf`` (or an iterable of frames) per pandas batch.
@@ -210,7 +336,9 @@ class Tracked:
         acker: they time out and their source records are replayed.
         """
         name = self._p._unique(name or "transform")
-        node = _Node("transform", name, [self._node], self._node.columns, fn=fn)
+        node = _Node(
+            "transform", name, [self._node], self._node.columns, schema=self._node.schema, fn=fn
+        )
         return self._p._add(node)
 
     def repartition(self, n: int, *cols: str) -> Tracked:
@@ -235,19 +363,64 @@ class Tracked:
                 f"{list(other._node.columns)}"
             )
         parents = [self._node, other._node]
-        node = _Node("union", self._p._unique("union"), parents, self._node.columns)
+        node = _Node(
+            "union", self._p._unique("union"), parents, self._node.columns, schema=self._node.schema
+        )
         return self._p._add(node)
 
     def sink(self, sink: Sink, name: str | None = None) -> None:
         """End the branch in ``sink``: rows are written inside the executor tasks and acked once
         the write is durable."""
-        if not (hasattr(sink, "create") and hasattr(sink, "open_writer")):
+        native = getattr(sink, "native", False)
+        if not (
+            hasattr(sink, "create")
+            and (hasattr(sink, "write") if native else hasattr(sink, "open_writer"))
+        ):
             raise TypeError(
-                f"sink: expected a xorack.spark.Sink (create, open_writer), got {type(sink)}"
+                f"sink: expected a xorack.spark.Sink (create, open_writer) or a native sink "
+                f"such as ParquetSink, got {type(sink)}"
             )
         name = self._p._unique(name or "sink")
-        node = _Node("sink", name, [self._node], self._node.columns, sink=sink)
+        node = _Node(
+            "sink", name, [self._node], self._node.columns, schema=self._node.schema, sink=sink
+        )
         self._p._add(node)
+
+
+class GroupedTracked:
+    """The result of :meth:`Tracked.groupBy`: ``agg(*exprs)`` or ``count()``.
+
+    An aggregation is a barrier: the rows reaching it are staged, round after round, until
+    every source record upstream is completed or dead-lettered; then Spark aggregates the
+    staged rows of the completed attempts, once. So the result equals plain Spark on the input
+    minus the dead-lettered records — any aggregate function (``count``, ``sum``, ``min``,
+    ``max``, ``avg``, and holistic ones such as ``percentile``: each runs once on complete
+    groups) — and the aggregated rows become the source records of the next phase, tracked and
+    replayed if something after the aggregation fails.
+    """
+
+    def __init__(self, parent: Tracked, keys: tuple[str, ...]) -> None:
+        self._parent = parent
+        self._keys = keys
+
+    def agg(self, *exprs: Any) -> Tracked:
+        """``GroupedData.agg(*exprs)`` with aggregate Columns (``F.sum("x").alias("total")``)."""
+        if len(exprs) == 1 and isinstance(exprs[0], dict):
+            raise TypeError(
+                "agg: give Columns (F.sum('x').alias('total')); the dict form is not supported "
+                "on a tracked DataFrame"
+            )
+        if not exprs:
+            raise TypeError("agg: give at least one aggregate Column")
+        spec = AggregateSpec(self._keys, tuple(exprs))
+        p = self._parent._p
+        return p._barrier([self._parent._node], spec, "aggregate", keys=self._keys)
+
+    def count(self) -> Tracked:
+        """``GroupedData.count()``: a ``count`` column per group."""
+        from pyspark.sql import functions as F
+
+        return self.agg(F.count("*").alias("count"))
 
 
 class Pipeline:
@@ -275,6 +448,8 @@ class Pipeline:
         service: str | None = None,
         token: str | None = None,
         id_salt: int = 0,
+        workdir: str | None = None,
+        runaway_share: float | None = 0.5,
     ) -> None:
         from pyspark.sql.types import StructType  # noqa: F401 - fail early without pyspark
 
@@ -288,7 +463,12 @@ class Pipeline:
         self.service_location = service
         self.token = token
         self.id_salt = int(id_salt)
+        self.workdir = workdir  # where barriers stage their rows (a temporary directory if None)
+        FailureTally(runaway_share)  # checks the value now
+        self.runaway_share = runaway_share
+        self._tally: Any = None  # the running round's failure accumulator
         self.round = 0
+        self.phase = 0
         self._nodes: list[_Node] = []
         self._names: set[str] = set()
         self._sources: list[_Node] = []
@@ -325,8 +505,106 @@ class Pipeline:
         return name
 
     def _add(self, node: _Node) -> Tracked:
+        if node.kind not in ("source", "barrier") and node.parents:
+            node.phase = max(p.phase for p in node.parents)
         self._nodes.append(node)
         return Tracked(self, node)
+
+    def _prototype(self, node: _Node) -> Any:
+        """An empty DataFrame with ``node``'s payload and the lineage columns (for checking a
+        declaration against Spark's analyzer without running anything)."""
+        from pyspark.sql.types import BooleanType, LongType, StructField, StructType
+
+        lineage = [
+            StructField(c, BooleanType() if c == KEEP else LongType(), False) for c in LINEAGE
+        ]
+        return self.spark.createDataFrame([], StructType([*node.schema.fields, *lineage]))
+
+    def _analyze(self, what: str, build: Callable[[], Any]) -> Any:
+        """Run ``build`` (a lazy DataFrame construction) and turn Spark's analysis errors into
+        an error naming the tracked operation."""
+        try:
+            return build()
+        except (ops.TrackedOperationError, TypeError):
+            raise
+        except Exception as exc:
+            if type(exc).__name__ in (
+                "AnalysisException",
+                "ParseException",
+                "IllegalArgumentException",
+            ):
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+                raise ops.TrackedOperationError(f"{what}: {first}") from None
+            raise
+
+    def _payload_schema(self, df: Any) -> Any:
+        from pyspark.sql.types import StructType
+
+        return StructType([f for f in df.schema.fields if f.name not in LINEAGE])
+
+    def _native(self, parent: _Node, kind: str, make: Callable[[str], Any]) -> Tracked:
+        """A native operation node: ``make(name)`` builds the operator; its output schema comes
+        from applying it to the parent's empty prototype."""
+        name = self._unique(kind)
+        op = make(name)
+        out = self._analyze(op.describe(), lambda: op.apply(self._prototype(parent), True))
+        schema = self._payload_schema(out)
+        node = _Node("native", name, [parent], tuple(schema.fieldNames()), schema=schema, fn=op)
+        return self._add(node)
+
+    def _barrier(
+        self, parents: list[_Node], spec: Any, kind: str, keys: tuple[str, ...]
+    ) -> Tracked:
+        """A barrier node over ``parents`` and the source node of its output (the next phase)."""
+        protos = [self.spark.createDataFrame([], p.schema) for p in parents]
+        out = self._analyze(spec.describe(), lambda: spec.compute(protos))
+        schema = out.schema
+        name = self._unique(kind)
+        cols = tuple(schema.fieldNames())
+        ops.check_output_names(spec.describe(), list(cols))
+        phase = max(p.phase for p in parents) + 1
+        barrier = _Node("barrier", name, list(parents), cols, schema=schema, spec=spec, phase=phase)
+        self._nodes.append(barrier)
+        n = int(self.spark.conf.get("spark.sql.shuffle.partitions"))
+        source = _Node(
+            "source",
+            name,
+            [],
+            cols,
+            schema=schema,
+            keys=tuple(keys),
+            partitions=n,
+            source_index=len(self._sources),
+            repartition=True,
+            phase=phase,
+            derived=barrier,
+        )
+        self._sources.append(source)
+        return self._add(source)
+
+    def _tracked_join(self, left: Tracked, right: Tracked, on: Any, how: str) -> Tracked:
+        if right._p is not self:
+            raise StageSchemaError(
+                "join: the other side must be a tracked DataFrame of this Pipeline"
+            )
+        if right._node is left._node:
+            raise StageSchemaError(
+                "join: a tracked DataFrame cannot be joined with itself; map it into two stages "
+                "first"
+            )
+        if how not in ("inner", "left"):
+            raise ops.TrackedOperationError(
+                f"join: how={how!r} between two tracked DataFrames is not supported; use inner "
+                "or left (or join an untracked DataFrame for semi/anti joins)"
+            )
+        keys = tuple(ops.join_keys(on, left.columns, right.columns))
+        clash = sorted((set(left.columns) & set(right.columns)) - set(keys))
+        if clash:
+            raise ops.TrackedOperationError(
+                f"join: columns {clash} are on both sides (the output would have two columns of "
+                "each name); rename them on one side first"
+            )
+        return self._barrier([left._node, right._node], JoinSpec(keys, how), "join", keys=keys)
 
     def source(
         self,
@@ -500,22 +778,24 @@ class Pipeline:
         st = self._tagged_schema(node)
         return st.add(StructField("_ft_route", IntegerType(), False))
 
-    def _build(self, fresh: dict[int, Any], replays_wanted: bool) -> tuple[list[Any], int]:
-        """The sink summary DataFrames of one round or micro-batch (None-branches skipped) and
-        the number of replayed records fed in. ``fresh``: new input per source index;
-        ``replays_wanted``: feed the replays waiting in the FT layer too."""
+    def _build(self, fresh: dict[int, Any], replays_wanted: bool) -> _Round:
+        """The Spark work of one round or micro-batch (branches without input skipped).
+        ``fresh``: new input per source index; ``replays_wanted``: feed the replays waiting in
+        the FT layer too."""
         consumers: dict[int, list[int]] = {}
         for node in self._nodes:
             for par in node.parents:
                 consumers.setdefault(id(par), []).append(id(node))
         built: dict[int, Any] = {}
-        sinks: list[Any] = []
-        replays = 0
+        work = _Round()
         for node in self._nodes:
             df: Any
             if node.kind == "source":
-                df, k = self._source_input(node, fresh.get(node.source_index), replays_wanted)
-                replays += k
+                new = fresh.get(node.source_index)
+                if new is None and node.derived is not None and not self.ft:
+                    new = work.plain_barriers.get(id(node.derived))
+                df, k = self._source_input(node, new, replays_wanted)
+                work.replays += k
             else:
                 inputs = [self._input(built, consumers, p, node) for p in node.parents]
                 if all(x is None for x in inputs):
@@ -526,16 +806,34 @@ class Pipeline:
                 elif node.kind == "transform":
                     df = node.fn(inputs[0])
                     check_columns(node.name, df.columns, self._lineage(node.columns), "transform")
+                elif node.kind == "native":
+                    df = node.fn.apply(inputs[0], self.ft)
                 elif node.kind in ("stage", "group"):
                     df = self._stage_frame(node, inputs[0])
-                else:  # sink
-                    sinks.append(self._sink_frame(node, inputs[0]))
+                elif node.kind == "barrier":
+                    if self.ft:  # stage what arrives; the output comes in the barrier's phase
+                        work.staged += [
+                            (st, x)
+                            for st, x in zip(node.staging, inputs, strict=True)
+                            if x is not None
+                        ]
+                    else:
+                        work.plain_barriers[id(node)] = node.spec.compute(inputs)
+                    df = None
+                elif getattr(node.sink, "native", False):
+                    if self.ft:
+                        work.staged.append((node.staging[0], inputs[0]))
+                    else:
+                        work.plain_writes.append((node.sink, inputs[0].select(*node.columns)))
+                    df = None
+                else:  # a sink written from Python
+                    work.summaries.append(self._sink_frame(node, inputs[0]))
                     df = None
             fanout = len(consumers.get(id(node), ()))
             if df is not None and self.ft and fanout > 1:
                 df = self._tee(node, df, fanout)
             built[id(node)] = df
-        return sinks, replays
+        return work
 
     def _tee(self, node: _Node, df: Any, copies: int) -> Any:
         """A branch point: one child record per consumer (own ids, anchored like any stage's
@@ -543,8 +841,8 @@ class Pipeline:
         tracked DataFrame twice would send its events twice."""
         from pyspark.sql.types import IntegerType, StructField, StructType
 
-        fields = [f for f in df.schema.fields if f.name not in LINEAGE_COLUMNS]
-        lineage = [f for f in df.schema.fields if f.name in LINEAGE_COLUMNS]
+        fields = [f for f in df.schema.fields if f.name not in LINEAGE]
+        lineage = [f for f in df.schema.fields if f.name in (SRC, REC)]
         schema = StructType([*fields, StructField(BRANCH, IntegerType(), False), *lineage])
         runner = StageRunner(
             name=f"{node.name}/tee",
@@ -554,7 +852,7 @@ class Pipeline:
             token=self.token,
             deterministic=self.deterministic_ids,
         )
-        return df.mapInPandas(runner, schema).localCheckpoint(eager=True)
+        return _with_pending(df.mapInPandas(runner, schema)).localCheckpoint(eager=True)
 
     def _input(
         self, built: dict[int, Any], consumers: dict[int, list[int]], parent: _Node, node: _Node
@@ -568,7 +866,7 @@ class Pipeline:
         return df.where(F.col(BRANCH) == mine.index(id(node))).drop(BRANCH)
 
     def _lineage(self, cols: tuple[str, ...]) -> list[str]:
-        return [*cols, *LINEAGE_COLUMNS] if self.ft else list(cols)
+        return [*cols, *LINEAGE] if self.ft else list(cols)
 
     def _source_input(self, node: _Node, fresh: Any, replays_wanted: bool) -> tuple[Any, int]:
         """A source's rows for this round: its fresh input tagged, the replays routed to their
@@ -579,9 +877,9 @@ class Pipeline:
         replayed, k = (None, 0)
         if self.ft and replays_wanted:
             replayed, k = self._replay_frame(node)
-        cols = [F.col(c) for c in (*node.columns, *LINEAGE_COLUMNS)]
+        cols = [F.col(c) for c in (*node.columns, SRC, REC)]
         if replayed is None:
-            return tagged, 0
+            return (_with_pending(tagged) if self.ft and tagged is not None else tagged), 0
         if tagged is not None:
             import xorack.hashing as hashing
 
@@ -589,7 +887,7 @@ class Pipeline:
             tagged = tagged.withColumn("_ft_route", F.element_at(route, F.spark_partition_id() + 1))
             replayed = tagged.unionByName(replayed)
         df = replayed.repartition(node.partitions, "_ft_route").select(*cols)
-        return df, k
+        return _with_pending(df), k
 
     def _source_frame(self, node: _Node, df: Any) -> Any:
         if not self.ft:
@@ -619,13 +917,17 @@ class Pipeline:
             ft=self.ft,
             deterministic=self.deterministic_ids,
             bisect=node.kind == "stage",
+            single_record_groups=node.kind == "group",
+            tally=self._tally,
         )
         if node.kind == "group":
             grouped = df.groupBy(*node.keys)
-            return grouped.applyInPandas(
+            out = grouped.applyInPandas(
                 as_function(GroupStageRunner(runner)), self._tagged_schema(node)
             )
-        return df.mapInPandas(runner, self._tagged_schema(node))
+        else:
+            out = df.mapInPandas(runner, self._tagged_schema(node))
+        return _with_pending(out) if self.ft else out
 
     def _sink_frame(self, node: _Node, df: Any) -> Any:
         runner = SinkRunner(
@@ -635,45 +937,45 @@ class Pipeline:
             location=self._location,
             token=self.token,
             ft=self.ft,
+            tally=self._tally,
         )
         return df.mapInPandas(runner, SUMMARY_SCHEMA)
 
     # ---- running ------------------------------------------------------------------------------
 
     def run(self, on_round: Callable[[RoundInfo], None] | None = None) -> RunReport:
-        """Run the pipeline to the end (rounds of replays until nothing is pending); the report
-        accounts for every source record.
+        """Run the pipeline to the end (rounds of replays until nothing is pending; a phase per
+        barrier level); the report accounts for every source record.
 
         >>> # report = p.run(); assert report.lost == 0
         """
-        for node in self._sink_nodes():
-            node.sink.create(list(node.columns))
+        sinks = self._sink_nodes()
+        for node in sinks:
+            if not getattr(node.sink, "native", False):
+                node.sink.create(list(node.columns))
         start = time.perf_counter()
         report = RunReport(ft=self.ft)
         sc = self.spark.sparkContext
+        workdir = self._open_staging() if self.ft else None
+        ended: list[np.ndarray] = []
+        derived_persisted = 0
         try:
             if self.ft:
                 self._location = self._start_service()
-            max_rounds = self.max_attempts + 1 if self.ft else 1
-            for round_no in range(max_rounds + 1):
-                self.round = round_no
-                sc.setLocalProperty(ROUND_PROPERTY, str(round_no))
-                fresh = {n.source_index: n.df for n in self._sources} if round_no == 0 else {}
-                frames, replays = self._build(fresh, replays_wanted=round_no > 0)
-                if round_no > 0 and not frames:
-                    break
-                self._run_frames(frames, report)
-                report.rounds = round_no + 1
-                if not self.ft:
-                    break
-                self.client.expire_all()
-                stats = self.client.stats()
-                if on_round is not None:
-                    on_round(RoundInfo(round_no, replays, stats))
-                if not stats.get("pending", 0) and not self._replays_waiting(stats):
-                    break
+            phases = 1 + max((n.phase for n in self._nodes), default=0) if self.ft else 1
+            for phase in range(phases):
+                self.phase = phase
+                if phase > 0:
+                    persisted_before = int(self.client.stats().get("persisted", 0))
+                    self._open_phase(phase, np.concatenate(ended) if ended else None)
+                self._run_phase(phase, report, ended, on_round)
+                if phase > 0:
+                    derived_persisted += self._derived_persisted(phase, persisted_before)
             if self.ft:
+                ended.append(self.client.take_ended())
+                self._publish(sinks, np.concatenate(ended), report)
                 self._fill(report, self.client.stats())
+                self._discount_derived(report, derived_persisted)
             else:
                 for k in (
                     "source_records",
@@ -688,13 +990,141 @@ class Pipeline:
                     setattr(report, k, None)
         finally:
             sc.setLocalProperty(ROUND_PROPERTY, None)
-            self.round = 0
+            self.round = self.phase = 0
+            for node in self._sources:
+                if node.derived is not None:
+                    node.df = None
             if self.ft:
                 self._dead_letters = self._safe_dead_letters()
             self._stop_service()
             self._location = None
+            if workdir is not None:
+                self._close_staging(workdir)
         report.wall_seconds = round(time.perf_counter() - start, 3)
         return report
+
+    def _run_phase(
+        self,
+        phase: int,
+        report: RunReport,
+        ended: list[np.ndarray],
+        on_round: Callable[[RoundInfo], None] | None,
+    ) -> None:
+        """Rounds until every record of the phase is completed or dead-lettered: the first
+        round runs the phase's sources, the next ones their replays."""
+        sc = self.spark.sparkContext
+        max_rounds = self.max_attempts + 1 if self.ft else 1
+        guard = FailureTally(self.runaway_share)
+        for round_no in range(max_rounds + 1):
+            self.round = round_no
+            sc.setLocalProperty(ROUND_PROPERTY, str(round_no))
+            self._tally = sc.accumulator({}, tally_param()) if self.ft else None
+            fresh = {}
+            if round_no == 0:
+                fresh = {
+                    n.source_index: n.df
+                    for n in self._sources
+                    if n.phase == phase and n.df is not None
+                }
+            work = self._build(fresh, replays_wanted=round_no > 0)
+            if round_no > 0 and work.empty():
+                break
+            self._run_frames(work.summaries, report)
+            for sink, df in work.plain_writes:
+                sink.write(df)
+            report.rounds += 1
+            if not self.ft:
+                break
+            paths = [st.write(df, f"p{phase}-r{round_no}") for st, df in work.staged]
+            send_staged_events(self.spark, paths, self._location, self.token)
+            runaway = guard.add_round(dict(self._tally.value))
+            if runaway is not None:
+                raise RunawayFailure(runaway)
+            self.client.expire_all()
+            ended.append(self.client.take_ended())
+            stats = self.client.stats()
+            if on_round is not None:
+                on_round(RoundInfo(round_no, work.replays, stats))
+            if not stats.get("pending", 0) and not self._replays_waiting(stats):
+                break
+
+    def _open_staging(self) -> str:
+        """Give every barrier input and native sink its staging directory."""
+        import tempfile
+
+        if self.workdir is not None:
+            os.makedirs(self.workdir, exist_ok=True)
+        workdir = tempfile.mkdtemp(prefix="xorack-run-", dir=self.workdir)
+        for node in self._nodes:
+            if node.kind == "barrier":
+                node.staging = [
+                    Staging(os.path.join(workdir, node.name, str(i)), p.schema)
+                    for i, p in enumerate(node.parents)
+                ]
+            elif node.kind == "sink" and getattr(node.sink, "native", False):
+                root = node.sink.staging_dir
+                node.staging = [Staging(root, node.schema)]
+                node.staging[0].remove()  # what an interrupted earlier run left
+        return workdir
+
+    def _close_staging(self, workdir: str) -> None:
+        import shutil
+
+        for node in self._nodes:
+            for st in node.staging:
+                st.remove()
+            node.staging = []
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    def _open_phase(self, phase: int, ended: np.ndarray | None) -> None:
+        """The outputs of the barriers that open ``phase``: Spark's own operator over the rows
+        staged by completed attempts."""
+        ended_df = None if ended is None else ids_frame(self.spark, ended)
+        for node in self._sources:
+            if node.derived is not None and node.phase == phase:
+                barrier = node.derived
+                inputs = [st.rows(self.spark, ended_df) for st in barrier.staging]
+                node.df = barrier.spec.compute(inputs)
+
+    def _derived_persisted(self, phase: int, before: int) -> int:
+        """Records persisted by the barrier outputs of ``phase`` (they are not input records)."""
+        return max(0, int(self.client.stats().get("persisted", 0)) - before)
+
+    def _discount_derived(self, report: RunReport, persisted: int) -> None:
+        """The FT layer counts the rows of barriers (tracked as records of the next phase) with
+        the input records; the report accounts for the input records alone and gives the
+        barrier rows apart."""
+        derived = {n.source_index for n in self._sources if n.derived is not None}
+        dead = 0
+        if derived:
+            table = self._safe_dead_letters()
+            if table is not None and "_ft_source" in table.schema.names:
+                sources = table.column("_ft_source").to_numpy(zero_copy_only=False)
+                dead = int(np.isin(sources, list(derived)).sum())
+        report.derived_records = persisted
+        report.derived_dead_lettered = dead
+        assert report.source_records is not None
+        assert report.completed is not None
+        assert report.dead_lettered is not None
+        report.source_records -= persisted
+        report.completed -= persisted - dead
+        report.dead_lettered -= dead
+
+    def _publish(self, sinks: list[_Node], ended: np.ndarray, report: RunReport) -> None:
+        """Once every record is completed or dead-lettered: native sinks get the staged rows of
+        completed attempts; sinks written from Python drop the rows of attempts that ended
+        without completing. Either way a sink holds what the completed attempts wrote, and a
+        dead-lettered record leaves nothing."""
+        ended_df = None
+        for node in sinks:
+            if getattr(node.sink, "native", False):
+                if ended_df is None and len(ended):
+                    ended_df = ids_frame(self.spark, ended)
+                node.sink.write(node.staging[0].rows(self.spark, ended_df))
+                report.sink_rows[node.name] = node.sink.read(self.spark).count()
+                node.staging[0].remove()
+            elif hasattr(node.sink, "retract"):
+                report.retracted_rows += int(node.sink.retract(ended))
 
     def start_stream(
         self,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import pandas as pd
@@ -32,13 +32,17 @@ import pandas as pd
 from . import sink_types
 
 REC_COLUMN = "_rec"
+SRC_COLUMN = "_ft_src"  # the source attempt that wrote the row (retract() removes failed ones)
 KINDS_TABLE = "_xorack_columns"  # (table, column, kind): how each sink column is stored
 
 
 class SinkWriter(Protocol):
     def write(self, rows: pd.DataFrame, rec: np.ndarray | None) -> int:
         """Store ``rows`` durably (keyed by ``rec`` when given); return the duplicates absorbed.
-        On an exception nothing of ``rows`` is stored (the records are failed and replayed)."""
+        On an exception nothing of ``rows`` is stored (the records are failed and replayed).
+        A writer whose ``write`` also takes ``src=`` (the source attempt id of each row) keeps
+        it, so that its sink's ``retract`` can remove the rows of attempts that did not
+        complete (all-or-nothing per source record)."""
         ...
 
     def reset(self) -> None:
@@ -87,9 +91,10 @@ class SQLiteSink:
         return con
 
     def create(self, columns: list[str], schema: Any = None) -> None:
-        """Create the table (if absent) with the record-id key and the payload columns.
-        ``schema`` (a payload ``StructType``, default the sink's own) fixes the column types;
-        an unsupported type raises :class:`~xorack.spark.sink_types.UnsupportedSinkType`."""
+        """Create the table (if absent) with the record-id key, the attempt id and the payload
+        columns. ``schema`` (a payload ``StructType``, default the sink's own) fixes the column
+        types; an unsupported type raises
+        :class:`~xorack.spark.sink_types.UnsupportedSinkType`."""
         schema = schema if schema is not None else self.schema
         kinds = sink_types.check_sink_schema(schema) if schema is not None else {}
         cols = ", ".join(
@@ -99,9 +104,43 @@ class SQLiteSink:
         try:
             con.execute(
                 f"CREATE TABLE IF NOT EXISTS {_quote(self.table)} "
-                f"({REC_COLUMN} INTEGER PRIMARY KEY, {cols})"
+                f"({REC_COLUMN} INTEGER PRIMARY KEY, {cols}, {SRC_COLUMN} INTEGER)"
             )
+            have = {r[1] for r in con.execute(f"PRAGMA table_info({_quote(self.table)})")}
+            if SRC_COLUMN not in have:  # a table of an earlier xorack: add the attempt column
+                con.execute(f"ALTER TABLE {_quote(self.table)} ADD COLUMN {SRC_COLUMN} INTEGER")
             _record_kinds(con, self.table, {c: k for c, k in kinds.items() if c in columns})
+        finally:
+            con.close()
+
+    def retract(self, src_ids: np.ndarray) -> int:
+        """Delete the rows written by these source attempts (attempts that ended without
+        completing: their record was replayed under a new attempt, or dead-lettered). Returns
+        the rows deleted. Called by the pipeline once a run is over, so the table then holds
+        the rows of completed attempts only."""
+        ids = np.ascontiguousarray(src_ids, dtype=np.uint64).view(np.int64)
+        if not len(ids):
+            return 0
+        con = self._connect()
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            con.execute("CREATE TEMP TABLE IF NOT EXISTS _xorack_ended (id INTEGER PRIMARY KEY)")
+            con.execute("DELETE FROM _xorack_ended")
+            con.executemany(
+                "INSERT OR IGNORE INTO _xorack_ended VALUES (?)", ((int(i),) for i in ids)
+            )
+            before = con.total_changes
+            con.execute(
+                f"DELETE FROM {_quote(self.table)} WHERE {SRC_COLUMN} IN "
+                "(SELECT id FROM _xorack_ended)"
+            )
+            deleted = con.total_changes - before
+            con.execute("COMMIT")
+            return deleted
+        except BaseException:
+            if con.in_transaction:
+                con.execute("ROLLBACK")
+            raise
         finally:
             con.close()
 
@@ -116,7 +155,8 @@ class SQLiteSink:
             kinds = _load_kinds(con, self.table)
         finally:
             con.close()
-        return sink_types.decode_frame(df.drop(columns=[REC_COLUMN]), kinds)
+        payload = df.drop(columns=[c for c in (REC_COLUMN, SRC_COLUMN) if c in df.columns])
+        return sink_types.decode_frame(payload, kinds)
 
     def count(self) -> int:
         con = self._connect()
@@ -166,12 +206,18 @@ class _SQLiteWriter:
                 self._kinds = _load_kinds(self._con, self._sink.table)
         return self._kinds
 
-    def write(self, rows: pd.DataFrame, rec: np.ndarray | None) -> int:
+    def write(
+        self, rows: pd.DataFrame, rec: np.ndarray | None, src: np.ndarray | None = None
+    ) -> int:
         if not len(rows):
             return 0
         if self._con is None:
             self._con = self._sink._connect()
-        kinds = self._kinds_of(rows)
+        kinds = self._kinds_of(rows)  # of the payload columns
+        if src is not None:
+            rows = rows.assign(
+                **{SRC_COLUMN: np.ascontiguousarray(src, dtype=np.uint64).view(np.int64)}
+            )
         cols = [REC_COLUMN, *rows.columns]
         sql = (
             f"INSERT OR IGNORE INTO {_quote(self._sink.table)} "
@@ -184,13 +230,24 @@ class _SQLiteWriter:
             order = np.argsort(signed, kind="stable")
             keys = signed[order].tolist()
             rows = rows.iloc[order]
-        values = [sink_types.encode_column(rows[c], kinds[c]) for c in rows.columns]
+        values = [
+            rows[c].tolist() if c == SRC_COLUMN else sink_types.encode_column(rows[c], kinds[c])
+            for c in rows.columns
+        ]
         con = self._con
         con.execute("BEGIN IMMEDIATE")
         try:
             before = con.total_changes
             con.executemany(sql, zip(keys, *values, strict=True))
             inserted = con.total_changes - before
+            if src is not None and inserted < len(rows):
+                # rows stored by an earlier attempt of the same record: they now belong to
+                # this attempt (retract() must keep them if this attempt completes)
+                con.executemany(
+                    f"UPDATE {_quote(self._sink.table)} SET {SRC_COLUMN} = ? "
+                    f"WHERE {REC_COLUMN} = ?",
+                    zip(rows[SRC_COLUMN].tolist(), keys, strict=True),
+                )
             con.execute("COMMIT")
         except BaseException:
             if con.in_transaction:
@@ -205,3 +262,51 @@ class _SQLiteWriter:
         if self._con is not None:
             self._con.close()
             self._con = None
+
+
+@dataclass(frozen=True)
+class ParquetSink:
+    """A directory of Parquet files, written by Spark itself in the executors (no Python on the
+    rows). Once :meth:`Pipeline.run` returns, ``spark.read.parquet(path)`` holds exactly the
+    sink's rows (payload columns only).
+
+    With FT on, each round stages its rows next to ``path`` (``<path>.xorack-staging``, one
+    directory per round, written with Spark's own commit protocol, so a retried task leaves
+    one copy) and the acks are computed from what was staged; when the run is over, the rows of
+    attempts that completed are published to ``path`` (``mode="overwrite"``: a re-run replaces
+    the output, so the sink is idempotent) and the staging is removed. A record replayed or
+    dead-lettered leaves nothing of its failed attempts. With FT off, rows are written to
+    ``path`` directly.
+
+    >>> ParquetSink("/tmp/out").staging_dir
+    '/tmp/out.xorack-staging'
+    """
+
+    path: str
+    mode: str = "overwrite"
+    native: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, str) or not self.path:
+            raise TypeError(f"ParquetSink: path must be a non-empty string, got {self.path!r}")
+        if self.mode not in ("overwrite", "error", "errorifexists"):
+            raise ValueError(
+                f"ParquetSink: mode must be 'overwrite' or 'error', got {self.mode!r} ('append' "
+                "would make a re-run write its rows twice)"
+            )
+
+    @property
+    def staging_dir(self) -> str:
+        """Where the rounds' rows wait until the run is over."""
+        return self.path.rstrip("/") + ".xorack-staging"
+
+    def create(self, columns: list[str]) -> None:
+        """Nothing to create ahead (Spark creates the directory)."""
+
+    def write(self, df: Any) -> None:
+        """Write the final rows (a DataFrame of payload columns)."""
+        df.write.mode(self.mode).parquet(self.path)
+
+    def read(self, spark: Any) -> Any:
+        """The sink's rows as a DataFrame."""
+        return spark.read.parquet(self.path)

@@ -32,10 +32,9 @@ import pandas as pd
 import pyarrow as pa
 
 from ..errors import FailRecord, LineageError, XorackError
+from .lineage import EV, KEEP, REC, SRC, settle
 
-SRC = "_ft_src"
-REC = "_ft_rec"
-LINEAGE_COLUMNS = (SRC, REC)
+LINEAGE_COLUMNS = (SRC, REC)  # what a stage's function sees (the pending columns are settled)
 DET = "_xorack_det"  # persisted with the payload: the source record's deterministic first id
 ORIG_PART = "_xorack_part"  # persisted with the payload: the partition the record was read on
 PART = "_ft_part"  # spark_partition_id() of the source's own partitioning, read by the tagger
@@ -403,6 +402,35 @@ def call_bisecting(
     return outs, failed
 
 
+def _count(
+    tally: Any, where: str, src: np.ndarray, failures: Sequence[tuple[np.ndarray, str]]
+) -> None:
+    """Add a batch's source records seen and failed per error to the runaway guard's tally."""
+    if tally is None:
+        return
+    from .guard import SEEN, reason_key
+
+    counts = {(where, SEEN): len(np.unique(src))}
+    for pos, reason in failures:
+        key = (where, reason_key(reason))
+        counts[key] = counts.get(key, 0) + len(np.unique(src[pos]))
+    tally.add(counts)
+
+
+def settle_frame(pdf: pd.DataFrame, client: Any, ack_kept: bool) -> pd.DataFrame:
+    """At a Python boundary: send the events native operators left pending (``_ft_ev``; with
+    ``ack_kept`` also the ack of every live row), drop the ghost rows (``_ft_keep`` false: rows
+    a native filter, join or generator removed) and the two pending columns."""
+    if EV not in pdf.columns:
+        return pdf
+    keep = pdf[KEEP].to_numpy(dtype=bool)
+    ev_src, ev_val = settle(u64(pdf[SRC]), u64(pdf[REC]), u64(pdf[EV]), keep, ack_kept)
+    if len(ev_src):
+        client.xor(ev_src, ev_val)
+    out = pdf.drop(columns=[EV, KEEP])
+    return out if keep.all() else out[keep]
+
+
 @dataclass(frozen=True)
 class StageRunner:
     """``mapInPandas`` function of a tracked stage.
@@ -420,6 +448,8 @@ class StageRunner:
     ft: bool = True
     deterministic: bool = True
     bisect: bool = True
+    single_record_groups: bool = False  # apply_in_pandas: a group must hold one source record
+    tally: Any = None  # the round's failure accumulator (the runaway guard), or None
 
     def __call__(self, pdfs: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         if not self.ft:
@@ -454,12 +484,23 @@ class StageRunner:
                     f"stage {self.name!r}: its input has no lineage column {c!r} (columns "
                     f"{list(pdf.columns)}); a tracked stage must read a tracked DataFrame"
                 )
+        pdf = settle_frame(pdf, client, ack_kept=False)
         if len(pdf) == 0:
             return None
         pdf = pdf.reset_index(drop=True)
         in_src = u64(pdf[SRC])
         in_rec = u64(pdf[REC])
+        if self.single_record_groups and len(np.unique(in_src)) > 1:
+            raise StageSchemaError(
+                f"apply_in_pandas {self.name!r}: a group holds rows of "
+                f"{len(np.unique(in_src))} source records; a grouped function over several "
+                "records is not exact under record-level replay (a replayed record would be "
+                "grouped without the others, e.g. a partial average). Use "
+                "groupBy(...).agg(...) for aggregates (exactly-once), or group by a key that "
+                "stays within one source record"
+            )
         frames, failures = call_bisecting(self.fn, pdf, self.name, self.bisect)
+        _count(self.tally, f"stage {self.name!r}", in_src, failures)
         frames = [f for f in frames if len(f.columns)]
         out = pd.concat(frames, ignore_index=True) if frames else pdf.iloc[0:0]
         if REC not in out.columns:
@@ -576,6 +617,7 @@ class SinkRunner:
     token: str | None = None
     ft: bool = True
     write_rows: int = 100_000
+    tally: Any = None  # the round's failure accumulator (the runaway guard), or None
 
     def __call__(self, pdfs: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         from pyspark import TaskContext
@@ -617,24 +659,48 @@ class SinkRunner:
 
     def _write(self, writer: Any, client: Any, frames: list[pd.DataFrame]) -> tuple[int, int]:
         """Write (and with FT ack) one chunk; returns (rows consumed, duplicates absorbed)."""
-        from .. import acker
-
         pdf = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-        payload = pdf[list(self.columns)]
         if not self.ft:
-            return len(pdf), writer.write(payload, None)
-        rec = u64(pdf[REC])
-        src = u64(pdf[SRC])
+            return len(pdf), writer.write(pdf[list(self.columns)], None)
+        if EV in pdf.columns:  # ghosts (rows native operators removed) only send their event
+            keep = pdf[KEEP].to_numpy(dtype=bool)
+            ev = u64(pdf[EV])
+        else:
+            keep = np.ones(len(pdf), dtype=bool)
+            ev = np.zeros(len(pdf), dtype=np.uint64)
+        src, rec = u64(pdf[SRC]), u64(pdf[REC])
+        live = pdf[keep] if not keep.all() else pdf
         try:
-            dups = writer.write(payload, rec)  # durable on return
+            dups = _write_rows(writer, live[list(self.columns)], rec[keep], src[keep])
         except Exception as exc:  # the write rolled back: replay these records
             reason = f"sink {self.name}: {type(exc).__name__}: {exc}"[:500]
-            client.fail(np.unique(src), reason=reason)
+            failed = np.unique(src[keep])
+            everything = np.arange(int(keep.sum()))
+            _count(self.tally, f"sink {self.name!r}", src[keep], [(everything, reason)])
+            client.fail(failed, reason=reason)
             writer.reset()
+            others = ~np.isin(src, failed)
+            ev_src, ev_val = settle(src[others], rec[others], ev[others], keep[others], False)
+            if len(ev_src):
+                client.xor(ev_src, ev_val)
             return 0, 0
-        ev_src, ev_xor = acker.xor_reduce(src, rec)
-        client.xor(ev_src, ev_xor)
-        return len(pdf), dups
+        _count(self.tally, f"sink {self.name!r}", src[keep], [])
+        ev_src, ev_val = settle(src, rec, ev, keep, ack_kept=True)
+        if len(ev_src):
+            client.xor(ev_src, ev_val)
+        return int(keep.sum()), dups
+
+
+def _write_rows(writer: Any, rows: pd.DataFrame, rec: np.ndarray, src: np.ndarray) -> int:
+    """``writer.write`` (durable on return), with the rows' attempt ids for writers that keep
+    them (so that rows of attempts that did not complete can be retracted after the run)."""
+    import inspect
+
+    try:
+        takes_src = "src" in inspect.signature(writer.write).parameters
+    except (TypeError, ValueError):
+        takes_src = False
+    return writer.write(rows, rec, src=src) if takes_src else writer.write(rows, rec)
 
 
 def check_columns(name: str, have: Sequence[str], need: Sequence[str], what: str) -> None:

@@ -49,6 +49,16 @@ class StreamingRun:
             )
         if not pipeline.ft:
             raise ValueError("start_stream: use ft=True (with FT off run the stages yourself)")
+        barriers = [n.name for n in pipeline._nodes if n.kind == "barrier"]
+        native = [n.name for n in pipeline._nodes if getattr(n.sink, "native", False)]
+        if barriers or native:
+            raise ValueError(
+                "start_stream: aggregations and tracked joins "
+                f"({barriers}) and native sinks such as ParquetSink ({native}) need the whole "
+                "input to settle before they produce rows; in streaming, aggregate in the sink "
+                "(or run the pipeline in batch with p.run()). Native row operations (filter, "
+                "select, explode, lookup joins) work in streaming."
+            )
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         self.pipeline = pipeline
@@ -102,8 +112,8 @@ class StreamingRun:
                     while now >= self._next_rotation:  # an external acker: rotate from here
                         p.client.rotate()
                         self._next_rotation += self._interval
-                frames, _ = p._build({self._source.source_index: batch_df}, replays_wanted=True)
-                p._run_frames(frames, self.report)
+                work = p._build({self._source.source_index: batch_df}, replays_wanted=True)
+                p._run_frames(work.summaries, self.report)
                 self.batches += 1
                 self._last_batch = int(batch_id)
         except _StoppedBeforeBatch:
@@ -133,9 +143,14 @@ class StreamingRun:
                         stats = p.client.stats()
                         if not stats.get("pending", 0):
                             break
-                        frames, _ = p._build({}, replays_wanted=True)
-                        p._run_frames(frames, self.report)
+                        work = p._build({}, replays_wanted=True)
+                        p._run_frames(work.summaries, self.report)
                         self.report.rounds += 1
+                # all or nothing: the rows of attempts that ended without completing go
+                ended = p.client.take_ended()
+                for node in p._sink_nodes():
+                    if hasattr(node.sink, "retract"):
+                        self.report.retracted_rows += int(node.sink.retract(ended))
                 p._fill(self.report, p.client.stats())
                 p._dead_letters = p._safe_dead_letters()
         finally:

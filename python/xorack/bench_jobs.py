@@ -1,0 +1,143 @@
+"""Benchmarks of whole Spark jobs written with tracked native operations, against plain Spark.
+
+The job is Spark's ``wordcount.py`` over generated sentences (the demo's vocabulary): read
+Parquet → ``select(explode(split(line)))`` → ``where(word != '')`` →
+``groupBy("word").agg(count)`` → write Parquet. Three variants run back to back in one session,
+each ``repeat`` times, interleaved so that drift on a noisy machine hits them alike:
+
+* ``plain``: the job in plain PySpark;
+* ``ft off``: the same operations through ``Pipeline(ft=False)`` (must cost nothing);
+* ``ft on``: ``Pipeline(ft=True)`` with a ``ParquetSink`` (tagging, persisting to the embedded
+  acker, staging of the aggregation's input, acks computed in the JVM, exactly-once output).
+
+Ratios are of medians from the same run. ``python -m xorack.bench_jobs --lines 1000000``.
+
+>>> WordcountResult("plain", [2.0, 1.0, 3.0]).median
+2.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass
+class WordcountResult:
+    variant: str
+    seconds: list[float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+
+def make_input(spark: Any, lines: int, path: str, partitions: int = 8, seed: int = 7) -> None:
+    """``lines`` generated sentences (3-12 words) written as Parquet at ``path``."""
+    from .demo import GenerateSentences
+
+    df = spark.range(lines, numPartitions=partitions).mapInPandas(
+        GenerateSentences(seed), "sid long, text string"
+    )
+    df.select("text").write.mode("overwrite").parquet(path)
+
+
+def wordcount_plain(spark: Any, inp: str, out: str) -> None:
+    from pyspark.sql import functions as F
+
+    words = spark.read.parquet(inp).select(F.explode(F.split("text", " ")).alias("word"))
+    counts = words.where(F.col("word") != "").groupBy("word").agg(F.count("*").alias("n"))
+    counts.write.mode("overwrite").parquet(out)
+
+
+def wordcount_tracked(spark: Any, inp: str, out: str, ft: bool) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+
+    from .spark import ParquetSink, Pipeline
+
+    p = Pipeline(spark, ft=ft)
+    lines = p.source(spark.read.parquet(inp), name="lines")
+    words = lines.select(F.explode(F.split("text", " ")).alias("word"))
+    counts = words.where(F.col("word") != "").groupBy("word").agg(F.count("*").alias("n"))
+    counts.sink(ParquetSink(out), name="counts")
+    report = p.run()
+    if ft and report.lost != 0:
+        raise RuntimeError(f"wordcount lost {report.lost} records")
+    return report.as_dict()
+
+
+def run_wordcount(spark: Any, lines: int, repeat: int = 3, check: bool = True) -> dict[str, Any]:
+    """The three variants, ``repeat`` times each, interleaved; medians, spreads and ratios."""
+    work = tempfile.mkdtemp(prefix="xorack-wordcount-")
+    try:
+        inp = f"{work}/input"
+        make_input(spark, lines, inp)
+        results = {v: WordcountResult(v, []) for v in ("plain", "ft off", "ft on")}
+        for _ in range(repeat):
+            for variant in results:
+                out = f"{work}/out-{variant.replace(' ', '-')}"
+                t0 = time.perf_counter()
+                if variant == "plain":
+                    wordcount_plain(spark, inp, out)
+                else:
+                    wordcount_tracked(spark, inp, out, ft=variant == "ft on")
+                results[variant].seconds.append(time.perf_counter() - t0)
+        match = None
+        if check:
+            read = {
+                v: sorted(spark.read.parquet(f"{work}/out-{v.replace(' ', '-')}").collect())
+                for v in results
+            }
+            match = read["plain"] == read["ft off"] == read["ft on"]
+        plain = results["plain"].median
+        return {
+            "lines": lines,
+            "repeat": repeat,
+            "variants": {v: asdict(r) | {"median": r.median} for v, r in results.items()},
+            "ft_on_over_plain": results["ft on"].median / plain,
+            "ft_off_over_plain": results["ft off"].median / plain,
+            "results_match": match,
+        }
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def format_wordcount(r: dict[str, Any]) -> str:
+    lines = [f"wordcount, {r['lines']:,} lines, median of {r['repeat']} (min-max):"]
+    for v, d in r["variants"].items():
+        lines.append(
+            f"  {v:7s} {d['median']:7.2f} s  ({min(d['seconds']):.2f}-{max(d['seconds']):.2f})"
+        )
+    lines.append(f"  FT on / plain  {r['ft_on_over_plain']:.2f}   (target <= 1.5)")
+    lines.append(f"  FT off / plain {r['ft_off_over_plain']:.2f}   (target <= 1.05)")
+    lines.append(f"  results match  {r['results_match']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m xorack.bench_jobs", description=__doc__)
+    ap.add_argument("--lines", type=int, default=1_000_000, help="input lines (default 1M)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per variant (default 3)")
+    ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = ap.parse_args(argv)
+    if args.lines < 1 or args.repeat < 1:
+        print("xorack bench_jobs: --lines and --repeat must be >= 1", file=sys.stderr)
+        return 2
+    from .spark.session import get_or_create_session
+
+    spark = get_or_create_session(app_name="xorack-bench-jobs", shuffle_partitions=8)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "65536")
+    r = run_wordcount(spark, args.lines, args.repeat)
+    print(json.dumps(r, indent=1) if args.json else format_wordcount(r))
+    return 0 if r["results_match"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The runaway guard: a systematic error (a typo, a schema error, an unsupported type in a sink)
+fails every record it meets, attempt after attempt; replaying and dead-lettering the whole input
+helps nobody. The stages and sinks count, per round, the source records they saw and the records
+each error failed (a Spark accumulator: only successful task attempts count); after each round
+the run loop asks :meth:`FailureTally.runaway` whether one error failed at least ``share`` of a
+stage's records in two consecutive attempts, and stops the run with :class:`RunawayFailure`.
+Poison records (a few) and transient failures (gone on the next attempt) never trip it.
+
+>>> t = FailureTally(share=0.5, min_records=2)
+>>> t.add_round({("split", ""): 10, ("split", "KeyError: 'x'"): 10})
+>>> t.add_round({("split", ""): 10, ("split", "KeyError: 'x'"): 9}) is not None
+True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import XorackError
+
+SEEN = ""  # the key of a stage's records seen (reasons are never empty)
+
+
+class RunawayFailure(XorackError, RuntimeError):
+    """One error failed most of a stage's records in consecutive attempts: the run stopped."""
+
+
+def tally_param() -> Any:
+    """A Spark ``AccumulatorParam`` adding ``{(stage, reason): records}`` dicts."""
+    from pyspark.accumulators import AccumulatorParam
+
+    class _DictSum(AccumulatorParam):
+        def zero(self, value: dict) -> dict:
+            return {}
+
+        def addInPlace(self, a: dict, b: dict) -> dict:
+            for k, v in b.items():
+                a[k] = a.get(k, 0) + v
+            return a
+
+    return _DictSum()
+
+
+def reason_key(reason: str) -> str:
+    """The part of a failure reason that identifies the error (its first 200 characters)."""
+    return reason.strip()[:200] or "unknown error"
+
+
+class FailureTally:
+    """The per-round failure counts of a run and the decision to stop it."""
+
+    def __init__(self, share: float | None = 0.5, min_records: int = 20) -> None:
+        if share is not None and not 0.0 < share <= 1.0:
+            raise ValueError(f"runaway_share must be in (0, 1] or None, got {share!r}")
+        self.share = share
+        self.min_records = int(min_records)
+        self._previous: dict[tuple[str, str], float] = {}
+        self._first: dict[str, int] = {}  # records a stage saw in its first round (its input)
+
+    def add_round(self, counts: dict[tuple[str, str], int]) -> str | None:
+        """Record one round's counts; the message of a runaway error, or None. Shares are of
+        the records a stage saw in its first round (a replay round sees only the replays: the
+        few poison records left in the last rounds are all of what it sees)."""
+        if self.share is None:
+            return None
+        for (stage, reason), n in counts.items():
+            if reason == SEEN and stage not in self._first:
+                self._first[stage] = n
+        current: dict[tuple[str, str], float] = {}
+        message = None
+        for (stage, reason), n in counts.items():
+            seen = self._first.get(stage, 0)
+            if reason == SEEN or seen < self.min_records or n < self.min_records:
+                continue
+            current[(stage, reason)] = n / seen
+            before = self._previous.get((stage, reason))
+            if before is not None and before >= self.share and n / seen >= self.share:
+                message = (
+                    f"{stage}: the same error failed {before:.0%} of its source records on one "
+                    f"attempt and {n:,} of {seen:,} ({n / seen:.0%}) on the next: {reason}. "
+                    "The run stopped instead of dead-lettering the input (a systematic error, "
+                    "not a poison record); fix it and run again. Pipeline(runaway_share=...) "
+                    f"sets the threshold ({self.share:.0%}; None disables the guard)."
+                )
+        self._previous = current
+        return message
+
+
+__all__ = ["FailureTally", "RunawayFailure", "reason_key", "tally_param"]

@@ -1,0 +1,154 @@
+"""Lineage through Spark's own operators: the columns every tracked row carries and the rules
+that keep its XOR tree exact when a filter, a generator or a join runs in the JVM.
+
+A tracked DataFrame carries four lineage columns after its payload:
+
+* ``_ft_src`` — the source id of the attempt of the source record the row derives from;
+* ``_ft_rec`` — the row's own record id;
+* ``_ft_ev``  — an XOR event not sent yet: native operators cannot call the acker, so what a row
+  owes its source record rides along with it to the next Python boundary (a stage, a sink, the
+  staging of a barrier), where the events of a batch are reduced per source id and sent;
+* ``_ft_keep`` — false for a *ghost*: a row a filter, an unmatched join or an empty generator
+  removed. It is dropped at the next boundary after its event (the ack of the removed row) is
+  sent, so that a removed row is acked as dropped and never times out.
+
+The rules (each an expression over one row, so Spark evaluates them in generated code):
+
+* 1→1 (select, withColumn, a semi-join match): the row keeps its id; nothing to send;
+* 1→0 (filter, an unmatched inner join, an empty generator): ``ev ^= rec``, ``keep = false``;
+* 1→n (a generator, a join with several matches): child ``i`` gets the id
+  ``xxhash64(salt, rec, i)``; child 0 carries the parent's ack and the parent's pending event,
+  every child its own id: ``ev_i = [i == 0] * (ev ^ rec) ^ child_i``. The children of one
+  parent may land in different batches: each row's event stands alone.
+
+A ghost stays a ghost (``keep`` is never set back) and owes nothing more; it is copied by a
+later generator or join at most as "child 0", which carries its event once.
+
+Ids made by ``xxhash64`` are deterministic (a replay re-creates them, so idempotent sinks
+absorb duplicates), 64 bits, and 0 only with probability 2^-64 (an id 0 would make a lost row
+undetectable; it is not worth a branch).
+
+>>> LINEAGE
+('_ft_src', '_ft_rec', '_ft_ev', '_ft_keep')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+SRC = "_ft_src"
+REC = "_ft_rec"
+EV = "_ft_ev"
+KEEP = "_ft_keep"
+LINEAGE = (SRC, REC, EV, KEEP)
+EVT = "_ft_evt"  # staged rows: the whole event a staged row sends (its pending event ^ its ack)
+POS = "_ft_pos"  # internal: a generator's position / a lookup row's rank among its key's rows
+
+
+def F() -> Any:
+    from pyspark.sql import functions
+
+    return functions
+
+
+def ghost_payload(columns: Sequence[str]) -> list[Any]:
+    """Payload columns with the values of ghost rows set to null (a ghost's values are never
+    read again; nulls keep later expressions, such as an ANSI cast, from failing on rows the
+    user removed on purpose)."""
+    f = F()
+    return [f.when(f.col(KEEP), f.col(c)).alias(c) for c in columns]
+
+
+def drop_where(cond: Any) -> list[Any]:
+    """The lineage columns after removing the rows for which ``cond`` is false or null: the
+    rows newly removed send their ack and become ghosts."""
+    f = F()
+    keep = f.col(KEEP)
+    passes = f.coalesce(cond, f.lit(False))
+    newly_dropped = keep & ~passes
+    return [
+        f.col(SRC),
+        f.col(REC),
+        f.col(EV).bitwiseXOR(f.when(newly_dropped, f.col(REC)).otherwise(f.lit(0))).alias(EV),
+        (keep & passes).alias(KEEP),
+    ]
+
+
+def fan_out(salt: int, ordinal: Any, is_child: Any, same_id: bool = False) -> list[Any]:
+    """The lineage columns of the outputs of a 1→n operator (a generator, a join).
+
+    ``ordinal`` (int, null for a parent that produced no match/element) tells each output row
+    its rank among its parent's outputs; ``is_child``: the row is a real output (false: a ghost,
+    or a removed parent). ``same_id``: outputs are 1→1 and keep their parent's id (a semi or
+    anti join)."""
+    f = F()
+    rec, keep = f.col(REC), f.col(KEEP)
+    first = ordinal.isNull() | (ordinal == 0)
+    child_id = rec if same_id else f.xxhash64(f.lit(salt), rec, f.coalesce(ordinal, f.lit(-1)))
+    # child 0 carries the parent's pending event and (the parent was alive) the parent's ack
+    inherited = f.when(first, f.col(EV).bitwiseXOR(f.when(keep, rec).otherwise(0))).otherwise(0)
+    own = f.when(is_child, child_id).otherwise(f.lit(0))
+    if same_id:  # a 1→1 survivor: its ack and its own id cancel; a dropped row sends its ack
+        ev = f.when(first, f.col(EV).bitwiseXOR(f.when(keep & ~is_child, rec).otherwise(0)))
+        ev = ev.otherwise(0)
+    else:
+        ev = inherited.bitwiseXOR(own)
+    return [
+        f.col(SRC),
+        f.when(is_child, child_id).otherwise(rec).alias(REC),
+        ev.cast("long").alias(EV),
+        (keep & is_child).alias(KEEP),
+    ]
+
+
+def staged_event() -> Any:
+    """The event a row sends when it is staged (written durably by a native sink or a barrier):
+    its pending event, and its ack when it is alive."""
+    f = F()
+    return f.col(EV).bitwiseXOR(f.when(f.col(KEEP), f.col(REC)).otherwise(0)).alias(EVT)
+
+
+def settle(
+    src: np.ndarray, rec: np.ndarray, ev: np.ndarray, keep: np.ndarray, ack_kept: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """The events of a batch at a Python boundary, reduced per source id: every row's pending
+    event, plus the ack of each live row when ``ack_kept`` (a sink consumed it; a stage instead
+    anchors its live rows itself). Returns (source ids, values) with zero values left out.
+
+    >>> import numpy as np
+    >>> u = lambda *v: np.array(v, dtype=np.uint64)
+    >>> s, v = settle(u(1, 1, 2), u(5, 6, 7), u(3, 0, 0), np.array([True, False, True]), True)
+    >>> s.tolist(), v.tolist()
+    ([1, 2], [6, 7])
+    """
+    from .. import acker
+
+    value = ev.copy()
+    if ack_kept:
+        value[keep] ^= rec[keep]
+    nz = value != 0
+    if not nz.any():
+        return np.empty(0, np.uint64), np.empty(0, np.uint64)
+    s, v = acker.xor_reduce(src[nz], value[nz])
+    s, v = np.asarray(s, np.uint64), np.asarray(v, np.uint64)
+    nz = v != 0
+    return s[nz], v[nz]
+
+
+__all__ = [
+    "EV",
+    "EVT",
+    "KEEP",
+    "LINEAGE",
+    "POS",
+    "REC",
+    "SRC",
+    "drop_where",
+    "fan_out",
+    "ghost_payload",
+    "settle",
+    "staged_event",
+]

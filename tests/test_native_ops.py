@@ -1,0 +1,400 @@
+"""Tracked native operations, lookup and tracked joins, exactly-once aggregations — on real local
+Spark, compared with plain Spark running the same operations on the input minus the
+dead-lettered source records. Failures are injected by tracked pandas stages: transient ones
+(first attempt only), poison records (every attempt), and failures after an aggregation."""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from collections import Counter
+
+import pandas as pd
+import pytest
+
+import xorack
+from xorack.spark import Pipeline, SQLiteSink, current_round
+from xorack.spark.guard import RunawayFailure
+from xorack.spark.ops import TrackedOperationError
+from xorack.spark.sinks import ParquetSink
+
+pytest.importorskip("pyspark", reason="pyspark is not installed: install xorack[test]")
+from pyspark import cloudpickle
+from pyspark.sql import functions as F
+
+pytestmark = pytest.mark.spark
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+PYSPARK_DIR = os.path.dirname(__import__("pyspark").__file__)
+
+
+def _rows(df) -> Counter:
+    """A DataFrame's rows as a multiset (floats rounded: sums may add in another order)."""
+
+    def norm(v):
+        return round(v, 9) if isinstance(v, float) else v
+
+    return Counter(tuple(norm(v) for v in r) for r in df.collect())
+
+
+def _pd_rows(pdf: pd.DataFrame, cols) -> Counter:
+    return Counter(tuple(r) for r in pdf[list(cols)].itertuples(index=False, name=None))
+
+
+# ---- failure injection (tracked pandas stages) ---------------------------------------------
+
+
+def _flaky_ids(pdf: pd.DataFrame) -> pd.DataFrame:
+    """ids % 5 == 1 fail on their first attempt; ids % 23 == 0 on every attempt (poison)."""
+    bad = (pdf["id"] % 23 == 0) | ((pdf["id"] % 5 == 1) & (current_round() == 0))
+    if bad.any():
+        raise xorack.FailRecord("injected", rows=bad.to_numpy())
+    return pdf
+
+
+POISON = frozenset(i for i in range(200) if i % 23 == 0)
+
+
+def _events(spark, n: int = 200):
+    rows = [
+        (i, " ".join(f"w{(i * 7 + j) % 11}" for j in range(i % 5)), i % 7, float(i) / 4)
+        for i in range(n)
+    ]
+    return spark.createDataFrame(rows, "id long, line string, k int, x double").repartition(3)
+
+
+def _lookup(spark):
+    # duplicate keys (k = 1 twice), a key with no tracked match (k = 9), no row for k = 0
+    rows = [(1, "one"), (1, "uno"), (2, "two"), (3, "three"), (4, "four"), (5, "five"), (9, "x")]
+    return spark.createDataFrame(rows, "k int, label string")
+
+
+def _run_both(spark, tmp_path, build, exclude=POISON):
+    """Run ``build(p, src)`` with FT on (failures injected) and compare each sink with plain
+    Spark on the input minus the dead-lettered ids (the same ``build`` over a plain source)."""
+    p = Pipeline(spark)
+    src = p.source(_events(spark), name="events")
+    flaky = src.map_in_pandas(_flaky_ids, src.schema, name="flaky")
+    out = build(flaky)
+    sink = ParquetSink(str(tmp_path / "out"))
+    out.sink(sink, name="out")
+    report = p.run()
+    assert report.lost == 0
+    assert report.source_records == 200
+    assert report.dead_lettered == len(exclude)
+    assert report.completed == 200 - len(exclude)
+    assert report.timed_out == 0, "rows removed on purpose must be acked, never timed out"
+
+    plain = Pipeline(spark, ft=False)
+    kept = _events(spark).where(~F.col("id").isin(sorted(exclude)))
+    build(plain.source(kept, name="events")).sink(ParquetSink(str(tmp_path / "plain")), "out")
+    plain.run()
+    got, want = _rows(sink.read(spark)), _rows(spark.read.parquet(str(tmp_path / "plain")))
+    assert got == want
+    assert sum(want.values()) > 0
+    return report
+
+
+# ---- each operation, with failures before it ------------------------------------------------
+
+
+def test_filter_select_withcolumn_drop_rename(spark, tmp_path):
+    def build(t):
+        t = t.filter(F.col("k") != 3).where("x < 40")
+        t = t.withColumn("y", F.col("x") * 2).withColumns({"z": F.lit(1), "k2": F.col("k") + 1})
+        return t.select("id", "y", "k2", "line").drop("line").withColumnRenamed("k2", "kk")
+
+    _run_both(spark, tmp_path, build)
+
+
+@pytest.mark.parametrize(
+    "gen",
+    [
+        lambda t: t.select("id", F.explode(F.split("line", " ")).alias("word")),
+        lambda t: t.withColumn("word", F.explode_outer(F.split(F.col("line"), " "))),
+        lambda t: t.select(F.posexplode(F.split("line", " ")).alias("p", "w"), "id"),
+        lambda t: t.select(
+            "id",
+            F.inline(F.array(F.struct(F.col("k").alias("a")), F.struct(F.lit(0).alias("a")))),
+        ),
+        lambda t: t.select("id", F.explode(F.create_map(F.col("k"), F.col("x"))).alias("a", "b")),
+    ],
+    ids=["explode", "explode_outer", "posexplode", "inline", "explode_map"],
+)
+def test_generators(spark, tmp_path, gen):
+    # lines with no words make empty arrays after the filter below: acked, not timed out
+    def build(t):
+        words = gen(t.withColumn("line", F.when(F.col("id") % 3 == 0, None).otherwise("line")))
+        return words
+
+    _run_both(spark, tmp_path, build)
+
+
+@pytest.mark.parametrize("how", ["inner", "left", "left_semi", "left_anti"])
+def test_lookup_joins(spark, tmp_path, how):
+    lookup = _lookup(spark)
+
+    def build(t):
+        return t.select("id", "k").join(F.broadcast(lookup) if how == "inner" else lookup, "k", how)
+
+    _run_both(spark, tmp_path, build)
+
+
+def test_aggregate_after_failures_counts_every_record_once(spark, tmp_path):
+    def build(t):
+        words = t.select("id", "k", "x", F.explode(F.split("line", " ")).alias("word"))
+        return words.groupBy("k", "word").agg(
+            F.count("*").alias("n"),
+            F.count("x").alias("nx"),
+            F.sum("id").alias("s"),
+            F.min("x").alias("lo"),
+            F.max("id").alias("hi"),
+            F.avg("x").alias("mean"),
+            F.percentile_approx("id", 0.5).alias("median"),
+        )
+
+    report = _run_both(spark, tmp_path, build)
+    assert report.derived_records > 0
+
+
+def _fail_after(pdf: pd.DataFrame) -> pd.DataFrame:
+    """After an aggregation: the groups with k == 2 fail on their first attempt (FT on only:
+    the same stage runs in the plain reference pipeline)."""
+    bad = (pdf["k"] == 2) & (current_round() == 0) & ("_ft_src" in pdf.columns)
+    if bad.any():
+        raise xorack.FailRecord("after the aggregate", rows=bad.to_numpy())
+    return pdf
+
+
+def test_failures_after_an_aggregate_are_replayed(spark, tmp_path):
+    def build(t):
+        counts = t.groupBy("k").agg(F.count("*").alias("n"), F.sum("x").alias("sx"))
+        return counts.map_in_pandas(_fail_after, counts.schema, name="after")
+
+    report = _run_both(spark, tmp_path, build)
+    assert report.derived_records == 7
+    assert report.derived_dead_lettered == 0
+    assert report.replayed > 0
+
+
+def test_tracked_join_of_two_sources_then_aggregate(spark, tmp_path):
+    p = Pipeline(spark)
+    events = p.source(_events(spark), name="events").map_in_pandas(
+        _flaky_ids, _events(spark).schema, name="flaky"
+    )
+    kinds = spark.createDataFrame(
+        [(k, f"kind{k % 3}", k) for k in range(8)], "k int, kind string, id long"
+    )
+    other = p.source(kinds, name="kinds").map_in_pandas(_flaky_ids, kinds.schema, name="flaky2")
+    joined = events.select("id", "k", "x").join(other.withColumnRenamed("id", "kid"), "k", "inner")
+    out = joined.groupBy("kind").agg(F.sum("x").alias("sx"), F.count("*").alias("n"))
+    sink = ParquetSink(str(tmp_path / "out"))
+    out.sink(sink, name="out")
+    report = p.run()
+    assert report.lost == 0
+    assert report.source_records == 208
+    dead_kinds = {k for k in range(8) if k % 23 == 0}  # kid 0 is poison on the other side
+    assert report.dead_lettered == len(POISON) + len(dead_kinds)
+
+    ev = _events(spark).where(~F.col("id").isin(sorted(POISON))).select("id", "k", "x")
+    kd = kinds.where(~F.col("id").isin(sorted(dead_kinds))).withColumnRenamed("id", "kid")
+    want = ev.join(kd, "k").groupBy("kind").agg(F.sum("x").alias("sx"), F.count("*").alias("n"))
+    assert _rows(sink.read(spark)) == _rows(want)
+
+
+# ---- all-or-nothing, SQLite sink, guards ----------------------------------------------------
+
+
+def _poison_word(pdf: pd.DataFrame) -> pd.DataFrame:
+    bad = pdf["word"] == "w4"
+    if bad.any():
+        raise xorack.FailRecord("poison word", rows=bad.to_numpy())
+    return pdf
+
+
+def test_a_dead_lettered_record_leaves_nothing_in_any_sink(spark, tmp_path):
+    # the poisoned word is reached after a repartition: the line's other words were written
+    # by other tasks before it failed (attempt after attempt); they must all be retracted
+    p = Pipeline(spark, max_attempts=2)
+    src = p.source(_events(spark), name="lines")
+    words = src.select("id", F.explode(F.split("line", " ")).alias("word"))
+    words = words.where(F.col("word") != "").repartition(3, "word")
+    checked = words.map_in_pandas(_poison_word, "id long, word string", name="check")
+    sink = SQLiteSink(str(tmp_path / "words.db"), "words")
+    checked.sink(sink, name="words")
+    report = p.run()
+    poisoned = {i for i in range(200) if "w4" in {f"w{(i * 7 + j) % 11}" for j in range(i % 5)}}
+    assert report.dead_lettered == len(poisoned) > 0
+    assert report.lost == 0
+    got = sink.read()
+    assert not set(got["id"]) & poisoned
+    want = Counter(
+        (i, f"w{(i * 7 + j) % 11}") for i in range(200) if i not in poisoned for j in range(i % 5)
+    )
+    assert _pd_rows(got, ["id", "word"]) == want
+
+
+def _typo(pdf: pd.DataFrame) -> pd.DataFrame:
+    return pdf.assign(n=pdf.lines.str.len())  # 'lines': the column is 'line'
+
+
+def test_a_systematic_error_stops_the_run_by_the_second_attempt(spark, tmp_path):
+    p = Pipeline(spark)
+    src = p.source(_events(spark), name="lines")
+    src.map_in_pandas(_typo, "id long, n long", name="count_chars").sink(
+        SQLiteSink(str(tmp_path / "t.db"), "t")
+    )
+    with pytest.raises(RunawayFailure) as err:
+        p.run()
+    message = str(err.value)
+    assert "stage 'count_chars'" in message
+    assert "AttributeError" in message
+    assert "lines" in message
+    assert "200 of 200" in message
+
+
+def _avg_per_k(pdf: pd.DataFrame) -> pd.DataFrame:
+    return pdf.head(1).assign(x=pdf["x"].mean())
+
+
+def test_apply_in_pandas_over_several_records_is_rejected(spark, tmp_path):
+    p = Pipeline(spark)
+    src = p.source(_events(spark), name="lines")
+    src.apply_in_pandas(["k"], _avg_per_k, src.schema, name="avg").sink(
+        SQLiteSink(str(tmp_path / "t.db"), "t")
+    )
+    with pytest.raises(Exception, match="groupBy"):
+        p.run()
+
+
+def test_bad_native_declarations_fail_where_they_are_written(spark):
+    p = Pipeline(spark)
+    src = p.source(_events(spark), name="lines")
+    with pytest.raises(TrackedOperationError, match="filter"):
+        src.filter("no_such_column > 1")
+    with pytest.raises(TrackedOperationError, match="one generator"):
+        src.select(F.explode(F.split("line", " ")), F.explode(F.split("line", ",")))
+    with pytest.raises(TrackedOperationError, match="reserved"):
+        src.withColumn("_ft_mine", F.lit(1))
+    with pytest.raises(TrackedOperationError, match="how="):
+        src.join(_lookup(spark), "k", "full_outer")
+    with pytest.raises(TrackedOperationError, match="`on`"):
+        src.join(_lookup(spark), F.col("k") == F.col("k"))
+    with pytest.raises(TypeError, match="Columns"):
+        src.groupBy("k").agg({"x": "sum"})
+
+
+# ---- Spark's own example jobs and data ------------------------------------------------------
+
+
+def _example_lines(spark):
+    files = sorted(glob.glob(os.path.join(PYSPARK_DIR, "examples/src/main/python/*.py")))
+    assert files, "pyspark's bundled examples are missing"
+    return spark.read.text(files).repartition(4)
+
+
+def _flaky_lines(pdf: pd.DataFrame) -> pd.DataFrame:
+    """Spark's license header lines are poison; one line in 7 fails its first attempt."""
+    v = pdf["value"]
+    bad = v.str.contains("Licensed") | ((v.str.len() % 7 == 3) & (current_round() == 0))
+    if bad.any():
+        raise xorack.FailRecord("injected", rows=bad.to_numpy())
+    return pdf
+
+
+def _fail_s_words(pdf: pd.DataFrame) -> pd.DataFrame:
+    bad = pdf["word"].str.startswith("s") & (current_round() == 0)
+    if bad.any():
+        raise xorack.FailRecord("after the count", rows=bad.to_numpy())
+    return pdf
+
+
+def test_spark_example_wordcount(spark, tmp_path):
+    """``examples/src/main/python/wordcount.py`` over Spark's own example sources."""
+    lines = _example_lines(spark)
+    p = Pipeline(spark)
+    src = p.source(lines, name="lines").map_in_pandas(_flaky_lines, "value string", name="flaky")
+    words = src.select(F.explode(F.split("value", " ")).alias("word")).where(F.col("word") != "")
+    counts = words.groupBy("word").count()
+    out = counts.map_in_pandas(_fail_s_words, counts.schema, name="after")
+    sink = ParquetSink(str(tmp_path / "counts"))
+    out.sink(sink, name="counts")
+    report = p.run()
+    assert report.lost == 0
+    assert report.dead_lettered == lines.where(F.col("value").contains("Licensed")).count() > 0
+    plain = lines.where(~F.col("value").contains("Licensed"))
+    plain = plain.select(F.explode(F.split("value", " ")).alias("word")).where("word != ''")
+    assert _rows(sink.read(spark)) == _rows(plain.groupBy("word").count())
+
+
+def test_spark_example_word_sentiment_join(spark, tmp_path):
+    """``network_wordjoinsentiments.py``: word counts joined with AFINN-111, happiness =
+    sentiment x count, in batch."""
+    afinn_path = os.path.join(PYSPARK_DIR, "data/streaming/AFINN-111.txt")
+    afinn = spark.read.csv(afinn_path, sep="\t", schema="word string, sentiment int")
+    lines = _example_lines(spark)
+
+    def build(words):
+        counts = words.groupBy("word").count()
+        joined = counts.join(F.broadcast(afinn), "word", "inner")
+        return joined.withColumn("happiness", F.col("sentiment") * F.col("count"))
+
+    p = Pipeline(spark)
+    src = p.source(lines, name="lines").map_in_pandas(_flaky_lines, "value string", name="flaky")
+    words = src.select(F.explode(F.split(F.lower("value"), "[^a-z]+")).alias("word"))
+    out = build(words.where(F.col("word") != ""))
+    out = out.map_in_pandas(_fail_s_words, out.schema, name="after")
+    sink = ParquetSink(str(tmp_path / "happy"))
+    out.sink(sink, name="happy")
+    report = p.run()
+    assert report.lost == 0
+
+    plain = lines.where(~F.col("value").contains("Licensed"))
+    plain = plain.select(F.explode(F.split(F.lower("value"), "[^a-z]+")).alias("word"))
+    want = build(plain.where(F.col("word") != ""))
+    got = _rows(sink.read(spark))
+    assert got == _rows(want)
+    assert len(got) > 10
+
+
+def _parse_ratings(pdf: pd.DataFrame) -> pd.DataFrame:
+    parts = pdf["value"].str.split("::")
+    ok = parts.str.len() == 4
+    if not ok.all():
+        raise xorack.FailRecord("malformed line", rows=(~ok).to_numpy())
+    return pd.DataFrame(
+        {
+            "user": parts.str[0].astype("int64"),
+            "movie": parts.str[1].astype("int64"),
+            "rating": parts.str[2].astype("float64"),
+            "_ft_src": pdf["_ft_src"],
+            "_ft_rec": pdf["_ft_rec"],
+        }
+    )
+
+
+def test_spark_example_movielens_averages_with_malformed_lines(spark, tmp_path):
+    path = os.path.join(PYSPARK_DIR, "data/mllib/als/sample_movielens_ratings.txt")
+    good = spark.read.text(path)
+    bad = spark.createDataFrame([("garbage",), ("1::2",), ("x::y::z",)], "value string")
+    lines = good.unionByName(bad).repartition(3)
+    p = Pipeline(spark)
+    ratings = p.source(lines, name="ratings").map_in_pandas(
+        _parse_ratings, "user long, movie long, rating double", name="parse"
+    )
+    avg = ratings.groupBy("movie").agg(F.avg("rating").alias("avg"), F.count("*").alias("n"))
+    sink = ParquetSink(str(tmp_path / "avg"))
+    avg.sink(sink, name="avg")
+    report = p.run()
+    assert report.lost == 0
+    assert report.dead_lettered == 3
+    parts = F.split("value", "::")
+    plain = good.select(
+        parts[1].cast("long").alias("movie"), parts[2].cast("double").alias("rating")
+    )
+    want = plain.groupBy("movie").agg(F.avg("rating").alias("avg"), F.count("*").alias("n"))
+    got = _rows(sink.read(spark))
+    assert got == _rows(want)
+    assert len(got) == 100
