@@ -22,7 +22,8 @@
 // Hot column loops are compiled twice, for AVX2 and for the baseline, and picked at load time.
 // Why: the Murmur3 round is 32-bit multiplies, 8 lanes per instruction with AVX2 but emulated
 // with SSE2 (the portable baseline): int64 keys went from 0.26 to 1.9 G keys/s standalone.
-#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__) && \
+// target_clones needs an ifunc resolver, which glibc provides (musl does not): guard on glibc.
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__GLIBC__) && \
     !defined(XORACK_NO_MULTIVERSION)
 #define XORACK_MULTIVERSION __attribute__((target_clones("avx2", "default")))
 #else

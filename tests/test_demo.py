@@ -57,8 +57,10 @@ def test_demo_reference_excludes_exactly_the_poisoned_sentences():
 
 
 def test_demo_rejects_bad_options(capsys):
-    assert demo.main(["--fail-rate", "2"]) == 2
-    assert "--fail-rate must be in [0, 1]" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        demo.main(["--fail-rate", "2"])
+    assert info.value.code == 2
+    assert "argument --fail-rate: must be in [0, 1], got 2" in capsys.readouterr().err
 
 
 def test_demo_split_names_the_failing_rows():

@@ -23,6 +23,8 @@ MODULES = [
     "xorack._checks",
     "xorack.spark.stages",
     "xorack.spark.arrow_stage",
+    "xorack._kernel_api",
+    "xorack.spark.sink_types",
 ]
 
 

@@ -677,10 +677,14 @@ def test_cli_serve_on_a_busy_port_or_bad_storage_is_a_clear_error(capsys, tmp_pa
         assert cli.main(["serve", "--port", str(port), "--rotate-interval", "0"]) == 1
     assert f"cannot listen on grpc://127.0.0.1:{port}" in capsys.readouterr().err
     bad = f"sqlite:///{tmp_path / 'no' / 'such' / 'dir' / 'ft.db'}"
-    assert cli.main(["serve", "--port", "0", "--storage", bad]) == 1
-    assert "cannot open the FT layer" in capsys.readouterr().err
-    assert cli.main(["serve", "--port", "0", "--storage", "postgres://x"]) == 1
-    assert "cannot open the FT layer" in capsys.readouterr().err
+    for storage, message in [(bad, "does not exist"), ("postgres://x", "unknown storage spec")]:
+        with pytest.raises(SystemExit) as info:
+            cli.main(["serve", "--port", "0", "--storage", storage])
+        assert info.value.code == 2  # an option error, before the service starts
+        err = capsys.readouterr().err
+        assert err.startswith("xorack serve: error: argument --storage:")
+        assert message in err
+        assert err.count("\n") == 1
 
 
 def test_cli_help_documents_every_serve_option(capsys, monkeypatch):
@@ -716,7 +720,7 @@ def test_cli_help_documents_every_serve_option(capsys, monkeypatch):
     [
         (["serve", "--colour", "red"], "unrecognized arguments: --colour"),
         (["serve", "--port", "99999"], "port must be in [0, 65535]"),
-        (["serve", "--num-buckets", "0"], "must be > 0"),
+        (["serve", "--num-buckets", "0"], "argument --num-buckets: must be >= 1"),
         (["serve", "--replay-partitioner", "0=zigzag:3"], "unknown replay partitioner spec"),
         (["serve", "--replay-partitioner", "hash:3"], "expected SOURCE=SPEC"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),

@@ -3,6 +3,9 @@ listing, dead letters), plus SQLite's own behaviour (durability, blob lifetime, 
 
 from __future__ import annotations
 
+import os
+import re
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -10,7 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xorack import StorageError
-from xorack.storage import MemoryStorage, RecordMeta, SQLiteStorage, Storage, open_storage
+from xorack.storage import (
+    MemoryStorage,
+    RecordMeta,
+    SQLiteStorage,
+    Storage,
+    open_storage,
+    storage_path,
+)
 
 
 def u64(*xs: int) -> np.ndarray:
@@ -234,6 +244,68 @@ def test_open_storage_specs(tmp_path):
 def test_open_storage_rejects_unknown_specs(spec):
     with pytest.raises(ValueError, match="storage spec"):
         open_storage(spec)
+
+
+@pytest.mark.parametrize(
+    ("spec", "path"),
+    [
+        ("sqlite:///ft.db", "ft.db"),  # SQLAlchemy: three slashes, a relative path
+        ("sqlite:///data/ft.db", "data/ft.db"),
+        ("sqlite:////var/lib/ft.db", "/var/lib/ft.db"),  # four slashes, an absolute path
+        ("/var/lib/ft.db", "/var/lib/ft.db"),  # plain paths
+        ("./acker", "./acker"),
+        ("ft.sqlite3", "ft.sqlite3"),
+        ("memory", None),
+    ],
+)
+def test_storage_path_follows_sqlalchemy_and_accepts_plain_paths(spec, path):
+    assert storage_path(spec) == path
+
+
+@pytest.mark.parametrize("spec", ["sqlite:///data/", "memroy", "/tmp/dir/", "file:ft.db"])
+def test_storage_path_rejects_what_is_not_a_file(spec):
+    with pytest.raises(ValueError, match=re.escape("sqlite:////absolute/ft.db")):
+        storage_path(spec)
+
+
+def test_open_storage_plain_and_url_paths_reach_the_same_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d").mkdir()
+    for spec in (
+        "sqlite:///d/ft.db",
+        f"sqlite:///{tmp_path}/d/ft.db",
+        "d/ft.db",
+        tmp_path / "d/ft.db",
+    ):
+        with open_storage(spec) as s:
+            assert os.path.samefile(s.path, tmp_path / "d" / "ft.db")
+
+
+def test_relative_url_meant_as_absolute_gets_a_hint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no ./tmp here, but /tmp exists
+    with pytest.raises(StorageError, match=r"write 'sqlite:////tmp/x/ft.db' \(four slashes\)"):
+        open_storage("sqlite:///tmp/x/ft.db")
+
+
+@pytest.mark.parametrize("what", ["a directory", "not a database"])
+def test_a_failed_open_leaves_no_lock_file(tmp_path, what):
+    path = tmp_path / "ft.db"
+    if what == "a directory":
+        path.mkdir()
+    else:
+        path.write_bytes(b"this is not SQLite " * 100)
+    with pytest.raises(StorageError, match="cannot open SQLite storage"):
+        open_storage(str(path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ft.db"]
+
+
+def test_a_failed_open_keeps_a_lock_file_it_did_not_create(tmp_path):
+    path = tmp_path / "ft.db"
+    path.write_bytes(b"this is not SQLite " * 100)
+    (tmp_path / "ft.db.lock").touch()
+    with pytest.raises(StorageError):
+        open_storage(str(path))
+    assert (tmp_path / "ft.db.lock").exists()
 
 
 def test_open_storage_rejects_non_strings():

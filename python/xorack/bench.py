@@ -1294,23 +1294,91 @@ def _parse_sizes(text: str) -> list[int]:
     return sizes
 
 
+ALL_PARTS = (1, 2, 3, 4, 5)
+
+
+def _parse_parts(text: str) -> tuple[int, ...]:
+    try:
+        parts = {int(x) for x in text.split(",") if x.strip()}
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected part numbers like 1,2,3 (from {ALL_PARTS}), got {text!r}"
+        ) from None
+    unknown = sorted(parts - set(ALL_PARTS))
+    if not parts or unknown:
+        raise argparse.ArgumentTypeError(
+            f"the parts are {', '.join(map(str, ALL_PARTS))}; got {text!r}"
+            + (f" (no part {', '.join(map(str, unknown))})" if unknown else "")
+        )
+    return tuple(sorted(parts))
+
+
+def _check_out_dir(parser: argparse.ArgumentParser, out: Path) -> None:
+    """--out must be a directory: created now (the report goes there at the end), so that a
+    path that cannot hold it fails before anything runs."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".xorack-bench-write-test"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        parser.error(f"argument --out: cannot write the report into {str(out)!r}: {exc}")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``xorack bench`` command line."""
-    p = argparse.ArgumentParser(
+    """The ``xorack bench`` command line: every option is checked here, before anything runs.
+
+    >>> build_parser().parse_args(["--parts", "3,1"]).parts
+    (1, 3)
+    """
+    from .cli import CommandParser, non_negative_int, positive_int
+
+    p = CommandParser(
         prog="xorack bench",
-        description="Compare xorack with the alternatives; writes DIR/report.md and report.png.",
+        description="Compare xorack with the alternatives; writes DIR/report.md and report.png. "
+        "Parts: 1 completion tracking, 2 memory per pending record, 3 partition assignment, "
+        "4 the demo with FT on and off, 5 recovery under failures. Unset sizes take the "
+        "defaults of the full report (or of --quick).",
     )
     p.add_argument("--quick", action="store_true", help="tiny sizes, < 2 min")
-    p.add_argument("--out", type=Path, default=Path("bench-report"), help="output directory")
-    p.add_argument("--sizes", type=_parse_sizes, help="source records for part 1 (e.g. 1e6,1e7)")
-    p.add_argument("--repeat", type=int, help="runs per figure (median + spread)")
     p.add_argument(
-        "--parts", default="1,2,3,4,5", help="which parts to run, e.g. 1,2,3 (default all)"
+        "--out",
+        type=Path,
+        default=Path("bench-report"),
+        help="output directory (default: bench-report)",
     )
-    p.add_argument("--demo-sizes", type=_parse_sizes, help="demo records for part 4")
-    p.add_argument("--recovery-records", type=int, help="demo records for part 5")
-    p.add_argument("--spark-max", type=int, help="largest part-1 size given to Spark")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--sizes",
+        type=_parse_sizes,
+        help="source records for part 1 (default 1e6,1e7; --quick 65536)",
+    )
+    p.add_argument(
+        "--repeat", type=positive_int, help="runs per figure, median + spread (default 3)"
+    )
+    p.add_argument(
+        "--parts",
+        type=_parse_parts,
+        default=ALL_PARTS,
+        help="which parts to run, e.g. 1,2,3 (default: all, 1-5)",
+    )
+    p.add_argument(
+        "--demo-sizes",
+        type=_parse_sizes,
+        help="demo records for part 4 (default 20000,100000; --quick 2000,10000)",
+    )
+    p.add_argument(
+        "--recovery-records",
+        type=positive_int,
+        help="demo records for part 5 (default: the largest demo size, at most 100000)",
+    )
+    p.add_argument(
+        "--spark-max",
+        type=non_negative_int,
+        help="largest part-1 size given to Spark, 0 = leave Spark out (default 1000000)",
+    )
+    p.add_argument(
+        "--seed", type=non_negative_int, default=0, help="seed of the workload (default 0)"
+    )
     return p
 
 
@@ -1325,11 +1393,11 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         cfg.demo_sizes = args.demo_sizes
     if args.recovery_records:
         cfg.recovery_records = args.recovery_records
-    if args.spark_max:
+    if args.spark_max is not None:
         cfg.spark_max = args.spark_max
     if not args.quick and args.recovery_records is None and cfg.demo_sizes:
         cfg.recovery_records = min(cfg.demo_sizes[-1], cfg.recovery_records)
-    cfg.parts = tuple(sorted({int(x) for x in args.parts.split(",") if x.strip()}))
+    cfg.parts = tuple(args.parts)
     cfg.seed = args.seed
     return cfg
 
@@ -1405,7 +1473,9 @@ def write_report(report: Report, out: Path) -> tuple[Path, Path | None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``xorack bench``: run the comparison, print the table, write DIR/report.md and .png."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_out_dir(parser, args.out)
     cfg = config_from_args(args)
     argv_text = " ".join(sys.argv[1:] if argv is None else argv)
     report = run(cfg, argv_text)

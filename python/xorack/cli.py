@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from . import __version__
 
@@ -27,9 +27,32 @@ _DELEGATED = {
 }
 
 
+class CommandParser(argparse.ArgumentParser):
+    """The argument parser of every ``xorack`` command: a bad option is one line on stderr that
+    names it, and exit status 2, before anything starts (no usage block, no traceback).
+
+    >>> p = CommandParser(prog="xorack demo")
+    >>> _ = p.add_argument("--records", type=positive_int, default=1)
+    >>> import contextlib, io
+    >>> err = io.StringIO()
+    >>> with contextlib.redirect_stderr(err):
+    ...     try:
+    ...         p.parse_args(["--records", "0"])
+    ...     except SystemExit as exc:
+    ...         print(exc.code)
+    2
+    >>> print(err.getvalue(), end="")
+    xorack demo: error: argument --records: must be >= 1, got 0 (see 'xorack demo --help')
+    """
+
+    def error(self, message: str) -> NoReturn:
+        one_line = " ".join(message.split())
+        self.exit(2, f"{self.prog}: error: {one_line} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``xorack`` command."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="xorack",
         description="Record-level fault tolerance for PySpark with an XOR acker.",
         epilog="Run 'xorack <command> --help' for the options of a command.",
@@ -51,8 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    serve.set_defaults(command_parser=serve)  # errors found after parsing say "xorack serve"
     serve.add_argument(
         "--host",
+        type=_host,
         default="127.0.0.1",
         help="address to listen on; a non-loopback address requires --token and "
         "--tls-cert/--tls-key",
@@ -62,26 +87,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--storage",
+        type=storage_spec,
         default="memory",
-        help="where records are persisted: 'memory' (lost with the process) or "
-        "'sqlite:///path/to/acker.db' (durable: unfinished records are replayed after a restart)",
+        help="where records are persisted: 'memory' (lost with the process) or a SQLite file "
+        f"(durable: unfinished records are replayed after a restart), {STORAGE_FORMS}",
     )
     serve.add_argument(
         "--num-buckets",
-        type=_positive_int,
+        type=positive_int,
         default=3,
         help="timeout buckets: a record times out between (N-1)/N*T and T after its last "
         "persist/touch, T = N * rotate interval",
     )
     serve.add_argument(
         "--max-attempts",
-        type=_positive_int,
+        type=positive_int,
         default=5,
         help="attempts per source record before it goes to the dead-letter table",
     )
     serve.add_argument(
         "--default-partitions",
-        type=_positive_int,
+        type=positive_int,
         default=200,
         help="partitions of the default replay partitioner (hash of the stored key hash); "
         "match the job's spark.sql.shuffle.partitions / repartition count",
@@ -98,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--rotate-interval",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=10.0,
         help="seconds between timeout rotations (0 = never rotate on a timer; clients call rotate)",
     )
@@ -177,6 +203,27 @@ def _partitioner_arg(text: str) -> tuple[int, str]:
     return index, spec
 
 
+# ---- option types shared by the commands (an ArgumentTypeError names the option) ------------
+
+#: How a storage option is written, for help texts.
+STORAGE_FORMS = (
+    "'sqlite:///relative/path.db' or 'sqlite:////absolute/path.db' (SQLAlchemy's rule: a "
+    "fourth slash makes the path absolute) or a plain file path such as /var/lib/ft.db"
+)
+
+
+def _host(text: str) -> str:
+    import socket
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the host is empty (e.g. 127.0.0.1 or 0.0.0.0)")
+    try:
+        socket.getaddrinfo(text, None)
+    except (OSError, UnicodeError) as exc:
+        raise argparse.ArgumentTypeError(f"cannot resolve host {text!r}: {exc}") from None
+    return text
+
+
 def _port(text: str) -> int:
     value = _int(text)
     if not 0 <= value <= 65535:
@@ -184,10 +231,19 @@ def _port(text: str) -> int:
     return value
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
     value = _int(text)
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0."""
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
@@ -198,14 +254,51 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
 
 
-def _non_negative_float(text: str) -> float:
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0."""
+    value = _float(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
+
+
+def rate(text: str) -> float:
+    """A share in [0, 1]."""
+    value = _float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
+
+
+def _float(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
+
+
+def storage_spec(text: str) -> str:
+    """A storage spec that :func:`xorack.storage.open_storage` understands (not opened here)."""
+    from .storage import storage_path
+
+    try:
+        storage_path(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def check_storage_opens(parser: argparse.ArgumentParser, option: str, spec: str) -> None:
+    """Open and close the storage ``spec`` once, so that a file that cannot be used (a missing
+    directory, not a database, locked by another FT layer) is an option error before a job
+    starts. Creates the SQLite file, as the job would."""
+    from .errors import XorackError
+    from .storage import open_storage
+
+    try:
+        open_storage(spec).close()
+    except (XorackError, OSError, ValueError) as exc:
+        parser.error(f"argument {option}: {exc}")
 
 
 def job_storage(spec: str, job: str) -> str:
@@ -248,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _delegate(argv[0], argv[1:], parser)
     args = parser.parse_args(argv)
     if args.command == "serve":
-        return serve(args, parser)
+        return serve(args, args.command_parser)
     parser.error(f"unknown command {args.command!r}")  # unreachable: argparse checks choices
     return 2
 
@@ -295,6 +388,8 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser | None = Non
         if parser is not None:
             parser.error(msg)
         raise ServiceError(msg)
+    if parser is not None:
+        check_storage_opens(parser, "--storage", args.storage)
     try:
         job_tokens = _job_tokens(
             getattr(args, "job_token", None) or os.environ.get("XORACK_JOB_TOKENS", "")

@@ -416,37 +416,77 @@ def format_report(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: --seed is mixed into 64-bit draws as seed << 8: keep it in range.
+MAX_SEED = (1 << 55) - 1
+
+
+def _seed(text: str) -> int:
+    from .cli import non_negative_int
+
+    value = non_negative_int(text)
+    if value > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be <= {MAX_SEED}, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The ``xorack demo`` command line: every option is checked here, before Spark starts.
+
+    >>> build_parser().parse_args(["--records", "10"]).records
+    10
+    """
+    from .cli import STORAGE_FORMS, CommandParser, positive_int, rate, storage_spec
+
     d = DemoConfig()
-    ap = argparse.ArgumentParser(
+    ap = CommandParser(
         prog="xorack demo",
         description="Word count over generated sentences on local Spark, with failures injected; "
-        "every source record is tracked by the XOR acker and accounted for.",
+        "every source record is tracked by the XOR acker and accounted for. Exit status: 0 when "
+        "no record is lost and the word counts match the reference, 1 otherwise, 2 for a bad "
+        "option.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    ap.add_argument("--records", type=int, default=d.records, help="source sentences")
-    ap.add_argument("--partitions", type=int, default=d.partitions, help="Spark partitions")
+    ap.add_argument("--records", type=positive_int, default=d.records, help="source sentences")
+    ap.add_argument(
+        "--partitions", type=positive_int, default=d.partitions, help="Spark partitions"
+    )
     ap.add_argument(
         "--fail-rate",
-        type=float,
+        type=rate,
         default=d.fail_rate,
         help="share of sentences that raise on their first attempt",
     )
     ap.add_argument(
         "--poison-rate",
-        type=float,
+        type=rate,
         default=d.poison_rate,
         help="share of sentences that raise on every attempt (dead letters)",
     )
     ap.add_argument(
         "--drop-rate",
-        type=float,
+        type=rate,
         default=d.drop_rate,
         help="share of sentences losing words in transit on the first attempt (timeouts)",
     )
-    ap.add_argument("--storage", default=d.storage, help='"memory" or "sqlite:///path/ft.db"')
-    ap.add_argument("--max-attempts", type=int, default=d.max_attempts)
+    ap.add_argument(
+        "--storage",
+        type=storage_spec,
+        default=d.storage,
+        help=f"where the FT layer keeps source records: 'memory' or a SQLite file, {STORAGE_FORMS}",
+    )
+    ap.add_argument(
+        "--max-attempts",
+        type=positive_int,
+        default=d.max_attempts,
+        help="attempts per sentence before it is dead-lettered",
+    )
     ap.add_argument("--ft", choices=("on", "off"), default="on", help="fault tolerance on/off")
-    ap.add_argument("--seed", type=int, default=d.seed)
+    ap.add_argument(
+        "--seed",
+        type=_seed,
+        default=d.seed,
+        help="seed of the generated sentences and of the injected failures",
+    )
     ap.add_argument(
         "--plain-failures",
         action="store_true",
@@ -465,21 +505,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``xorack demo``; returns the exit code (0 = lost 0 and results match)."""
-    args = build_parser().parse_args(argv)
-    for name in ("fail_rate", "poison_rate", "drop_rate"):
-        v = getattr(args, name)
-        if not 0.0 <= v <= 1.0:
-            print(
-                f"xorack demo: --{name.replace('_', '-')} must be in [0, 1], got {v}",
-                file=sys.stderr,
-            )
-            return 2
-    if args.records < 1 or args.partitions < 1 or args.max_attempts < 1:
-        print(
-            "xorack demo: --records, --partitions and --max-attempts must be >= 1", file=sys.stderr
-        )
-        return 2
+    """Entry point of ``xorack demo``; returns the exit code (0 = lost 0 and results match).
+    A bad option exits with status 2 and one line on stderr, before Spark starts."""
+    from .cli import check_storage_opens
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.storage != "memory" and args.ft == "on":
+        check_storage_opens(parser, "--storage", args.storage)
     ft = args.ft == "on"
     rates = (args.fail_rate, args.poison_rate, args.drop_rate)
     if not ft and any(rates):

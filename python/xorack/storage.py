@@ -36,6 +36,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import sqlite3
 import tempfile
 import threading
@@ -64,6 +65,7 @@ __all__ = [
     "SQLiteStorage",
     "Storage",
     "open_storage",
+    "storage_path",
 ]
 
 log = logging.getLogger(__name__)
@@ -894,6 +896,8 @@ class SQLiteStorage(Storage):
         self._db: sqlite3.Connection | None = None
         self._removed_since_gc = 0
         self._batch_rows: dict[int, int] = {}  # rows of each stored batch, once known
+        lock_file = self.path + ".lock"
+        lock_existed = os.path.lexists(lock_file)
         self._owner = _own_file(self.path, busy_timeout)
         try:
             self._db = sqlite3.connect(
@@ -924,6 +928,9 @@ class SQLiteStorage(Storage):
         except BaseException as exc:
             if self._db is not None:
                 self._db.close()
+            if self._owner is not None and not lock_existed:  # a failed open leaves no lock file
+                with contextlib.suppress(OSError):
+                    os.unlink(lock_file)
             owner, self._owner = self._owner, None
             _release_file(owner)
             if isinstance(exc, StorageError) or not isinstance(exc, Exception):
@@ -1410,26 +1417,84 @@ class _Abort(Exception):
     """Rolls a transaction back without it being a storage failure."""
 
 
-def open_storage(spec: str | Storage) -> Storage:
-    """A storage from its spec: ``"memory"`` or ``"sqlite:///path/to/ft.db"`` (a Storage object
-    is returned as is).
+def open_storage(spec: str | os.PathLike[str] | Storage) -> Storage:
+    """A storage from its spec (a Storage object is returned as is):
+
+    * ``"memory"``: :class:`MemoryStorage`;
+    * a SQLite URL, SQLAlchemy's rule: what follows ``sqlite:///`` is the path, so
+      ``"sqlite:///ft.db"`` is ``ft.db`` relative to the working directory and
+      ``"sqlite:////var/lib/ft.db"`` (four slashes) is absolute;
+    * a plain file path (``"/var/lib/ft.db"``, ``"./ft.db"``, ``"ft.sqlite"``, a ``Path``): a
+      path with a directory separator or ending in ``.db``, ``.sqlite`` or ``.sqlite3``.
 
     >>> type(open_storage("memory")).__name__
     'MemoryStorage'
+    >>> storage_path("sqlite:///data/ft.db"), storage_path("sqlite:////var/lib/ft.db")
+    ('data/ft.db', '/var/lib/ft.db')
     """
     if isinstance(spec, Storage):
         return spec
+    path = storage_path(spec)
+    if path is None:
+        return MemoryStorage()
+    try:
+        directory = os.path.dirname(path) or "."
+        if not os.path.isdir(directory):
+            raise StorageError(
+                f"cannot open SQLite storage {path!r}: the directory {directory!r} does not exist"
+            )
+        return SQLiteStorage(path)
+    except StorageError as exc:
+        hint = _absolute_hint(spec, path)
+        if hint:
+            raise StorageError(f"{exc}; {hint}") from exc
+        raise
+
+
+_SQLITE_URL = "sqlite:///"
+_SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+_SPEC_FORMS = (
+    "expected 'memory', 'sqlite:///relative/ft.db', 'sqlite:////absolute/ft.db' or a file path "
+    "such as /absolute/ft.db or ./ft.db"
+)
+
+
+def storage_path(spec: str | os.PathLike[str]) -> str | None:
+    """The SQLite file named by a storage spec (see :func:`open_storage`), or None for
+    ``"memory"``; a ValueError says what a spec may look like. Nothing is opened.
+
+    >>> storage_path("memory") is None, storage_path("sqlite:///ft.db"), storage_path("/tmp/ft.db")
+    (True, 'ft.db', '/tmp/ft.db')
+    """
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
     if not isinstance(spec, str):
         raise TypeError(f"storage must be a spec string or a Storage, got {type(spec).__name__}")
     if spec == "memory":
-        return MemoryStorage()
-    if spec.startswith("sqlite:///"):
-        # SQLAlchemy's rule: what follows "sqlite:///" is the path, so "sqlite:///ft.db" is
-        # relative and "sqlite:////tmp/ft.db" (or f"sqlite:///{abs_path}") is absolute.
-        path = spec[len("sqlite:///") :]
-        if not path:
-            raise ValueError(f"storage spec {spec!r} has no path: use 'sqlite:///path/to/ft.db'")
-        return SQLiteStorage(path)
-    raise ValueError(
-        f"unknown storage spec {spec!r}: expected 'memory' or 'sqlite:///path/to/ft.db'"
+        return None
+    if spec.startswith(_SQLITE_URL):
+        path = spec[len(_SQLITE_URL) :]
+        if not path or path.endswith("/"):
+            raise ValueError(f"storage spec {spec!r} names no file: {_SPEC_FORMS}")
+        return path
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:", spec):  # another scheme (redis://, file:, ...)
+        raise ValueError(f"unknown storage spec {spec!r}: {_SPEC_FORMS}")
+    if (
+        spec
+        and not spec.endswith(("/", os.sep))
+        and (os.sep in spec or "/" in spec or spec.lower().endswith(_SQLITE_SUFFIXES))
+    ):
+        return spec
+    raise ValueError(f"unknown storage spec {spec!r}: {_SPEC_FORMS}")
+
+
+def _absolute_hint(spec: object, path: str) -> str:
+    """A hint for the classic slip: ``sqlite:///tmp/x.db`` meant as absolute (it is relative)."""
+    if not (isinstance(spec, str) and spec.startswith(_SQLITE_URL)) or os.path.isabs(path):
+        return ""
+    if os.path.isdir(os.path.dirname(path) or "."):
+        return ""
+    return (
+        f"{spec!r} is the path {path!r} relative to {os.getcwd()!r}; for the absolute path "
+        f"/{path} write 'sqlite:////{path}' (four slashes)"
     )

@@ -29,8 +29,11 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 import pandas as pd
 
+from . import sink_types
+
 REC_COLUMN = "_rec"
 SRC_COLUMN = "_ft_src"  # the source attempt that wrote the row (retract() removes failed ones)
+KINDS_TABLE = "_xorack_columns"  # (table, column, kind): how each sink column is stored
 
 
 class SinkWriter(Protocol):
@@ -67,11 +70,18 @@ class SQLiteSink:
 
     Without record ids (FT OFF) rows are appended with fresh rowids. WAL mode and a generous
     busy timeout let concurrent executor tasks write to one file.
+
+    Column types (timestamps, dates, decimals, booleans, binary, arrays/maps/structs) are stored
+    so that :meth:`read` gives back the pandas types Spark hands a stage (see
+    :mod:`xorack.spark.sink_types`). ``schema`` (a payload ``StructType``, also accepted by
+    :meth:`create`) declares them up front and rejects unsupported types at once; without it
+    each column's kind is taken from the first batch written.
     """
 
     path: str
     table: str = "sink"
     timeout: float = 120.0
+    schema: Any = None
 
     def _connect(self) -> sqlite3.Connection:
         con = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
@@ -80,11 +90,18 @@ class SQLiteSink:
         con.execute("PRAGMA cache_size=-65536")  # 64 MiB: keyed upserts touch random pages
         return con
 
-    def create(self, columns: list[str]) -> None:
+    def create(self, columns: list[str], schema: Any = None) -> None:
         """Create the table (if absent) with the record-id key, the attempt id and the payload
-        columns."""
-        cols = ", ".join(_quote(c) for c in columns)
-        with self._connect() as con:
+        columns. ``schema`` (a payload ``StructType``, default the sink's own) fixes the column
+        types; an unsupported type raises
+        :class:`~xorack.spark.sink_types.UnsupportedSinkType`."""
+        schema = schema if schema is not None else self.schema
+        kinds = sink_types.check_sink_schema(schema) if schema is not None else {}
+        cols = ", ".join(
+            _quote(c) + (f" {sink_types.sql_type(kinds[c])}" if c in kinds else "") for c in columns
+        )
+        con = self._connect()
+        try:
             con.execute(
                 f"CREATE TABLE IF NOT EXISTS {_quote(self.table)} "
                 f"({REC_COLUMN} INTEGER PRIMARY KEY, {cols}, {SRC_COLUMN} INTEGER)"
@@ -92,7 +109,9 @@ class SQLiteSink:
             have = {r[1] for r in con.execute(f"PRAGMA table_info({_quote(self.table)})")}
             if SRC_COLUMN not in have:  # a table of an earlier xorack: add the attempt column
                 con.execute(f"ALTER TABLE {_quote(self.table)} ADD COLUMN {SRC_COLUMN} INTEGER")
-        con.close()
+            _record_kinds(con, self.table, {c: k for c, k in kinds.items() if c in columns})
+        finally:
+            con.close()
 
     def retract(self, src_ids: np.ndarray) -> int:
         """Delete the rows written by these source attempts (attempts that ended without
@@ -133,9 +152,11 @@ class SQLiteSink:
         con = self._connect()
         try:
             df = pd.read_sql_query(f"SELECT * FROM {_quote(self.table)} ORDER BY rowid", con)
+            kinds = _load_kinds(con, self.table)
         finally:
             con.close()
-        return df.drop(columns=[c for c in (REC_COLUMN, SRC_COLUMN) if c in df.columns])
+        payload = df.drop(columns=[c for c in (REC_COLUMN, SRC_COLUMN) if c in df.columns])
+        return sink_types.decode_frame(payload, kinds)
 
     def count(self) -> int:
         con = self._connect()
@@ -145,10 +166,45 @@ class SQLiteSink:
             con.close()
 
 
+def _record_kinds(con: sqlite3.Connection, table: str, kinds: dict[str, str]) -> None:
+    """Remember how each column is stored (the first kind recorded for a column stays)."""
+    con.execute(
+        f"CREATE TABLE IF NOT EXISTS {KINDS_TABLE} "
+        "(tbl TEXT, col TEXT, kind TEXT, PRIMARY KEY (tbl, col))"
+    )
+    if kinds:
+        con.executemany(
+            f"INSERT OR IGNORE INTO {KINDS_TABLE} VALUES (?, ?, ?)",
+            [(table, c, k) for c, k in kinds.items()],
+        )
+
+
+def _load_kinds(con: sqlite3.Connection, table: str) -> dict[str, str]:
+    try:
+        rows = con.execute(f"SELECT col, kind FROM {KINDS_TABLE} WHERE tbl = ?", (table,))
+        return dict(rows.fetchall())
+    except sqlite3.OperationalError:  # a file written before kinds were recorded
+        return {}
+
+
 class _SQLiteWriter:
     def __init__(self, sink: SQLiteSink) -> None:
         self._sink = sink
         self._con: sqlite3.Connection | None = None
+        self._kinds: dict[str, str] = {}
+
+    def _kinds_of(self, rows: pd.DataFrame) -> dict[str, str]:
+        """The kind of every column of ``rows``: recorded ones first, new ones inferred from
+        this batch and recorded."""
+        assert self._con is not None
+        missing = [c for c in rows.columns if c not in self._kinds]
+        if missing:
+            self._kinds = _load_kinds(self._con, self._sink.table)
+            new = {c: sink_types.infer_kind(rows[c]) for c in missing if c not in self._kinds}
+            if new:
+                _record_kinds(self._con, self._sink.table, new)
+                self._kinds = _load_kinds(self._con, self._sink.table)
+        return self._kinds
 
     def write(
         self, rows: pd.DataFrame, rec: np.ndarray | None, src: np.ndarray | None = None
@@ -157,6 +213,7 @@ class _SQLiteWriter:
             return 0
         if self._con is None:
             self._con = self._sink._connect()
+        kinds = self._kinds_of(rows)  # of the payload columns
         if src is not None:
             rows = rows.assign(
                 **{SRC_COLUMN: np.ascontiguousarray(src, dtype=np.uint64).view(np.int64)}
@@ -173,7 +230,10 @@ class _SQLiteWriter:
             order = np.argsort(signed, kind="stable")
             keys = signed[order].tolist()
             rows = rows.iloc[order]
-        values = [rows[c].tolist() for c in rows.columns]
+        values = [
+            rows[c].tolist() if c == SRC_COLUMN else sink_types.encode_column(rows[c], kinds[c])
+            for c in rows.columns
+        ]
         con = self._con
         con.execute("BEGIN IMMEDIATE")
         try:
