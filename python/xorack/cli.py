@@ -130,21 +130,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--max-request-mb",
-        type=_positive_int,
+        type=positive_int,
         default=256,
         help="largest request (the Arrow data of one persist/xor/fail call) in MiB; a bigger "
         "one is refused before it is read (keep it well below the acker's memory)",
     )
     serve.add_argument(
         "--max-request-rows",
-        type=_positive_int,
+        type=positive_int,
         default=1 << 20,
         help="most rows of one request: each pending record costs the acker ~150-250 bytes "
         "however small its payload",
     )
     serve.add_argument(
         "--max-jobs",
-        type=_positive_int,
+        type=positive_int,
         default=256,
         help="jobs served at once: each job (one pipeline run, AckerClient.get(..., job=NAME)) "
         "gets its own FT layer on its first call, with its own records, replays, dead letters "
@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--job-idle-seconds",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=3600.0,
         help="when --max-jobs are served and a new job comes, the jobs with nothing pending "
         "and no call for this long are closed to make room",

@@ -370,6 +370,7 @@ class RequestLog:
             if owner:
                 entry = self._running[req_id] = _Entry(op)
             else:
+                assert entry is not None
                 self._same_op(req_id, entry.op, op)
                 if self._waiters >= self.max_waiters:
                     raise flight.FlightUnavailableError(
@@ -654,7 +655,7 @@ class AckerService(flight.FlightServerBase):
             )
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an int in [0, 65535], got {port!r}")
-        middleware = {"xorack": _CallFactory(token, tokens)}
+        middleware = {"xorack": _CallFactory(token, {j: t for j, t in tokens.items() if t})}
         _check_grpc_usable()
         _mark_grpc()
         bind = _location(host, port, tls=tls is not None)
