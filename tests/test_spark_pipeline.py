@@ -291,25 +291,26 @@ def test_standalone_sqlite_service_restarted_mid_run_loses_nothing(spark, tmp_pa
     from xorack.service import AckerClient, AckerService
 
     db = f"sqlite:///{tmp_path / 'ft.db'}"
-    svc = AckerService(FTLayer(db)).start()
+    job = "restarted-acker-test"  # a one-layer service serves one job: the pipeline's
+    svc = AckerService(FTLayer(db), job=job).start()
     port, location = svc.port, svc.location
     services = [svc]
 
     def crash_and_restart_mid_run() -> None:
-        client = AckerClient.get(location)
+        client = AckerClient.get(location, job=job)
         deadline = time.monotonic() + 60
         while client.stats()["persisted"] == 0 and time.monotonic() < deadline:
             time.sleep(0.02)
         old = services[0]
         old.shutdown()
         old.ft.close()  # no completion is recorded any more: as if the acker process died
-        services.append(AckerService(FTLayer(db), port=port).start())  # same file, same port
+        services.append(AckerService(FTLayer(db), port=port, job=job).start())  # same file+port
 
     restarter = threading.Thread(target=crash_and_restart_mid_run)
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "10")
     try:
         restarter.start()
-        p, sink = _word_pipeline(spark, tmp_path, split=_slow_split, service=location)
+        p, sink = _word_pipeline(spark, tmp_path, split=_slow_split, service=location, job=job)
         report = p.run()
         restarter.join()
         stats = services[-1].ft.stats()
@@ -559,3 +560,57 @@ def test_a_name_used_twice_is_an_error_and_default_names_are_made_unique(spark):
     b = scored.map_in_pandas(_no_w0, "id long, word string")
     assert a._node.name == "_no_w0"
     assert b._node.name == "_no_w0_2"
+
+
+def _flaky_word(pdf: pd.DataFrame) -> pd.DataFrame:
+    """Words w3 fail on their first attempt (transient)."""
+    bad = (pdf["word"] == "w3") & (current_round() == 0)
+    if bad.any():
+        raise xorack.FailRecord("transient", rows=bad.to_numpy())
+    return pdf
+
+
+def test_two_concurrent_jobs_on_one_standalone_acker_keep_their_own_records(spark, tmp_path):
+    """Issue 11, defect 1: every run is a job of its own on a shared acker (sources, rounds,
+    replays, dead letters, stats), so two pipelines running at once (threads of one Spark
+    application, both with failures) and a third one after them each get exact results and a
+    report of their own records only."""
+    import threading
+
+    from xorack import FTLayer
+    from xorack.service import AckerService
+
+    svc = AckerService(None, ft_factory=lambda job: FTLayer(max_attempts=3)).start()
+    results: dict[str, object] = {}
+
+    def run(tag: str, n: int) -> None:
+        try:
+            sink = SQLiteSink(str(tmp_path / f"{tag}.db"), "words")
+            p = Pipeline(spark, service=svc.location)
+            src = p.source(_lines(spark, n), name="lines", keys=["id"], partitions=2)
+            words = src.map_in_pandas(_split, "id long, word string", name="split")
+            words.map_in_pandas(_flaky_word, "id long, word string", name="flaky").sink(sink)
+            results[tag] = (p.run(), _counts(sink))
+        except BaseException as exc:  # reported by the assertions below
+            results[tag] = exc
+
+    try:
+        threads = [threading.Thread(target=run, args=(t, n)) for t, n in (("a", 60), ("b", 90))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+        run("c", 100)  # after them, on the same acker
+    finally:
+        svc.shutdown()
+    for tag, n in (("a", 60), ("b", 90), ("c", 100)):
+        assert not isinstance(results[tag], BaseException), results[tag]
+        report, counts = results[tag]
+        assert report.source_records == n  # its own records only
+        assert report.completed == n
+        assert report.lost == 0
+        assert report.failed > 0  # the transient failures were its own, and replayed
+        expected = Counter()
+        for i in range(n):
+            expected.update(w for w in (f"w{(i * 7 + j) % 13}" for j in range(1 + i % 4)))
+        assert counts == expected
