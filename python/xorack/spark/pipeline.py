@@ -176,6 +176,21 @@ class _Round:
         return not (self.summaries or self.staged or self.plain_writes)
 
 
+def _create_sink(node: _Node) -> None:
+    """Create a Python-written sink, with the payload schema when it takes one (the SQLite
+    sink stores Spark's types by it)."""
+    import inspect
+
+    try:
+        takes_schema = "schema" in inspect.signature(node.sink.create).parameters
+    except (TypeError, ValueError):
+        takes_schema = False
+    if takes_schema:
+        node.sink.create(list(node.columns), schema=node.schema)
+    else:
+        node.sink.create(list(node.columns))
+
+
 def _with_pending(df: Any) -> Any:
     """A frame that came out of Python (settled) with the pending-event columns added."""
     from pyspark.sql import functions as F
@@ -418,6 +433,10 @@ class Tracked:
                 f"sink: expected a xorack.spark.Sink (create, open_writer) or a native sink "
                 f"such as ParquetSink, got {type(sink)}"
             )
+        if hasattr(sink, "open_writer") and type(sink).__name__ == "SQLiteSink":
+            from .sink_types import check_sink_schema
+
+            check_sink_schema(self._node.schema)  # an unsupported type fails here, not per row
         name = self._p._unique(name, "sink")
         node = _Node(
             "sink", name, [self._node], self._node.columns, schema=self._node.schema, sink=sink
@@ -544,14 +563,17 @@ class Pipeline:
     # ---- declaration --------------------------------------------------------------------------
 
     def _struct(self, schema: Any) -> Any:
-        from pyspark.sql.types import StructType, _parse_datatype_string
+        from pyspark.sql.types import StructType
+
+        from .schema import parse_ddl_schema
 
         if isinstance(schema, StructType):
             st = schema
         elif isinstance(schema, str):
-            st = _parse_datatype_string(schema)
-            if not isinstance(st, StructType):
-                raise StageSchemaError(f"schema must describe columns, got {schema!r}")
+            try:
+                st = parse_ddl_schema(self.spark, schema)
+            except ValueError as exc:
+                raise StageSchemaError(f"schema must describe columns: {exc}") from None
         else:
             raise TypeError(f"schema must be a DDL string or a StructType, got {type(schema)}")
         bad = [f.name for f in st.fields if f.name.startswith("_ft_")]
@@ -1081,7 +1103,7 @@ class Pipeline:
         sinks = self._sink_nodes()
         for node in sinks:
             if not getattr(node.sink, "native", False):
-                node.sink.create(list(node.columns))
+                _create_sink(node)
         start = time.perf_counter()
         report = RunReport(ft=self.ft)
         sc = self.spark.sparkContext

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .pipeline import RunReport
+from .pipeline import RunReport, _create_sink
 from .stages import ATTEMPTS_PROPERTY, ROUND_PROPERTY, encode_attempts, u64
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ class StreamingRun:
                 if self._embedded_rotation:
                     ft.start(self._interval)  # background rotations on wall-clock time
             for node in sinks:
-                node.sink.create(list(node.columns))
+                _create_sink(node)
             writer = self._source.df.writeStream.foreachBatch(self._on_batch)
             if trigger_seconds is not None:
                 writer = writer.trigger(processingTime=f"{trigger_seconds} seconds")
