@@ -61,7 +61,7 @@ class BenchConfig:
     repeat: int = 3
     out: Path = Path("bench-report")
     quick: bool = False
-    parts: tuple[int, ...] = (1, 2, 3, 4, 5)
+    parts: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
     slow_max: int = 1_000_000  # largest size for the fallback and the dict acker
     spark_max: int = 1_000_000  # largest size for Spark's groupBy/bit_xor (events = ~6.5x this)
     memory_size: int = 1_000_000  # pending source records for the memory comparison
@@ -69,6 +69,7 @@ class BenchConfig:
     num_partitions: int = 200
     demo_sizes: list[int] = field(default_factory=lambda: [20_000, 100_000])
     recovery_records: int = 100_000
+    wordcount_lines: int = 1_000_000  # part 6: the wordcount job with native operations
     fail_rates: list[float] = field(default_factory=lambda: [0.001, 0.01])
     run_budget_s: float = 90.0  # stop repeating a measurement once it has used this much time
     seed: int = 0
@@ -87,6 +88,7 @@ class BenchConfig:
             partition_keys=200_000,
             demo_sizes=[2_000, 10_000],
             recovery_records=10_000,
+            wordcount_lines=50_000,
             run_budget_s=20.0,
         )
 
@@ -209,6 +211,7 @@ class Report:
     partitions: list[PartitionResult] = field(default_factory=list)
     demo: list[DemoResult] = field(default_factory=list)
     recovery: list[RecoveryResult] = field(default_factory=list)
+    jobs: dict[str, Any] = field(default_factory=dict)  # part 6: bench_jobs.run_wordcount
     notes: list[str] = field(default_factory=list)
     total_seconds: float = 0.0
 
@@ -976,9 +979,26 @@ def _err(exc: BaseException) -> str:
     return f"error: {type(exc).__name__}: {first[:160]}"
 
 
+def part_jobs(cfg: BenchConfig, report: Report) -> None:
+    """Part 6: Spark's wordcount written with tracked native operations, against plain Spark
+    (``xorack.bench_jobs``): plain, FT off and FT on, interleaved, ratios from one run."""
+    from .bench_jobs import run_wordcount
+
+    _progress(f"part 6: wordcount job, {cfg.wordcount_lines:,} lines, plain / FT off / FT on")
+    spark = get_spark()
+    report.jobs = run_wordcount(spark, cfg.wordcount_lines, repeat=cfg.repeat)
+
+
 def check_targets(report: Report) -> list[tuple[str, str, bool]]:
     """The DESIGN.md targets this report can judge: (target, measured, met)."""
     out: list[tuple[str, str, bool]] = []
+    if report.jobs:
+        j = report.jobs
+        n = f"{j['lines']:,} lines"
+        on, off = j["ft_on_over_plain"], j["ft_off_over_plain"]
+        target = f"wordcount (native ops), FT ON ÷ plain Spark ≤ 1.5 ({n})"
+        out.append((target, f"{on:.2f}", on <= 1.5))
+        out.append((f"wordcount, FT OFF ÷ plain Spark ≤ 1.05 ({n})", f"{off:.2f}", off <= 1.05))
     by_size: dict[int, dict[str, TrackingResult]] = {}
     for r in report.tracking:
         if r.events_per_s:
@@ -1182,6 +1202,25 @@ def render_markdown(report: Report) -> str:
                 f"{r.extra_wall_s.fmt() if r.extra_wall_s else '—'} | {r.outcome} |"
             )
         lines.append("")
+    if report.jobs:
+        j = report.jobs
+        lines += [
+            "## 6. A job written with native operations: wordcount vs plain Spark",
+            "",
+            f"Spark's `wordcount.py` over {j['lines']:,} generated sentences (read from Parquet, "
+            "counts written to Parquet); the three variants interleaved, median of "
+            f"{j['repeat']}; ratios from this run. Results identical: {j['results_match']}.",
+            "",
+            "| variant | wall s (min-max) | ÷ plain |",
+            "| --- | --- | ---: |",
+        ]
+        plain = j["variants"]["plain"]["median"]
+        for name, v in j["variants"].items():
+            lines.append(
+                f"| {name} | {v['median']:.2f} ({min(v['seconds']):.2f}-{max(v['seconds']):.2f}) "
+                f"| {v['median'] / plain:.2f} |"
+            )
+        lines.append("")
     targets = check_targets(report)
     if targets:
         lines += [
@@ -1294,7 +1333,7 @@ def _parse_sizes(text: str) -> list[int]:
     return sizes
 
 
-ALL_PARTS = (1, 2, 3, 4, 5)
+ALL_PARTS = (1, 2, 3, 4, 5, 6)
 
 
 def _parse_parts(text: str) -> tuple[int, ...]:
@@ -1432,6 +1471,8 @@ def run(cfg: BenchConfig, argv_text: str = "") -> Report:
         _safely(report, "demo", lambda: walls.update(part_demo(cfg, report)))
     if 5 in cfg.parts:
         _safely(report, "recovery", lambda: part_recovery(cfg, report, walls))
+    if 6 in cfg.parts:
+        _safely(report, "wordcount job", lambda: part_jobs(cfg, report))
     report.total_seconds = time.perf_counter() - start
     with contextlib.suppress(OSError):
         report.machine["load average (end)"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
