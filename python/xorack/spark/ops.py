@@ -400,8 +400,9 @@ class LookupJoin:
             matched = f.col(POS).isNotNull()
             passes = matched if self.how == "left_semi" else ~matched
             lineage = fan_out(0, f.lit(0), keep & passes, same_id=True)
-            out = j.select(*payload, *lineage)
-            return out.select(*ghost_payload(payload), *LINEAGE)
+            order = [*keys, *[c for c in payload if c not in keys]]  # Spark's USING-join order
+            out = j.select(*order, *lineage)
+            return out.select(*ghost_payload(order), *LINEAGE)
         from pyspark.sql import Window
 
         rank = Window.partitionBy(*keys).orderBy(f.xxhash64(*[f.col(c) for c in right]))
