@@ -261,7 +261,7 @@ def test_serve_on_an_unusable_database_is_one_line(tmp_path):
     path = tmp_path / "acker.db"
     path.write_bytes(b"not a database" * 500)
     done = _serve_once("--storage", f"sqlite:///{path}")
-    assert done.returncode == 1
+    assert done.returncode == 2  # an option error, before the service starts
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "acker.db" in done.stderr
 

@@ -388,8 +388,6 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser | None = Non
         if parser is not None:
             parser.error(msg)
         raise ServiceError(msg)
-    if parser is not None:
-        check_storage_opens(parser, "--storage", args.storage)
     try:
         job_tokens = _job_tokens(
             getattr(args, "job_token", None) or os.environ.get("XORACK_JOB_TOKENS", "")
@@ -419,8 +417,10 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser | None = Non
         text = " ".join(str(exc).split()) or type(exc).__name__
         if not isinstance(exc, (XorackError, ValueError, TypeError, OSError)):
             text = f"{type(exc).__name__}: {text}"
+        if parser is not None:  # the storage is opened before the service starts
+            parser.error(f"argument --storage: {text}")
         print(f"xorack serve: error: cannot open the FT layer: {text}", file=sys.stderr)
-        return 1
+        return 2
     for note in getattr(ft.storage, "quarantine_notes", ()):
         print(f"xorack serve: warning: corrupt storage, quarantined {note}", file=sys.stderr)
     try:
