@@ -39,7 +39,7 @@ import tracemalloc
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -234,7 +234,9 @@ def _progress(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _timed_runs(fn: Callable[[], Any], repeat: int, budget_s: float) -> tuple[list[float], Any]:
+# fn: Callable[..., ...] rather than [[], ...]: the callers' lambdas bind loop variables as default
+# arguments, which mypy cannot type against a no-argument Callable.
+def _timed_runs(fn: Callable[..., Any], repeat: int, budget_s: float) -> tuple[list[float], Any]:
     """Runs ``fn`` up to ``repeat`` times (at least once; fewer when over ``budget_s``).
 
     Returns the wall times and the last result. A GC pass before each run keeps a previous
@@ -431,11 +433,13 @@ def part_tracking(cfg: BenchConfig, report: Report, workloads: dict[int, Workloa
             rows.append(
                 TrackingResult(name, n, total_events, secs, secs.inverse(total_events), note=note)
             )
+            assert rows[-1].events_per_s is not None  # just measured
             _progress(f"        {rows[-1].events_per_s.median / 1e6:.2f} M events/s")
         rows.extend(_spark_tracking(cfg, w))
         native = next((r for r in rows if r.name == NATIVE and r.events_per_s), None)
         for r in rows:
             if native and r.events_per_s:
+                assert native.events_per_s is not None  # picked for having one
                 r.ratio_vs_native = r.events_per_s.median / native.events_per_s.median
         report.tracking.extend(rows)
 
@@ -828,7 +832,7 @@ def part_recovery(
 
 
 def _safe_rows(
-    report: Report, strategy: str, rate: float, n: int, fn: Callable[[], list[RecoveryResult]]
+    report: Report, strategy: str, rate: float, n: int, fn: Callable[..., list[RecoveryResult]]
 ) -> None:
     try:
         report.recovery.extend(fn())
@@ -949,7 +953,9 @@ def _plain_spark_job(n: int, rate: float, mode: str) -> None:
         for pdf in batches:
             ids = pdf["id"].to_numpy()
             if mode != "none" and _failing_mask(ids, rate).any():
-                attempt = TaskContext.get().attemptNumber()
+                ctx = TaskContext.get()
+                assert ctx is not None  # in a Spark task
+                attempt = ctx.attemptNumber()
                 if attempt == 0:
                     raise RuntimeError(f"transient fault in this batch (task attempt {attempt})")
             yield pd.DataFrame({"word": np.concatenate([ids % 1000, ids % 7919, ids % 104729])})
@@ -1006,13 +1012,18 @@ def check_targets(report: Report) -> list[tuple[str, str, bool]]:
     for n, rows in sorted(by_size.items()):
         native, fallback = rows.get(NATIVE), rows.get("xorack fallback")
         if native and fallback:
+            assert native.events_per_s is not None  # by_size holds rows with a rate
+            assert fallback.events_per_s is not None
             x = native.events_per_s.median / fallback.events_per_s.median
             out.append((f"AckTable native >= 30x fallback ({n:,} sources)", f"{x:.1f}x", x >= 30))
         base = rows.get("C++ rotating buckets (Storm/Heron)")
         if native and base:
+            assert native.events_per_s is not None
+            assert base.events_per_s is not None
             x = native.events_per_s.median / base.events_per_s.median
             out.append((f"native faster than the rotating buckets ({n:,})", f"{x:.2f}x", x > 1))
         if native:
+            assert native.events_per_s is not None
             per_core = native.events_per_s.median / 1e6
             out.append(
                 (
@@ -1024,11 +1035,14 @@ def check_targets(report: Report) -> list[tuple[str, str, bool]]:
     churn = {c.backend: c for c in report.churn if c.events_per_s}
     if "native" in churn:
         c = churn["native"]
+        assert c.events_per_s is not None  # churn holds rows with a rate
         if c.read_rate:
             x = c.events_per_s.median / c.read_rate
             out.append(("AckTable churn >= 0.35 x random-read rate", f"{x:.2f}", x >= 0.35))
         if "python" in churn:
-            x = c.events_per_s.median / churn["python"].events_per_s.median
+            python_rate = churn["python"].events_per_s
+            assert python_rate is not None
+            x = c.events_per_s.median / python_rate.median
             out.append(("AckTable churn >= 10x fallback", f"{x:.1f}x", x >= 10))
         if c.bytes_per_pending is not None:
             ok = c.bytes_per_pending <= 32
@@ -1194,12 +1208,12 @@ def render_markdown(report: Report) -> str:
             "| strategy | fail rate | records | records redone | wall s | extra wall s | outcome |",
             "| --- | ---: | ---: | --- | --- | --- | --- |",
         ]
-        for r in report.recovery:
+        for rec in report.recovery:
             lines.append(
-                f"| {r.strategy} | {r.fail_rate:.1%} | {r.records:,} | "
-                f"{r.records_redone.fmt() if r.records_redone else '—'} | "
-                f"{r.wall_s.fmt() if r.wall_s else '—'} | "
-                f"{r.extra_wall_s.fmt() if r.extra_wall_s else '—'} | {r.outcome} |"
+                f"| {rec.strategy} | {rec.fail_rate:.1%} | {rec.records:,} | "
+                f"{rec.records_redone.fmt() if rec.records_redone else '—'} | "
+                f"{rec.wall_s.fmt() if rec.wall_s else '—'} | "
+                f"{rec.extra_wall_s.fmt() if rec.extra_wall_s else '—'} | {rec.outcome} |"
             )
         lines.append("")
     if report.jobs:
@@ -1250,12 +1264,13 @@ def render_plot(report: Report, path: Path) -> bool:
     rows = [r for r in report.tracking if r.events_per_s]
     if rows:
         labels = [f"{r.name}\n{r.sources:,}" for r in rows]
-        med = np.array([r.events_per_s.median for r in rows]) / 1e6
+        rates = [cast(Stat, r.events_per_s) for r in rows]  # rows are those with a rate
+        med = np.array([s.median for s in rates]) / 1e6
         err = (
             np.array(
                 [
-                    [r.events_per_s.median - r.events_per_s.low for r in rows],
-                    [r.events_per_s.high - r.events_per_s.median for r in rows],
+                    [s.median - s.low for s in rates],
+                    [s.high - s.median for s in rates],
                 ]
             )
             / 1e6
@@ -1297,11 +1312,13 @@ def render_plot(report: Report, path: Path) -> bool:
     rec = [r for r in report.recovery if r.wall_s]
     labels, values = [], []
     for d in demo:
+        assert d.ft_off_s is not None  # demo holds rows with both
+        assert d.ft_on_s is not None
         labels += [f"demo {d.records:,} FT off", f"demo {d.records:,} FT on"]
         values += [d.ft_off_s.median, d.ft_on_s.median]
     for r in rec:
         labels.append(f"{r.strategy.split(' (')[0]} @{r.fail_rate:.1%}")
-        values.append(r.wall_s.median)
+        values.append(cast(Stat, r.wall_s).median)  # rec holds rows with a wall time
     if values:
         ax.barh(range(len(values)), values, color="tab:green")
         ax.set_yticks(range(len(values)), labels, fontsize=7)

@@ -267,8 +267,9 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
     from xorack.spark.session import get_or_create_session
 
     if spark is None:
+        master: dict[str, Any] = {"master": cfg.master} if cfg.master else {}
         spark = get_or_create_session(
-            **({"master": cfg.master} if cfg.master else {}),
+            **master,
             app_name="xorack-demo",
             shuffle_partitions=cfg.partitions,
         )
@@ -307,8 +308,8 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
                 return df.where(~(chosen_sentence & lost_word))
 
             content = content.transform(lose_in_transit, name="lossy-network")
-        counts = content.groupBy("word").agg(F.count("*").alias("n"))
-        counts.sink(sink, name="counts")
+        counted = content.groupBy("word").agg(F.count("*").alias("n"))
+        counted.sink(sink, name="counts")
 
         if progress:
             from tqdm import tqdm

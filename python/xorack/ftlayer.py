@@ -716,7 +716,8 @@ class FTLayer:
         """Where the replays of ``meta`` go: ``[(source, rows of meta, partitions, records)]``
         (a broadcast repeats rows) and the rows no partition could be computed for, with the
         partitioner's error."""
-        routes, unroutable = [], []
+        routes: list[tuple[int, np.ndarray, np.ndarray, int]] = []
+        unroutable: list[tuple[np.ndarray, str]] = []
         if not len(meta):
             return routes, unroutable
         one = (meta.source == meta.source[0]).all()

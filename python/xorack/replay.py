@@ -129,6 +129,8 @@ class RoundRobinReplayPartitioner(ReplayPartitioner):
     [2, 0]
     """
 
+    num_partitions: int  # always set (the base class allows None for forward)
+
     def __init__(self, num_partitions: int, start: int = 0) -> None:
         self.num_partitions = _partition_count(num_partitions)
         if isinstance(start, bool) or not isinstance(start, (int, np.integer)):

@@ -939,9 +939,16 @@ class SQLiteStorage(Storage):
                 f"cannot open SQLite storage {self.path!r}: {type(exc).__name__}: {exc}"
             ) from exc
 
+    @property
+    def _con(self) -> sqlite3.Connection:
+        # The open connection, for code that runs while the storage is open (at open, and in
+        # _transaction, which checks it); typed without the None that close() leaves.
+        assert self._db is not None
+        return self._db
+
     def _check_tables(self) -> None:
         for table, columns in _TABLES.items():
-            got = [r[1] for r in self._db.execute(f"PRAGMA table_info({table})").fetchall()]
+            got = [r[1] for r in self._con.execute(f"PRAGMA table_info({table})").fetchall()]
             if got != columns:
                 raise StorageError(
                     f"{self.path}: not an xorack storage file (table {table} has columns "
@@ -953,7 +960,7 @@ class SQLiteStorage(Storage):
         that does not decode, a record row that is not integers or points at no row) into the
         ``quarantine`` table, where they stay for a human to look at, and note them in
         ``quarantined`` / ``quarantine_notes``. The healthy records are recovered as usual."""
-        db = self._db
+        db = self._con
         good_rows: dict[int, range | frozenset[int]] = {}
         corrupt: list[tuple[int, str]] = []
         for no, payload, meta in db.execute("SELECT id, payload, meta FROM batches"):
@@ -1047,10 +1054,10 @@ class SQLiteStorage(Storage):
             return result
 
     def _load_ids(self, src_ids: np.ndarray) -> None:
-        self._db.execute("DELETE FROM temp.ids")
+        self._con.execute("DELETE FROM temp.ids")
         # in key order: B-tree inserts and the lookups that follow touch pages in order (~1.6x)
         ids = np.sort(src_ids.view(np.int64)).tolist()
-        self._db.executemany("INSERT OR IGNORE INTO temp.ids VALUES (?)", zip(ids))
+        self._con.executemany("INSERT OR IGNORE INTO temp.ids VALUES (?)", zip(ids))
 
     def persist(self, batch: pa.RecordBatch, meta: RecordMeta) -> None:
         n = len(meta)
@@ -1061,14 +1068,14 @@ class SQLiteStorage(Storage):
 
         def run() -> int:
             no = self._next_batch
-            self._db.execute(
+            self._con.execute(
                 "INSERT INTO batches VALUES (?, ?, ?)",
                 (no, _ipc_bytes(batch), _ipc_bytes(meta_batch)),
             )
             keys = meta.src.view(np.int64)
             order = np.argsort(keys)  # key order: the B-tree inserts touch pages in order
             locs = order + (no << _ROW_BITS)
-            self._db.executemany(
+            self._con.executemany(
                 "INSERT INTO records VALUES (?, ?, ?)",
                 zip(keys[order].tolist(), locs.tolist(), meta.attempt[order].tolist(), strict=True),
             )
@@ -1083,7 +1090,7 @@ class SQLiteStorage(Storage):
     def _remove(self, src_ids: np.ndarray) -> int:
         """Delete these records (in key order: B-tree pages are visited in order)."""
         ids = np.sort(src_ids.view(np.int64)).tolist()
-        removed = self._db.executemany("DELETE FROM records WHERE src = ?", zip(ids)).rowcount
+        removed = self._con.executemany("DELETE FROM records WHERE src = ?", zip(ids)).rowcount
         self._removed_since_gc += removed
         if self._removed_since_gc >= max(_GC_MIN_ROWS, self._count - removed):
             self._rewrite_sparse_batches()
@@ -1091,7 +1098,7 @@ class SQLiteStorage(Storage):
         return removed
 
     def _drop_unreferenced(self) -> None:
-        self._db.execute(
+        self._con.execute(
             f"DELETE FROM batches WHERE id NOT IN (SELECT DISTINCT loc >> {_ROW_BITS} FROM records)"
         )
         self._removed_since_gc = 0
@@ -1101,7 +1108,7 @@ class SQLiteStorage(Storage):
         record does not keep its whole batch. Runs with the unreferenced-blob sweep (when as
         many records were removed as are left): two scans of the record table in SQLite, Python
         work only for the rows moved; each row is copied O(1) times over its life."""
-        counts = self._db.execute(
+        counts = self._con.execute(
             f"SELECT loc >> {_ROW_BITS}, count(*) FROM records GROUP BY 1"
         ).fetchall()
         live = dict(counts)
@@ -1116,7 +1123,7 @@ class SQLiteStorage(Storage):
                 sparse.append(no)
         for at in range(0, len(sparse), 500):
             part = sparse[at : at + 500]
-            found = self._db.execute(
+            found = self._con.execute(
                 f"SELECT loc FROM records WHERE loc >> {_ROW_BITS} "
                 f"IN ({','.join('?' * len(part))}) ORDER BY loc",
                 part,
@@ -1133,7 +1140,7 @@ class SQLiteStorage(Storage):
         records, ascending); the records keep their locations (inside the caller's
         transaction)."""
         payload, meta_batch = self._batches([no])[no].compacted(rows)
-        self._db.execute(
+        self._con.execute(
             "UPDATE batches SET payload = ?, meta = ? WHERE id = ?",
             (_ipc_bytes(payload), _ipc_bytes(meta_batch), no),
         )
@@ -1162,7 +1169,7 @@ class SQLiteStorage(Storage):
     def _select(self, src_ids: np.ndarray) -> tuple[RecordMeta, np.ndarray]:
         """(meta, locations) of the stored ones among ``src_ids``, in ``src_ids`` order."""
         self._load_ids(src_ids)
-        rows = self._db.execute(
+        rows = self._con.execute(
             "SELECT src, loc, attempt FROM records WHERE src IN (SELECT src FROM temp.ids)"
         ).fetchall()
         if not rows:
@@ -1200,7 +1207,7 @@ class SQLiteStorage(Storage):
         step = 1 if next_attempt else 0
 
         def run() -> None:
-            cur = self._db.executemany(
+            cur = self._con.executemany(
                 f"UPDATE records SET src = ?, attempt = attempt + {step} WHERE src = ?",
                 zip(_i64(new_ids), _i64(old_ids), strict=True),
             )
@@ -1223,7 +1230,7 @@ class SQLiteStorage(Storage):
         for no in nos:
             b = self._cache.get(no)
             if b is None:
-                row = self._db.execute(
+                row = self._con.execute(
                     "SELECT payload, meta FROM batches WHERE id = ?", (no,)
                 ).fetchone()
                 if row is None:
@@ -1270,7 +1277,7 @@ class SQLiteStorage(Storage):
 
     def stored_ids(self) -> np.ndarray:
         def run() -> np.ndarray:
-            rows = self._db.execute("SELECT src FROM records").fetchall()
+            rows = self._con.execute("SELECT src FROM records").fetchall()
             return np.array(rows, dtype=np.int64).reshape(-1).view(np.uint64)
 
         return self._transaction("listing pending records", run)
@@ -1285,7 +1292,7 @@ class SQLiteStorage(Storage):
                 return 0
             for pos, payload in self._payload_groups(locs):  # one table per payload schema
                 table = _dead_letter_table(payload, meta.take(pos), reason)
-                self._db.execute(
+                self._con.execute(
                     "INSERT INTO dead_letters (payload) VALUES (?)", (_ipc_bytes(table),)
                 )
             return self._remove(meta.src)
@@ -1295,18 +1302,18 @@ class SQLiteStorage(Storage):
     def dead_letters(self, source: int | None = None) -> pa.Table:
         def run() -> list[pa.Table]:
             tables = []
-            for no, blob in self._db.execute(
+            for no, blob in self._con.execute(
                 "SELECT id, payload FROM dead_letters ORDER BY id"
             ).fetchall():
                 try:
                     tables.append(_read_ipc(blob))
                 except Exception as exc:  # a corrupt blob: quarantined, the others returned
                     reason = f"{type(exc).__name__}: {exc}"[:300]
-                    self._db.execute(
+                    self._con.execute(
                         "INSERT INTO quarantine (what, reason, payload) VALUES (?, ?, ?)",
                         (f"dead letters {no}", reason, blob),
                     )
-                    self._db.execute("DELETE FROM dead_letters WHERE id = ?", (no,))
+                    self._con.execute("DELETE FROM dead_letters WHERE id = ?", (no,))
                     self.quarantine_notes.append(f"dead letters {no}: {reason}")
                     log.warning(
                         "xorack storage %s: dead-letter blob %d is corrupt (%s): moved to its "

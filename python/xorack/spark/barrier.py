@@ -128,7 +128,9 @@ class EventSender:
         from .stages import _client, u64
 
         client = _client(self.location, self.token, self.tls_root_certs, self.job)
-        sent, src, val, buffered = 0, [], [], 0
+        sent, buffered = 0, 0
+        src: list[np.ndarray] = []
+        val: list[np.ndarray] = []
 
         def flush() -> int:
             if not buffered:

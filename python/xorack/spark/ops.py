@@ -146,6 +146,7 @@ def _generator_of(col: Any) -> _Generator | None:
 
     spark = SparkSession.getActiveSession()
     assert spark is not None
+    assert spark._jvm is not None
     argument = Column(spark._jvm.org.apache.spark.sql.Column(args.head()))
     return _Generator(name, argument, aliases)
 
@@ -165,7 +166,7 @@ class Select:
         if not ft:
             return df.select(*self.cols)
         payload = payload_of(df)
-        cols = []
+        cols: list[Any] = []
         for c in self.cols:  # "*" is the payload, never the lineage
             cols.extend(payload if isinstance(c, str) and c == "*" else [c])
         gens = [(i, g) for i, g in ((i, _generator_of(c)) for i, c in enumerate(cols)) if g]
@@ -194,6 +195,8 @@ class Select:
             raise TrackedOperationError(f"{gen.function}: expected an array or a map, got {t}")
         elements = ["_ft_k", "_ft_v"] if is_map else ["_ft_gen"]
         if gen.inline:
+            assert isinstance(t, ArrayType)  # checked above
+            assert isinstance(t.elementType, StructType)
             natural = list(t.elementType.fieldNames())
         else:
             natural = ["key", "value"] if is_map else ["col"]
@@ -219,6 +222,8 @@ class Select:
         generated = [f.col(POS).alias(names[0])] if gen.with_position else []
         rest = names[1:] if gen.with_position else names
         if gen.inline:
+            assert isinstance(t, ArrayType)  # checked above
+            assert isinstance(t.elementType, StructType)
             fields = t.elementType.fieldNames()
             generated += [
                 f.col("_ft_gen").getField(n).alias(a) for n, a in zip(fields, rest, strict=True)

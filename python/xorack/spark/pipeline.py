@@ -38,7 +38,7 @@ from .arrow_stage import ArrowFunction, ArrowStageRunner, declared_arrow_schema
 from .barrier import AggregateSpec, JoinSpec, Staging, ids_frame, send_staged_events
 from .guard import FailureTally, RunawayFailure, tally_param
 from .lineage import EV, KEEP, LINEAGE
-from .sinks import Sink
+from .sinks import NativeSink, Sink
 from .stages import (
     BRANCH,
     DET,
@@ -421,7 +421,7 @@ class Tracked:
         )
         return self._p._add(node)
 
-    def sink(self, sink: Sink, name: str | None = None) -> None:
+    def sink(self, sink: Sink | NativeSink, name: str | None = None) -> None:
         """End the branch in ``sink``: rows are written inside the executor tasks and acked once
         the write is durable."""
         native = getattr(sink, "native", False)
@@ -1021,6 +1021,7 @@ class Pipeline:
     def _source_frame(self, node: _Node, df: Any) -> Any:
         if not self.ft:
             return df
+        assert self._location is not None  # set by run() with FT on
         tagger = SourceTagger(
             name=node.name,
             source=node.source_index,
@@ -1187,6 +1188,7 @@ class Pipeline:
             if not self.ft:
                 break
             paths = [st.write(df, f"p{phase}-r{round_no}") for st, df in work.staged]
+            assert self._location is not None  # set by run() with FT on
             send_staged_events(
                 self.spark, paths, self._location, self.token, self._tls_root_certs, self._job
             )

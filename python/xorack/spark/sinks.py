@@ -60,6 +60,17 @@ class Sink(Protocol):
     def open_writer(self, partition: int) -> SinkWriter: ...
 
 
+class NativeSink(Protocol):
+    """A sink Spark writes itself, in the JVM (such as :class:`ParquetSink`): created once on
+    the driver, then handed the final rows as a DataFrame."""
+
+    native: ClassVar[bool]
+
+    def create(self, columns: list[str]) -> None: ...
+
+    def write(self, df: Any) -> None: ...
+
+
 def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 

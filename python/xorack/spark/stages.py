@@ -25,11 +25,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from numpy.typing import ArrayLike
 
 from ..errors import FailRecord, LineageError, XorackError
 from .lineage import EV, KEEP, REC, SRC, settle
@@ -71,7 +72,7 @@ def current_round() -> int:
     return int(value) if value else 0
 
 
-def encode_attempts(src: np.ndarray, attempt: np.ndarray) -> str:
+def encode_attempts(src: ArrayLike, attempt: ArrayLike) -> str:
     """The value of :data:`ATTEMPTS_PROPERTY` for a micro-batch whose replays have source ids
     ``src`` on attempts ``attempt`` (the other rows are on their first attempt)."""
     import base64
@@ -650,9 +651,9 @@ class StageRunner:
         assert self.location is not None
         client = _client(self.location, self.token, self.tls_root_certs, self.job)
         for pdf in pdfs:
-            out = self.process(pdf, client)
-            if out is not None:
-                yield out
+            done = self.process(pdf, client)
+            if done is not None:
+                yield done
 
     def _select(self, out: pd.DataFrame, lineage: bool) -> pd.DataFrame:
         missing = [c for c in self.columns if c not in out.columns]
@@ -795,8 +796,10 @@ class SinkRunner:
 
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
-        client = (
-            _client(self.location, self.token, self.tls_root_certs, self.job) if self.ft else None
+        client = (  # with FT on the pipeline always gives the acker's location
+            _client(cast(str, self.location), self.token, self.tls_root_certs, self.job)
+            if self.ft
+            else None
         )
         rows = dups = 0
         pending: list[pd.DataFrame] = []
