@@ -8,13 +8,14 @@ from __future__ import annotations
 from .guard import RunawayFailure
 from .ops import TrackedOperationError
 from .pipeline import REPORT_KEYS, GroupedTracked, Pipeline, RoundInfo, RunReport, Tracked
-from .sinks import ParquetSink, Sink, SQLiteSink
+from .sinks import NativeSink, ParquetSink, Sink, SQLiteSink
 from .stages import LINEAGE_COLUMNS, StageSchemaError, current_attempt, current_round
 
 __all__ = [
     "LINEAGE_COLUMNS",
     "REPORT_KEYS",
     "GroupedTracked",
+    "NativeSink",
     "ParquetSink",
     "Pipeline",
     "RoundInfo",
