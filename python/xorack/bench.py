@@ -1000,11 +1000,11 @@ def check_targets(report: Report) -> list[tuple[str, str, bool]]:
     out: list[tuple[str, str, bool]] = []
     if report.jobs:
         j = report.jobs
-        n = f"{j['lines']:,} lines"
+        lines = f"{j['lines']:,} lines"
         on, off = j["ft_on_over_plain"], j["ft_off_over_plain"]
-        target = f"wordcount (native ops), FT ON ÷ plain Spark ≤ 1.5 ({n})"
+        target = f"wordcount (native ops), FT ON ÷ plain Spark ≤ 1.5 ({lines})"
         out.append((target, f"{on:.2f}", on <= 1.5))
-        out.append((f"wordcount, FT OFF ÷ plain Spark ≤ 1.05 ({n})", f"{off:.2f}", off <= 1.05))
+        out.append((f"wordcount, FT OFF ÷ plain Spark ≤ 1.05 ({lines})", f"{off:.2f}", off <= 1.05))
     by_size: dict[int, dict[str, TrackingResult]] = {}
     for r in report.tracking:
         if r.events_per_s:
