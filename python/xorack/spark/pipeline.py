@@ -75,6 +75,18 @@ REPORT_KEYS = (
 )
 
 
+TRACKING_COUNTS = (
+    "source_records",
+    "completed",
+    "failed",
+    "timed_out",
+    "replayed",
+    "dead_lettered",
+    "lost",
+    "orphans",
+)  # None in the report of a run with FT off
+
+
 @dataclass
 class RunReport:
     """The account of a run: every source record ends completed or dead-lettered (``lost == 0``).
@@ -1129,16 +1141,7 @@ class Pipeline:
                 self._fill(report, self.client.stats())
                 self._discount_derived(report, derived_persisted)
             else:
-                for k in (
-                    "source_records",
-                    "completed",
-                    "failed",
-                    "timed_out",
-                    "replayed",
-                    "dead_lettered",
-                    "lost",
-                    "orphans",
-                ):
+                for k in TRACKING_COUNTS:
                     setattr(report, k, None)
         finally:
             sc.setLocalProperty(ROUND_PROPERTY, None)

@@ -30,23 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .pipeline import RunReport, _create_sink
+from .pipeline import TRACKING_COUNTS, RunReport, _create_sink
 from .stages import ATTEMPTS_PROPERTY, ROUND_PROPERTY, encode_attempts, u64
 
 if TYPE_CHECKING:
     from .pipeline import Pipeline
-
-
-_TRACKING_COUNTS = (
-    "source_records",
-    "completed",
-    "failed",
-    "timed_out",
-    "replayed",
-    "dead_lettered",
-    "lost",
-    "orphans",
-)  # None in the report of a run with FT off
 
 
 class _StoppedBeforeBatch(Exception):
@@ -230,7 +218,7 @@ class StreamingRun:
                 if self.ft:
                     self._finish(drain)
                 else:
-                    for k in _TRACKING_COUNTS:
+                    for k in TRACKING_COUNTS:
                         setattr(self.report, k, None)
         finally:
             p.spark.sparkContext.setLocalProperty(ROUND_PROPERTY, None)
