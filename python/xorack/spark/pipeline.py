@@ -1182,8 +1182,8 @@ class Pipeline:
                     if n.phase == phase and n.df is not None and not self._direct(n)
                 }
             work = self._build(fresh, replays_wanted=round_no > 0)
-            if round_no > 0 and work.empty():
-                break
+            if work.empty() and (round_no > 0 or phase > 0):
+                break  # nothing left to replay, or a phase whose barriers feed native sinks only
             self._run_frames(work.summaries, report)
             for sink, df in work.plain_writes:
                 sink.write(df)
