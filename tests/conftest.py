@@ -7,7 +7,9 @@ import sys
 
 import pytest
 
-from xorack import kernels
+import acker_helpers
+from xorack import FTLayer, kernels
+from xorack.service import AckerClient, AckerService
 
 NATIVE_MISSING = "native extension not built (pure-Python install): only the fallback is testable"
 
@@ -119,3 +121,26 @@ def tls_files(tmp_path_factory) -> tuple[str, str]:
         )
     )
     return str(cert_path), str(key_path)
+
+
+# ---- an embedded acker over a memory FT layer (the service test modules) ----------------
+
+
+@pytest.fixture
+def ft():
+    layer = FTLayer(storage="memory", num_buckets=3, max_attempts=3)
+    yield layer
+    layer.close()
+
+
+@pytest.fixture
+def service(ft):
+    with AckerService.embedded(ft) as svc:
+        yield svc
+
+
+@pytest.fixture
+def client(service):
+    c = AckerClient(service.location, retry=acker_helpers.FAST_RETRY)
+    yield c
+    c.close()

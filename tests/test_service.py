@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
+from acker_helpers import FAST_RETRY, start_serve, words
 from xorack import FTLayer, ServiceError
 from xorack.service import (
     XOR_SCHEMA,
@@ -30,34 +31,7 @@ from xorack.service import (
 )
 
 U64 = np.uint64
-FAST_RETRY = RetryPolicy(attempts=3, initial_backoff=0.01, max_backoff=0.02, call_timeout=5.0)
 PYTHONPATH = str(Path(__file__).resolve().parents[1] / "python")
-
-
-@pytest.fixture
-def ft():
-    layer = FTLayer(storage="memory", num_buckets=3, max_attempts=3)
-    yield layer
-    layer.close()
-
-
-@pytest.fixture
-def service(ft):
-    with AckerService.embedded(ft) as svc:
-        yield svc
-
-
-@pytest.fixture
-def client(service):
-    c = AckerClient(service.location, retry=FAST_RETRY)
-    yield c
-    c.close()
-
-
-def _words(n: int, start: int = 0) -> pa.RecordBatch:
-    return pa.record_batch(
-        {"word": [f"w{i}" for i in range(start, start + n)], "n": np.arange(start, start + n)}
-    )
 
 
 def _free_port() -> int:
@@ -71,7 +45,7 @@ def _free_port() -> int:
 
 def test_persist_and_xor_complete_only_on_the_last_event(client, ft):
     births = np.array([11, 12, 13], dtype=U64)
-    src = client.persist(_words(3), births=births)
+    src = client.persist(words(3), births=births)
     assert src.dtype == U64
     assert len(set(src.tolist())) == 3
     assert 0 not in src
@@ -86,7 +60,7 @@ def test_persist_and_xor_complete_only_on_the_last_event(client, ft):
 
 
 def test_fail_then_take_replays_hands_each_replay_out_once(client):
-    batch = _words(4)
+    batch = words(4)
     key_hash = np.array([7, -3, 7, 12], dtype=np.int32)
     src = client.persist(batch, key_hash=key_hash, source=0, partition=1, births=[1, 2, 3, 4])
     new = client.fail(src[[1, 3]], reason="bad row")
@@ -112,7 +86,7 @@ def test_replays_come_back_grouped_by_the_partition_the_ft_layer_chose():
     ):
         n = 40
         parts = np.arange(n, dtype=np.int32) % 4
-        src = c.persist(_words(n), partition=parts, births=np.arange(1, n + 1, dtype=U64))
+        src = c.persist(words(n), partition=parts, births=np.arange(1, n + 1, dtype=U64))
         assert c.fail(src).size == n
         replays = c.take_replays(source=0)
         assert sorted(replays) == [0, 1, 2, 3]
@@ -123,7 +97,7 @@ def test_replays_come_back_grouped_by_the_partition_the_ft_layer_chose():
 
 
 def test_take_replays_of_one_partition_leaves_the_others(client, ft):
-    src = client.persist(_words(6), key_hash=np.arange(6, dtype=np.int32), births=np.arange(1, 7))
+    src = client.persist(words(6), key_hash=np.arange(6, dtype=np.int32), births=np.arange(1, 7))
     client.fail(src)
     everything = ft.take_replays(source=0)  # see where the FT layer put them, then re-fail
     assert sum(t.num_rows for t in everything.values()) == 6
@@ -138,7 +112,7 @@ def test_take_replays_of_one_partition_leaves_the_others(client, ft):
 
 def test_touch_rotate_expire_all_stats_dead_letters_ping(client, ft):
     assert client.ping() is True
-    src = client.persist(_words(3), births=[1, 2, 3])
+    src = client.persist(words(3), births=[1, 2, 3])
     client.touch(src)
     assert client.rotate().dtype == U64
     expired = client.expire_all()
@@ -167,11 +141,11 @@ def test_empty_calls_do_not_reach_the_service(client):
     assert client.xor([], []).size == 0
     assert client.fail([]).size == 0
     client.touch([])
-    assert client.persist(_words(0)).size == 0
+    assert client.persist(words(0)).size == 0
 
 
 def test_persist_accepts_a_table(client):
-    table = pa.Table.from_batches([_words(2), _words(3, start=2)])
+    table = pa.Table.from_batches([words(2), words(3, start=2)])
     assert client.persist(table, births=np.arange(1, 6)).size == 5
 
 
@@ -188,13 +162,13 @@ def test_client_rejects_bad_arguments_before_sending(client):
     with pytest.raises(ValueError, match="reserved column"):
         client.persist(pa.record_batch({"_ft_src": np.array([1], dtype=U64)}))
     with pytest.raises(TypeError, match="key_hash must be int32"):
-        client.persist(_words(2), key_hash=np.array([1.0, 2.0]))
+        client.persist(words(2), key_hash=np.array([1.0, 2.0]))
     with pytest.raises(ValueError, match="key_hash must fit int32"):
-        client.persist(_words(2), key_hash=np.array([1, 2**31], dtype=np.int64))
+        client.persist(words(2), key_hash=np.array([1, 2**31], dtype=np.int64))
     with pytest.raises(ValueError, match="partition must fit int32"):
-        client.persist(_words(2), partition=np.array([0, 2**32], dtype=np.int64))
+        client.persist(words(2), partition=np.array([0, 2**32], dtype=np.int64))
     with pytest.raises(ValueError, match="length mismatch"):
-        client.persist(_words(2), births=[1, 2, 3])
+        client.persist(words(2), births=[1, 2, 3])
 
 
 def _raw_put(location: str, command: dict | bytes, batch: pa.RecordBatch):
@@ -235,9 +209,9 @@ def _raw_put(location: str, command: dict | bytes, batch: pa.RecordBatch):
             "unexpected control column '_ft_bogus'",
         ),
         ({"op": "persist"}, pa.record_batch({"_ft_rec": pa.array([1], pa.uint64())}), "no payload"),
-        ({"op": "persist", "source": "zero"}, _words(1), "'source' must be an integer"),
-        ({"op": "drop_table"}, _words(1), "unknown put op 'drop_table'"),
-        (b"\x00not json", _words(1), "expected a JSON object with an 'op' key"),
+        ({"op": "persist", "source": "zero"}, words(1), "'source' must be an integer"),
+        ({"op": "drop_table"}, words(1), "unknown put op 'drop_table'"),
+        (b"\x00not json", words(1), "expected a JSON object with an 'op' key"),
         (
             {"op": "xor"},
             pa.RecordBatch.from_arrays(
@@ -271,13 +245,13 @@ def test_unknown_action_and_ticket_rejected(service, client):
 def test_ft_layer_errors_reach_the_client_as_service_errors(client):
     # Only the acker knows which ids are pending: its refusal reaches the client with the reason.
     ids = np.array([12345], dtype=U64)
-    client.persist(_words(1), src_ids=ids)
+    client.persist(words(1), src_ids=ids)
     with pytest.raises(ServiceError, match=r"rejected persist: .*already pending"):
-        client.persist(_words(1), src_ids=ids)
+        client.persist(words(1), src_ids=ids)
     assert client.ping()
     # What the client can check itself (the FT layer's own argument checks) never goes out.
     with pytest.raises(ValueError, match="source must be in"):
-        client.persist(_words(1), source=-1)
+        client.persist(words(1), source=-1)
 
 
 # ---- retries and idempotency ----------------------------------------------------------------
@@ -321,7 +295,7 @@ def test_a_timed_out_xor_retried_is_applied_once(ft):
     policy = RetryPolicy(attempts=10, initial_backoff=0.01, max_backoff=0.05, call_timeout=0.25)
     with AckerService.embedded(slow) as svc:
         c = AckerClient(svc.location, retry=policy)
-        src = c.persist(_words(1), births=[5])
+        src = c.persist(words(1), births=[5])
         # The first attempt times out on the client but is applied by the service; the retries
         # carry the same request id: they wait for it and get its result, never re-apply it.
         assert c.xor(src, [3]).size == 0
@@ -353,7 +327,7 @@ def test_a_timed_out_replay_fetch_retried_still_gets_the_replays(ft):
     slow = _SlowFirstTake(ft, delay=0.6)
     policy = RetryPolicy(attempts=10, initial_backoff=0.01, max_backoff=0.05, call_timeout=0.25)
     with AckerService.embedded(slow) as svc, AckerClient(svc.location, retry=policy) as c:
-        new = c.fail(c.persist(_words(3), births=[1, 2, 3]))
+        new = c.fail(c.persist(words(3), births=[1, 2, 3]))
         replays = c.take_replays()
         ids = np.concatenate([t.column("_ft_src").to_numpy() for t in replays.values()])
         assert sorted(ids.tolist()) == sorted(new.tolist())  # handed out, not lost
@@ -364,7 +338,7 @@ def test_a_timed_out_replay_fetch_retried_still_gets_the_replays(ft):
 def test_concurrent_calls_from_threads_each_apply_once(client, ft):
     n_threads, calls, per_call = 4, 10, 50
     births = np.arange(1, n_threads * calls * per_call + 1, dtype=U64)
-    src = client.persist(_words(len(births)), births=births)
+    src = client.persist(words(len(births)), births=births)
     done: list[np.ndarray] = []
     errors: list[BaseException] = []
 
@@ -387,7 +361,7 @@ def test_concurrent_calls_from_threads_each_apply_once(client, ft):
 
 
 def test_same_request_id_applied_once_end_to_end(client, ft):
-    src = client.persist(_words(1), births=[5])
+    src = client.persist(words(1), births=[5])
     batch = pa.RecordBatch.from_arrays(
         [pa.array(src), pa.array([3], pa.uint64())], schema=XOR_SCHEMA
     )
@@ -468,7 +442,7 @@ def test_token_is_enforced_on_every_call(ft):
             with pytest.raises(ServiceError, match="unauthenticated"):
                 bad.take_replays()
         assert right.ping()
-        assert right.persist(_words(2), births=[1, 2]).size == 2
+        assert right.persist(words(2), births=[1, 2]).size == 2
         assert ft.pending == 2  # nothing from the rejected calls was applied
         for c in (anonymous, wrong, right):
             c.close()
@@ -573,35 +547,14 @@ def test_forked_workers_each_open_their_own_client(service, ft):
 # ---- standalone `xorack serve` ----------------------------------------------------------------
 
 
-def _start_serve(*args: str, token_env: str | None = None) -> tuple[subprocess.Popen, str]:
-    env = {**os.environ, "PYTHONPATH": PYTHONPATH + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    env.pop("XORACK_TOKEN", None)
-    if token_env is not None:
-        env["XORACK_TOKEN"] = token_env
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "xorack", "serve", "--port", "0", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        text=True,
-    )
-    ready, _, _ = select.select([proc.stdout], [], [], 30)
-    line = proc.stdout.readline() if ready else ""
-    if "listening on" not in line:
-        proc.kill()
-        _, err = proc.communicate(timeout=10)
-        raise AssertionError(f"xorack serve did not start: {line!r} {err}")
-    return proc, line.split("listening on ")[1].split()[0]
-
-
 def test_serve_killed_and_restarted_on_sqlite_replays_every_pending_record(tmp_path):
     storage = f"sqlite:///{tmp_path / 'acker.db'}"
-    proc, location = _start_serve("--storage", storage, "--rotate-interval", "0")
+    proc, location = start_serve("--storage", storage, "--rotate-interval", "0")
     try:
         c = AckerClient(location, retry=FAST_RETRY)
         n = 1000
         births = np.arange(1, n + 1, dtype=U64)
-        src = c.persist(_words(n), key_hash=np.arange(n, dtype=np.int32), births=births)
+        src = c.persist(words(n), key_hash=np.arange(n, dtype=np.int32), births=births)
         done = c.xor(src[:400], births[:400])  # 400 complete, 600 stay pending
         assert done.size == 400
         c.close()
@@ -610,7 +563,7 @@ def test_serve_killed_and_restarted_on_sqlite_replays_every_pending_record(tmp_p
         proc.communicate(timeout=10)
     assert proc.returncode == -signal.SIGKILL
 
-    proc, location = _start_serve("--storage", storage, "--rotate-interval", "0")
+    proc, location = start_serve("--storage", storage, "--rotate-interval", "0")
     try:
         c = AckerClient(location, retry=FAST_RETRY)
         replays = c.take_replays(source=0)
@@ -627,7 +580,7 @@ def test_serve_killed_and_restarted_on_sqlite_replays_every_pending_record(tmp_p
     assert "shutting down" in out
 
     # A graceful stop (SIGTERM) closed the FT layer; the still unfinished records are all there.
-    proc, location = _start_serve("--storage", storage, "--rotate-interval", "0")
+    proc, location = start_serve("--storage", storage, "--rotate-interval", "0")
     try:
         with AckerClient(location, retry=FAST_RETRY) as c:
             assert c.stats()["recovered"] == n - 400
@@ -641,9 +594,9 @@ def test_serve_killed_and_restarted_on_sqlite_replays_every_pending_record(tmp_p
 def test_serve_with_token_rejects_anonymous_calls(via):
     env_token = "t0ken"
     if via == "option":
-        proc, location = _start_serve("--token", env_token, "--rotate-interval", "0")
+        proc, location = start_serve("--token", env_token, "--rotate-interval", "0")
     else:
-        proc, location = _start_serve("--rotate-interval", "0", token_env=env_token)
+        proc, location = start_serve("--rotate-interval", "0", token_env=env_token)
     try:
         with pytest.raises(ServiceError, match="unauthenticated"):
             AckerClient(location, retry=FAST_RETRY).ping()

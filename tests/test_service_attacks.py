@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
+from acker_helpers import FAST_RETRY, words
 from xorack import FTLayer, ServiceError
 from xorack.service import (
     XOR_SCHEMA,
@@ -24,38 +25,10 @@ from xorack.service import (
     AckerService,
     RequestIdReused,
     RequestLog,
-    RetryPolicy,
 )
 
 U64 = np.uint64
 PYTHONPATH = str(Path(__file__).resolve().parents[1] / "python")
-FAST_RETRY = RetryPolicy(attempts=3, initial_backoff=0.01, max_backoff=0.02, call_timeout=5.0)
-
-
-@pytest.fixture
-def ft():
-    layer = FTLayer(storage="memory", num_buckets=3, max_attempts=3)
-    yield layer
-    layer.close()
-
-
-@pytest.fixture
-def service(ft):
-    with AckerService.embedded(ft) as svc:
-        yield svc
-
-
-@pytest.fixture
-def client(service):
-    c = AckerClient(service.location, retry=FAST_RETRY)
-    yield c
-    c.close()
-
-
-def _words(n: int, start: int = 0) -> pa.RecordBatch:
-    return pa.record_batch(
-        {"word": [f"w{i}" for i in range(start, start + n)], "n": np.arange(start, start + n)}
-    )
 
 
 def _raw_put(location: str, command: dict, batch: pa.RecordBatch) -> None:
@@ -77,7 +50,7 @@ def _raw_put(location: str, command: dict, batch: pa.RecordBatch) -> None:
 @pytest.mark.parametrize("req", [12345, ["a"], {"a": 1}, "", "x" * 129, "tab\there", "é"])
 def test_a_bad_request_id_is_refused_before_anything_is_applied(service, client, ft, req):
     with pytest.raises(flight.FlightServerError, match="request id"):
-        _raw_put(service.location, {"op": "persist", "req": req}, _words(3))
+        _raw_put(service.location, {"op": "persist", "req": req}, words(3))
     assert ft.pending == 0  # nothing applied (before the fix: persisted, reported "rejected")
     assert service.requests.running == 0  # no in-flight entry left behind
     assert client.ping()
@@ -117,7 +90,7 @@ def test_request_log_releases_its_entry_on_every_path_and_bounds_waiters():
 
 def test_a_request_id_reused_by_another_op_is_refused(client, ft):
     src = client._put(
-        "persist", {"req": "one-id"}, _words(1).append_column("_ft_rec", pa.array([5], pa.uint64()))
+        "persist", {"req": "one-id"}, words(1).append_column("_ft_rec", pa.array([5], pa.uint64()))
     )
     assert src.size == 1
     events = pa.RecordBatch.from_arrays(
@@ -322,9 +295,9 @@ def test_running_out_of_memory_refuses_the_request_and_the_service_stays_up():
     with _OutOfMemoryOnce() as ft, AckerService.embedded(ft) as svc:
         c = AckerClient(svc.location, retry=FAST_RETRY)
         with pytest.raises(ServiceError, match="ran out of memory on persist and refused it"):
-            c.persist(_words(3))
+            c.persist(words(3))
         assert ft.pending == 0
-        assert c.persist(_words(3)).size == 3  # the same call again: applied now
+        assert c.persist(words(3)).size == 3  # the same call again: applied now
         assert c.ping()
         c.close()
 
@@ -342,7 +315,7 @@ def test_a_table_of_several_chunks_is_persisted_all_or_nothing():
                 raise StorageError("simulated: disk full")
             super().persist(batch, meta)
 
-    table = pa.Table.from_batches([_words(3), _words(4, 3), _words(2, 7)])
+    table = pa.Table.from_batches([words(3), words(4, 3), words(2, 7)])
     storage = FullAfterOne()
     with FTLayer(storage) as ft:
         with pytest.raises(StorageError, match="disk full"):
@@ -411,7 +384,7 @@ def test_the_service_survives_oversized_requests_under_an_address_space_limit(tm
                 c.persist(huge)  # says its size: refused before a byte of it is read
             with pytest.raises(flight.FlightError, match="more than this acker's limit"):
                 _raw_stream(location, part, 100)  # does not (800 MiB): refused at the cap
-            src = c.persist(_words(1000), births=np.arange(1, 1001, dtype=U64))
+            src = c.persist(words(1000), births=np.arange(1, 1001, dtype=U64))
             assert sorted(c.xor(src, np.arange(1, 1001, dtype=U64)).tolist()) == sorted(
                 src.tolist()
             )
@@ -446,7 +419,7 @@ def test_an_xor_applied_before_its_delete_failed_is_answered_once():
     storage = DeleteFailsOnce()
     with FTLayer(storage) as ft, AckerService.embedded(ft) as svc:
         c = AckerClient(svc.location, retry=FAST_RETRY)
-        src = c.persist(_words(1), births=[5])
+        src = c.persist(words(1), births=[5])
         events = pa.RecordBatch.from_arrays(
             [pa.array(src), pa.array([5], pa.uint64())], schema=XOR_SCHEMA
         )
@@ -499,11 +472,11 @@ def test_an_event_call_beyond_the_row_cap_goes_as_several_requests(ft, monkeypat
         c = AckerClient(svc.location, retry=FAST_RETRY)
         births = np.arange(1, 301, dtype=U64)
         src = np.concatenate(
-            [c.persist(_words(100, k), births=births[k : k + 100]) for k in (0, 100, 200)]
+            [c.persist(words(100, k), births=births[k : k + 100]) for k in (0, 100, 200)]
         )
         assert sorted(c.xor(src, births).tolist()) == sorted(src.tolist())  # 3 requests
         assert ft.pending == 0
-        src = c.persist(_words(100), births=births[:100])
+        src = c.persist(words(100), births=births[:100])
         c.touch(np.concatenate([src, src, src]))
         assert c.fail(np.concatenate([src[:50], src[:50], src[50:]])).size == 100
         assert c.stats()["service"]["calls"]["xor"] == 3

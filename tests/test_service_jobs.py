@@ -4,11 +4,7 @@ or fail another job's records; a job may have a credential of its own."""
 
 from __future__ import annotations
 
-import os
-import select
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,11 +12,11 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
+from acker_helpers import FAST_RETRY, start_serve
 from xorack import FTLayer, ServiceError
-from xorack.service import AckerClient, AckerService, RetryPolicy, check_job
+from xorack.service import AckerClient, AckerService, check_job
 
 U64 = np.uint64
-FAST_RETRY = RetryPolicy(attempts=3, initial_backoff=0.01, max_backoff=0.02, call_timeout=5.0)
 PYTHONPATH = str(Path(__file__).resolve().parents[1] / "python")
 
 
@@ -174,28 +170,9 @@ def test_max_jobs_bounds_the_jobs_an_acker_serves():
             _client(svc, "three").ping()
 
 
-def _start_serve(*args: str) -> tuple[subprocess.Popen, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("XORACK_TOKEN", "XORACK_JOB_TOKENS")}
-    env["PYTHONPATH"] = PYTHONPATH
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "xorack", "serve", "--port", "0", "--rotate-interval", "0", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        text=True,
-    )
-    ready, _, _ = select.select([proc.stdout], [], [], 30)
-    line = proc.stdout.readline() if ready else ""
-    if "listening on" not in line:
-        proc.kill()
-        _, err = proc.communicate(timeout=10)
-        raise AssertionError(f"xorack serve did not start: {line!r} {err}")
-    return proc, line.split("listening on ")[1].split()[0]
-
-
 def test_serve_keeps_each_jobs_records_across_a_crash(tmp_path):
     storage = f"sqlite:///{tmp_path / 'acker.db'}"
-    proc, location = _start_serve("--storage", storage)
+    proc, location = start_serve("--rotate-interval", "0", "--storage", storage)
     try:
         a = AckerClient(location, retry=FAST_RETRY, job="job-a")
         b = AckerClient(location, retry=FAST_RETRY, job="job-b")
@@ -207,7 +184,7 @@ def test_serve_keeps_each_jobs_records_across_a_crash(tmp_path):
         proc.communicate(timeout=10)
     assert (tmp_path / "acker.db.jobs" / "job-a.db").exists()
 
-    proc, location = _start_serve("--storage", storage)
+    proc, location = start_serve("--rotate-interval", "0", "--storage", storage)
     try:
         a = AckerClient(location, retry=FAST_RETRY, job="job-a")
         b = AckerClient(location, retry=FAST_RETRY, job="job-b")

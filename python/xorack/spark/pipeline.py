@@ -75,16 +75,8 @@ REPORT_KEYS = (
 )
 
 
-TRACKING_COUNTS = (
-    "source_records",
-    "completed",
-    "failed",
-    "timed_out",
-    "replayed",
-    "dead_lettered",
-    "lost",
-    "orphans",
-)  # None in the report of a run with FT off
+# the acker's counts: None in the report of a run with FT off
+TRACKING_COUNTS = (*REPORT_KEYS[: REPORT_KEYS.index("lost") + 1], "orphans")
 
 
 @dataclass

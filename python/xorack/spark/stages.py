@@ -22,6 +22,7 @@ Ids are ``uint64`` inside xorack and ``bigint`` (the same 64 bits) in Spark.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -870,12 +871,16 @@ class SinkRunner:
 def _write_rows(writer: Any, rows: pd.DataFrame, rec: np.ndarray, src: np.ndarray) -> int:
     """``writer.write`` (durable on return), with the rows' attempt ids for writers that keep
     them (so that rows of attempts that did not complete can be retracted after the run)."""
-    import inspect
+    takes_src = getattr(writer, "_xorack_takes_src", None)
+    if takes_src is None:  # looked up once per writer (one per task)
+        import inspect
 
-    try:
-        takes_src = "src" in inspect.signature(writer.write).parameters
-    except (TypeError, ValueError):
-        takes_src = False
+        try:
+            takes_src = "src" in inspect.signature(writer.write).parameters
+        except (TypeError, ValueError):
+            takes_src = False
+        with contextlib.suppress(AttributeError):
+            writer._xorack_takes_src = takes_src
     return writer.write(rows, rec, src=src) if takes_src else writer.write(rows, rec)
 
 
