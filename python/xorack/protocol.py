@@ -25,6 +25,7 @@ import pyarrow as pa
 __all__ = [
     "AUTH_HEADER",
     "BIRTHS",
+    "CHUNK_BITS",
     "CONTROL_PREFIX",
     "FAIL_SCHEMA",
     "JOB_HEADER",
@@ -33,6 +34,7 @@ __all__ = [
     "PERSIST_CONTROL",
     "PROTOCOL_HEADER",
     "PROTOCOL_VERSION",
+    "RELEASE_SCHEMA",
     "REPLAY_COLUMNS",
     "SRC",
     "TOUCH_SCHEMA",
@@ -60,6 +62,7 @@ class Op(str, Enum):
     ROTATE = "rotate"
     EXPIRE_ALL = "expire_all"
     TAKE_ENDED = "take_ended"
+    RELEASE = "release"
 
     @property
     def rpc(self) -> str:
@@ -85,6 +88,7 @@ _RPC = {
     Op.ROTATE: "action",
     Op.EXPIRE_ALL: "action",
     Op.TAKE_ENDED: "action",
+    Op.RELEASE: "put",
 }
 
 #: HTTP/2 header carrying the token ("authorization: Bearer <token>").
@@ -106,6 +110,12 @@ XOR = "_ft_xor"
 XOR_SCHEMA = pa.schema([pa.field(SRC, pa.uint64(), False), pa.field(XOR, pa.uint64(), False)])
 #: Explicit failures: the source ids to fail (the reason travels in the request command).
 FAIL_SCHEMA = pa.schema([pa.field(SRC, pa.uint64(), False)])
+#: Releasing held completions: the chunks whose held records are replayed as collateral.
+RELEASE_SCHEMA = FAIL_SCHEMA
+#: Source ids are drawn in aligned blocks of ``2**CHUNK_BITS`` (a *chunk*, ``src >> CHUNK_BITS``)
+#: where a Spark barrier combines rows before staging them; a sharded acker routes by chunk, so
+#: that a chunk's records live on one shard.
+CHUNK_BITS = 10
 #: Timeout resets: the source ids to touch.
 TOUCH_SCHEMA = FAIL_SCHEMA
 #: Optional control columns of a persist stream (the rest of the columns are the payload).
