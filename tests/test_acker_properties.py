@@ -374,7 +374,9 @@ def test_ack_table_at_scale_native_equals_fallback(seed, n, batch, dup):
     assert tables["native"].expire_unregistered() == tables["python"].expire_unregistered()
     snaps = [[a.tolist() for a in t.snapshot()] for t in tables.values()]
     assert snaps[0] == snaps[1]
-    probe = np.concatenate([ids[rng.integers(0, n, size=2_000)], rng.integers(1, 2**64, 50, np.uint64)])
+    probe = np.concatenate(
+        [ids[rng.integers(0, n, size=2_000)], rng.integers(1, 2**64, 50, np.uint64)]
+    )
     both("gather", probe)
     c = tables["native"]._impl.debug_counters()
     assert c["grows"] > 0, c
