@@ -336,6 +336,7 @@ class FTLayer:
         self._undeleted: list[np.ndarray] = []  # completed, storage delete failed: retried
         self._ended: list[np.ndarray] = []  # attempts that ended without completing (take_ended)
         self._held: list[np.ndarray] = []  # completions held until release()
+        self._failed_while_held = False  # a fail or timeout came while completions were held
         self._born: dict[int, float] = {}  # timed 1/16 sample of big calls: src id -> start
         self._born_small: dict[int, float] = {}  # every record of small calls: src id -> start
         self._latencies: deque[float] = deque(maxlen=_LATENCY_KEEP)
@@ -488,7 +489,9 @@ class FTLayer:
             held, self._held = (np.concatenate(self._held) if self._held else _EMPTY), []
             if not len(held):
                 return _EMPTY.copy()
-            held = self._storage.lookup(held).src  # a record failed since it was held left
+            if self._failed_while_held:  # a record failed since it was held has left
+                held = self._storage.lookup(held).src
+            self._failed_while_held = False
             victim = np.isin(held >> np.uint64(bits), tainted) if len(tainted) else None
             if victim is None or not victim.any():
                 self._complete(held)
@@ -774,6 +777,8 @@ class FTLayer:
         short by the acker, not by the record) the replay keeps its attempt number and nothing
         is dead-lettered for attempts. Returns the new ids. Routing first and storage next, so
         that an error leaves every record where it was."""
+        if self._held:
+            self._failed_while_held = True
         if not len(meta):
             return _EMPTY.copy()
         self._ended.append(np.array(meta.src, dtype=_U64))

@@ -4,7 +4,7 @@ its client (``AckerClient``) both speak. Plain constants over pyarrow: no Flight
 
 >>> from xorack.protocol import Op, PROTOCOL_VERSION, XOR_SCHEMA
 >>> Op.XOR.value, Op("expire_all").rpc, PROTOCOL_VERSION
-('xor', 'action', 1)
+('xor', 'action', 2)
 >>> XOR_SCHEMA.names
 ['_ft_src', '_ft_xor']
 
@@ -45,7 +45,8 @@ __all__ = [
 
 #: Bumped when a change would make an older client or service misread a call. Clients send it
 #: in ``PROTOCOL_HEADER``; a service refuses a version it does not speak (absent: version 1).
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: held completions, chunk events and release (an acker of version 1
+# would complete what a version-2 client asks it to hold)
 
 
 class Op(str, Enum):

@@ -252,6 +252,20 @@ class ContentRanks:
         self._counts = np.empty(0, dtype=np.int64)
 
     def __call__(self, h: np.ndarray) -> np.ndarray:
+        # the common case, all rows distinct and new to the task: one sort, one merge
+        s = np.sort(h)
+        if not (s[1:] == s[:-1]).any():
+            if len(self._hashes):
+                at = np.minimum(np.searchsorted(self._hashes, s), len(self._hashes) - 1)
+                seen = self._hashes[at] == s
+            if not len(self._hashes) or not seen.any():
+                hashes = np.concatenate([self._hashes, s])
+                counts = np.concatenate([self._counts, np.ones(len(s), dtype=np.int64)])
+                if len(self._hashes):
+                    order = np.argsort(hashes, kind="stable")  # two sorted runs: a merge
+                    hashes, counts = hashes[order], counts[order]
+                self._hashes, self._counts = hashes, counts
+                return np.zeros(len(h), dtype=np.int64)
         uniq, inv, cnt = np.unique(h, return_inverse=True, return_counts=True)
         # rank within this batch, in order of appearance
         order = np.argsort(inv, kind="stable")
