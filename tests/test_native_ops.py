@@ -339,6 +339,35 @@ def test_bad_native_declarations_fail_where_they_are_written(spark):
         src.join(_lookup(spark), F.col("k") == F.col("k"))
     with pytest.raises(TypeError, match="Columns"):
         src.groupBy("k").agg({"x": "sum"})
+    for bad in (0, 3, 2048, True, 4.0):
+        with pytest.raises(ValueError, match="chunk_records must be a power of two"):
+            Pipeline(spark, chunk_records=bad)
+
+
+def test_which_aggregations_combine(spark):
+    """Functions whose partial results merge exactly combine; anything else stages rows."""
+    from xorack.spark.barrier import AggregateSpec, combining_plan
+
+    schema = _events(spark).withColumn("d", F.col("x").cast("decimal(10,2)")).schema
+
+    def plan(*exprs):
+        spec = AggregateSpec(("k",), exprs)
+        out = spark.createDataFrame([], schema).groupBy("k").agg(*exprs).schema
+        got = combining_plan(spec, schema, out)
+        return None if got is None else [p.function for p in got]
+
+    combining = (F.count("*"), F.sum("x"), F.min("line"), F.max("d"), F.mean("id"), F.avg("x"))
+    assert plan(*combining) == ["count", "sum", "min", "max", "avg", "avg"]
+    assert plan(F.sum("d").alias("sd")) == ["sum"]
+    for other in (
+        F.countDistinct("x"),
+        F.avg("d"),  # a decimal average rounds its own way
+        F.percentile_approx("x", 0.5),
+        F.expr("sum(x)"),
+        (F.sum("x") + 1).alias("s1"),
+        F.collect_list("x"),
+    ):
+        assert plan(F.count("*"), other) is None, other
 
 
 # ---- Spark's own example jobs and data ------------------------------------------------------

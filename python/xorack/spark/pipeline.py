@@ -520,6 +520,8 @@ class Pipeline:
     (count, sum, min, max, avg) stages per-chunk partial aggregates instead of rows, as Spark's
     map-side combine does (see :mod:`xorack.spark.barrier`); ``False`` stages every row (no
     collateral replays of the chunk-mates of a record that fails in the first round).
+    ``chunk_records`` (a power of two up to 1024): the source records per chunk — fewer
+    replay fewer chunk-mates when first-round failures are frequent, but combine less.
 
     >>> # p = Pipeline(spark, ft=True, storage="memory", max_attempts=5)
     """
@@ -542,6 +544,7 @@ class Pipeline:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         combine: bool = True,
+        chunk_records: int = 1 << CHUNK_BITS,
     ) -> None:
         from pyspark.sql.types import StructType  # noqa: F401 - fail early without pyspark
 
@@ -571,6 +574,17 @@ class Pipeline:
         self.tls_key = tls_key
         self._tls_root_certs: bytes | None = None
         self.combine = bool(combine)
+        if (
+            isinstance(chunk_records, bool)
+            or not isinstance(chunk_records, int)
+            or not 1 <= chunk_records <= 1 << CHUNK_BITS
+            or chunk_records & (chunk_records - 1)
+        ):
+            raise ValueError(
+                f"chunk_records must be a power of two from 1 to {1 << CHUNK_BITS}, got "
+                f"{chunk_records!r}"
+            )
+        self.chunk_records = chunk_records
         self._chunk_bits = 0  # the running round's source ids are drawn in chunks of 2**bits
         self._partial_phases: set[int] = set()  # phases that stage partial aggregates
         self.round = 0
@@ -1187,7 +1201,7 @@ class Pipeline:
             self.round = round_no
             # the first round of a phase that combines aggregates draws its ids in chunks
             partial_round = self.ft and round_no == 0 and phase in self._partial_phases
-            self._chunk_bits = CHUNK_BITS if partial_round else 0
+            self._chunk_bits = self.chunk_records.bit_length() - 1 if partial_round else 0
             sc.setLocalProperty(ROUND_PROPERTY, str(round_no))
             self._tally = sc.accumulator({}, tally_param()) if self.ft else None
             fresh = {}
