@@ -36,7 +36,9 @@ def test_demo_json_with_failures_injected_loses_nothing(spark, capsys):
     assert report["results_match"] is True
     assert report["source_records"] == 3000
     assert report["failed"] > 0
-    assert report["timed_out"] > 0
+    # rows lost in the network: their records time out, or (first round, before the combined
+    # count) fail their chunk, whose records come back as collateral replays
+    assert report["timed_out"] + report["collateral_replays"] > 0
     assert report["dead_lettered"] > 0
     assert report["completed"] + report["dead_lettered"] == 3000
     # the counts come from the aggregation inside the pipeline (one row per word): words of
