@@ -48,7 +48,7 @@ class AckTable {
     done.clear();
     const bool unregistered = any_unregistered();
     start_batch(keys, n);
-    Ahead<Table> ahead(main_, order_.items(), n, births);
+    Ahead<Table> ahead(main_, thread_batch_order().items(), n, births);
     for (size_t j = 0; j < n; ++j) {
       const auto& item = ahead.next(j);
       const uint64_t h = item.hash;
@@ -106,7 +106,7 @@ class AckTable {
     bool indexed = false;  // completed_ holds every completion of this call so far
     size_t completions = 0;
     start_batch(keys, n);
-    Ahead<Table> ahead(main_, order_.items(), n, vals);
+    Ahead<Table> ahead(main_, thread_batch_order().items(), n, vals);
     for (size_t j = 0; j < n; ++j) {
       const auto& item = ahead.next(j);
       const uint64_t h = item.hash;
@@ -248,16 +248,17 @@ class AckTable {
     return c;
   }
 
-  // Memory held: the slot arrays plus the per-batch scratch.
+  // Memory held: the slot arrays plus the per-batch scratch kept between calls (not the
+  // thread's BatchOrder: see thread_batch_order).
   size_t nbytes() const {
     return main_.nbytes() + early_.nbytes() + old_.nbytes() + completed_.nbytes() +
-           order_.nbytes() + marks_.capacity() * sizeof(uint64_t);
+           marks_.capacity() * sizeof(uint64_t);
   }
 
  private:
   // Orders the batch and clears the completion marks.
   void start_batch(const uint64_t* keys, size_t n) {
-    order_.sort(main_, keys, n);
+    thread_batch_order().sort(main_, keys, n);
     marks_.assign((n + 63) / 64, 0);
   }
   void mark(size_t i) { marks_[i / 64] |= uint64_t(1) << (i % 64); }
@@ -301,7 +302,7 @@ class AckTable {
   void trim_scratch() {
     const size_t keep = std::max<size_t>(size_t(1) << 16, size());
     completed_.trim(keep);
-    order_.trim(keep);
+    thread_batch_order().trim(size_t(1) << 16);
     if (marks_.capacity() * 64 > keep) std::vector<uint64_t>().swap(marks_);
   }
 
@@ -333,7 +334,6 @@ class AckTable {
   }
 
   Table main_, early_, old_;  // all with the process seed: a key has one hash in the three
-  BatchOrder order_;              // the batch in table order
   std::vector<uint64_t> marks_;   // bit i: the pair / event at input position i completed
   BatchIndex completed_;  // this call's completions, indexed only when a key recurs
 };

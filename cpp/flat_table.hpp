@@ -244,28 +244,26 @@ class FlatTable {
 
   // Removes every entry for which dead(value) is true, writing its key to out (room for size()
   // keys); returns how many. One forward pass: each survivor moves back to max(its home, the
-  // slot after the survivor before it), which keeps the layout ordered and valid. Branch-free
-  // per entry: when one entry in three expires, a branch on it mispredicts so often that it
-  // costs more than the pass.
+  // slot after the survivor before it), which keeps the layout ordered and valid (an empty slot
+  // needs no special case: the entries after it have their homes after it). Branch-free per
+  // slot, empty or not: when one entry in three expires and a third of the slots are empty, a
+  // branch on either mispredicts so often that it costs more than the pass.
   template <class Dead>
   size_t erase_if(Dead dead, uint64_t* out) {
-    Slot sink;  // where a dead entry is "put back"
+    Slot sink;  // where a dead entry or an empty slot is "put back"
     size_t n_out = 0, w = 0, run = 0;
     for (size_t j = 0; j < len_; ++j) {
       const Slot e = slots_[j];
-      if (e.hash == kEmpty) {
-        counters_.long_runs += run > 64;
-        run = 0;
-        continue;
-      }
-      ++run;
+      const bool empty = e.hash == kEmpty;
+      const bool gone = empty | dead(e.value);
       slots_[j].hash = kEmpty;
-      const bool d = dead(e.value);
       out[n_out] = e.hash;  // turned into keys below, in a loop of its own
-      n_out += d;
+      n_out += gone & !empty;
       const size_t t = std::max(w, home(e.hash));
-      *(d ? &sink : &slots_[t]) = e;
-      w = d ? w : t + 1;
+      *(gone ? &sink : &slots_[t]) = e;
+      w = gone ? w : t + 1;
+      run = empty ? 0 : run + 1;
+      counters_.long_runs += run == 65;
     }
     for (size_t k = 0; k < n_out; ++k) out[k] = key_of(out[k]);
     size_ -= n_out;
@@ -485,10 +483,10 @@ class BatchOrder {
   }
   const Item* items() const { return items_.data(); }
 
-  // Frees the scratch when it holds room for more than `keep` ids.
+  // Frees the scratch when it holds room for more than `keep` ids (the counts never pass
+  // 2**16 + 1 entries).
   void trim(size_t keep) {
     if (items_.capacity() > keep) std::vector<Item>().swap(items_);
-    if (counts_.capacity() > keep / 4) std::vector<uint32_t>().swap(counts_);
   }
   size_t nbytes() const {
     return items_.capacity() * sizeof(Item) + counts_.capacity() * sizeof(uint32_t);
@@ -498,6 +496,15 @@ class BatchOrder {
   std::vector<Item> items_;
   std::vector<uint32_t> counts_;
 };
+
+// The BatchOrder of the calling thread: the scratch of a batch call, shared by every table the
+// thread uses (calls on one table are serialized, and a call never enters another). Per thread
+// and per batch (12 bytes per id of the batch), not per pending id: a table's nbytes() leaves it
+// out; it is freed after a call whose batch held more than 64 K ids.
+inline BatchOrder& thread_batch_order() {
+  thread_local BatchOrder order;
+  return order;
+}
 
 // Walks a sorted batch, prefetching the home line(s) of the item kPrefetchDistance ahead (and
 // its entry in `extra`, the batch's value array, when given): the probes find their lines in

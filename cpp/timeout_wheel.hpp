@@ -33,8 +33,8 @@ class TimeoutWheel {
   // Starts (or restarts) the timeout of every id.
   void add(const uint64_t* ids, size_t n) {
     const uint16_t d = uint16_t(rotation_ + nb_);
-    order_.sort(table_, ids, n);
-    Ahead<Table> ahead(table_, order_.items(), n);
+    thread_batch_order().sort(table_, ids, n);
+    Ahead<Table> ahead(table_, thread_batch_order().items(), n);
     for (size_t i = 0; i < n; ++i) {
       const uint64_t h = ahead.next(i).hash;
       const size_t s = table_.seek(h);
@@ -49,8 +49,8 @@ class TimeoutWheel {
   // Restarts the timeout of the ids present; absent ids are ignored.
   void touch(const uint64_t* ids, size_t n) {
     const uint16_t d = uint16_t(rotation_ + nb_);
-    order_.sort(table_, ids, n);
-    Ahead<Table> ahead(table_, order_.items(), n);
+    thread_batch_order().sort(table_, ids, n);
+    Ahead<Table> ahead(table_, thread_batch_order().items(), n);
     auto* slots = table_.slots();
     for (size_t i = 0; i < n; ++i) {
       const uint64_t h = ahead.next(i).hash;
@@ -62,8 +62,8 @@ class TimeoutWheel {
 
   // Forgets the ids (they never expire); absent ids are ignored.
   void discard(const uint64_t* ids, size_t n) {
-    order_.sort(table_, ids, n);
-    Ahead<Table> ahead(table_, order_.items(), n);  // erasing never resizes
+    thread_batch_order().sort(table_, ids, n);
+    Ahead<Table> ahead(table_, thread_batch_order().items(), n);  // erasing never resizes
     auto* slots = table_.slots();
     for (size_t i = 0; i < n; ++i) {
       const uint64_t h = ahead.next(i).hash;
@@ -93,15 +93,14 @@ class TimeoutWheel {
   bool contains(uint64_t id) const { return table_.find(id) != Table::npos; }
   uint32_t rotation() const { return rotation_; }
   const Table::Counters& counters() const { return table_.counters(); }
-  // Memory held: the slot array plus the per-batch scratch.
-  size_t nbytes() const { return table_.nbytes() + order_.nbytes(); }
+  // Memory held: the slot array (the batch scratch is the thread's: see thread_batch_order).
+  size_t nbytes() const { return table_.nbytes(); }
 
  private:
-  // Keeps the batch scratch unless it outgrows both a typical batch and the table.
-  void trim_scratch() { order_.trim(std::max<size_t>(size_t(1) << 16, table_.size())); }
+  // Frees the thread's batch scratch after a batch of more than 64 K ids.
+  void trim_scratch() { thread_batch_order().trim(size_t(1) << 16); }
 
   Table table_;
-  BatchOrder order_;  // the batch in table order
   uint32_t nb_;
   uint32_t rotation_ = 0;
 };
