@@ -140,9 +140,12 @@ class FlatTable {
   static constexpr uint64_t kEmpty = ~uint64_t(0);
   static constexpr size_t npos = ~size_t(0);
   // Loads. The ordered layout makes probing cheap (no hashing, early misses) and resizes one
-  // sequential pass, so the table can run fuller than a plain linear-probing one: memory per
-  // pending id is a target too (<= 32 B for AckTable + TimeoutWheel). What costs at high load is
-  // the shift of an insertion (to the end of its run) and of an erasure.
+  // sequential pass, so the table runs fuller than the Robin Hood table it replaced ([0.6, 0.85]):
+  // memory per pending id is a target too (<= 32 B for AckTable + TimeoutWheel; at 1 M pending
+  // grown in 64 K batches the load is 0.82: 19.4 + 12.1 B, against 21.3 + 13.4 before). What a
+  // high load costs is the shift of an insertion (to the end of its run) and of an erasure: churn
+  // CPU time was about the same as the old table's at its lower load (loaded machine, 16-20 M
+  // events/s both). A growth step of 0.87 / 0.75 means more (cheap) resizes while filling.
   static constexpr double kMaxLoad = 0.87;
   static constexpr double kTargetLoad = 0.75;  // after a resize
   static constexpr double kMinLoad = 0.2;
@@ -456,7 +459,11 @@ constexpr size_t kPrefetchDistance = 16;
 // instead of jumping around it. Consecutive probes then land close together (fewer TLB misses,
 // DRAM pages already open, the hardware prefetcher on the same stream as ours); the keys of one
 // input id keep their input order. The pairs are read in order by the probe loop (the batch's
-// own arrays only at the positions it needs, prefetched with the slots).
+// own arrays only at the positions it needs, prefetched with the slots). The sort costs ~3.5 ns
+// per key; churn CPU time on the loaded 2-core machine (1 M pending, 64 K batches, interleaved
+// runs): 16-17 M events/s in input order, 17-20 M sorted (22-26 M with batches handed in
+// already sorted, the ceiling of this approach). About 4 keys per bucket measured best of 1, 4,
+// 16 and 32.
 class BatchOrder {
  public:
 #pragma pack(push, 4)

@@ -248,9 +248,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{args.repeat} runs; ratios within each run; wall time, and the thread's CPU time\n"
     )
     print("| figure | wall time | CPU time |\n| --- | --- | --- |")
-    for k, v in rows.items():
-        d = 2 if "÷" in k else 1
-        print(f"| {k} | {_fmt(v['wall'], digits=d)} | {_fmt(v['CPU'], digits=d)} |")
+    for name, by_clock in rows.items():
+        d = 2 if "÷" in name else 1
+        wall, cpu = _fmt(by_clock["wall"], digits=d), _fmt(by_clock["CPU"], digits=d)
+        print(f"| {name} | {wall} | {cpu} |")
 
 
 if __name__ == "__main__":
