@@ -250,8 +250,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("| figure | wall time | CPU time |\n| --- | --- | --- |")
     for name, by_clock in rows.items():
         d = 2 if "÷" in name else 1
-        wall, cpu = _fmt(by_clock["wall"], digits=d), _fmt(by_clock["CPU"], digits=d)
-        print(f"| {name} | {wall} | {cpu} |")
+        wall_s, cpu_s = _fmt(by_clock["wall"], digits=d), _fmt(by_clock["CPU"], digits=d)
+        print(f"| {name} | {wall_s} | {cpu_s} |")
 
 
 if __name__ == "__main__":
