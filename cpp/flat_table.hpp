@@ -21,6 +21,12 @@
 #include <time.h>
 #endif
 
+#if defined(__GNUC__) && !defined(__clang__)
+#define XORACK_NO_MEMMOVE __attribute__((optimize("no-tree-loop-distribute-patterns")))
+#else
+#define XORACK_NO_MEMMOVE
+#endif
+
 namespace xorack {
 
 // ---------------------------------------------------------------------------------------------
@@ -208,7 +214,7 @@ class FlatTable {
   void insert_at(size_t i, uint64_t h, V value) {
     size_t e = i;
     while (slots_[e].hash != kEmpty) ++e;
-    std::memmove(static_cast<void*>(slots_ + i + 1), slots_ + i, (e - i) * sizeof(Slot));
+    move_up(i, e);
     slots_[i].hash = h;
     slots_[i].value = value;
     ++size_;
@@ -228,7 +234,7 @@ class FlatTable {
   void erase_at(size_t i) {
     size_t j = i + 1;
     while (slots_[j].hash != kEmpty && home(slots_[j].hash) < j) ++j;
-    std::memmove(static_cast<void*>(slots_ + i), slots_ + i + 1, (j - i - 1) * sizeof(Slot));
+    move_down(i, j);
     slots_[j - 1].hash = kEmpty;  // the value of an empty slot is never read
     --size_;
   }
@@ -311,6 +317,15 @@ class FlatTable {
   }
 
  private:
+  // slots [i, e) one slot up / (i, j) one slot down, by hand: a run moves a few slots, less than
+  // the call into memmove costs (and GCC would turn these loops into that call).
+  XORACK_NO_MEMMOVE void move_up(size_t i, size_t e) {
+    for (size_t k = e; k > i; --k) slots_[k] = slots_[k - 1];
+  }
+  XORACK_NO_MEMMOVE void move_down(size_t i, size_t j) {
+    for (size_t k = i; k + 1 < j; ++k) slots_[k] = slots_[k + 1];
+  }
+
   // Spare slots after the `cap` home slots: runs near the end spill into them (they never wrap
   // around). At the loads kept, a run longer than this is so rare that growing then is free.
   static size_t spare(size_t cap) { return std::min<size_t>(std::max<size_t>(cap / 8, 8), 1024); }
