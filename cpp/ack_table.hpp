@@ -39,22 +39,49 @@ class AckTable {
   // with an entry (registered, or early events) gets the birth XORed in and completes if that
   // gives 0; a fresh key is registered with its birth and waits (even a birth of 0).
   // Appends completed ids to `done` in the order they complete.
+  //
+  // The pairs are probed in table order (BatchOrder): the pairs of one key keep their input
+  // order, and pairs of different keys never interact, so the outcome is that of input order;
+  // completions are marked at their input position and collected in that order at the end.
   void register_batch(const uint64_t* keys, const uint64_t* births, size_t n,
                       std::vector<uint64_t>& done) {
     done.clear();
-    // In chunks that fit the room left below the maximum load (each pair inserts at most one
-    // entry), so nothing resizes inside a chunk and the precomputed homes hold; re-registering
-    // present ids does not inflate the table.
-    for (size_t i = 0; i < n;) {
-      size_t room = main_.room();
-      if (room == 0) {
-        main_.reserve(main_.size() + std::min(n - i, std::max<size_t>(main_.size(), 1024)));
-        room = main_.room();
+    const bool unregistered = any_unregistered();
+    start_batch(keys, n);
+    Ahead<Table> ahead(main_, thread_batch_order().items(), n, births);
+    for (size_t j = 0; j < n; ++j) {
+      const auto& item = ahead.next(j);
+      const uint64_t h = item.hash;
+      const size_t i = item.pos;
+      uint64_t v = births[i];
+      // One scan: the key's slot, or where it belongs.
+      const size_t s = main_.seek(h);
+      auto* slots = main_.slots();
+      if (slots[s].hash == h) {  // already registered: XOR the birth in again
+        v ^= slots[s].value;
+        if (v == 0) {
+          main_.erase_at(s);
+          mark(i);
+        } else {
+          slots[s].value = v;
+        }
+        continue;
       }
-      const size_t m = std::min(room, n - i);
-      register_chunk(keys + i, births + i, m, done);
-      i += m;
+      if (unregistered) {
+        size_t e;
+        Table* et = find_unregistered(h, &e);
+        if (et) {  // events came first: the birth joins them
+          v ^= et->slots()[e].value;
+          et->erase_at(e);
+          if (v == 0) {
+            mark(i);
+            continue;
+          }
+        }
+      }
+      main_.insert_at(s, h, v);  // may grow the table: nothing below keeps a slot index
     }
+    collect_marked(keys, n, done);
     shrink_all();
     trim_scratch();
   }
@@ -64,56 +91,59 @@ class AckTable {
   // their last occurrence in the input) and removed; unregistered entries back at 0 are dropped
   // silently.
   //
-  // One pass, one probe per event: an event that brings a registered id to 0 erases it at once
-  // (the line is in cache; a second visit later would miss again), so the completion is recorded
-  // at the key's current occurrence. Should a later event of the same call name that key again
-  // (rare: events are pre-reduced per source id by their senders), it finds the key absent, looks
-  // it up among this call's completions (an index built only then) and cancels the earlier
-  // completion: a nonzero event brings the key back as registered, a 0 event completes it again
-  // here. The same end state as combining first, and a key's completion always sits at its last
-  // occurrence.
+  // One pass in table order (BatchOrder; a key's events keep their input order), one probe per
+  // event: an event that brings a registered id to 0 erases it at once (the line is in cache; a
+  // second visit later would miss again) and marks the completion at its input position. Should
+  // a later event of the same call name that key again (rare: events are pre-reduced per source
+  // id by their senders), it finds the key absent, looks it up among this call's completions (an
+  // index built only then) and cancels the earlier completion: a nonzero event brings the key
+  // back as registered, a 0 event completes it again here. The same end state as combining
+  // first, and a key's completion always sits at its last occurrence.
   void xor_batch(const uint64_t* keys, const uint64_t* vals, size_t n,
                  std::vector<uint64_t>& done) {
     done.clear();
     if (n == 0) return;
-    hash_batch(keys, n);
-    auto* slots = main_.slots();
     bool indexed = false;  // completed_ holds every completion of this call so far
-    size_t cancelled = 0;
-    for (size_t i = 0; i < n; ++i) {
-      if (i + kPrefetchDistance < n) main_.prefetch_run(homes_[i + kPrefetchDistance]);
-      const uint64_t k = keys[i], x = vals[i];
-      const size_t s = main_.find_from(k, homes_[i]);  // plain probe: present keys are the rule
-      if (s != Table::npos) {
+    size_t completions = 0;
+    start_batch(keys, n);
+    Ahead<Table> ahead(main_, thread_batch_order().items(), n, vals);
+    for (size_t j = 0; j < n; ++j) {
+      const auto& item = ahead.next(j);
+      const uint64_t h = item.hash;
+      const size_t i = item.pos;
+      const uint64_t x = vals[i];
+      const size_t s = main_.seek(h);
+      auto* slots = main_.slots();
+      if (slots[s].hash == h) {
         const uint64_t v = slots[s].value ^ x;
         if (v != 0) {
           slots[s].value = v;
           continue;
         }
         main_.erase_at(s);
-        if (indexed) completed_.assign(k, uint32_t(done.size()));
-        done.push_back(k);
+        mark(i);
+        ++completions;
+        if (indexed) completed_.assign(keys[i], uint32_t(i));
         continue;
       }
-      if (!done.empty()) {  // completed earlier in this call?
-        if (!indexed) index_completions(done, n);
+      if (completions) {  // completed earlier in this call?
+        if (!indexed) index_completions(keys, n);
         indexed = true;
-        const int64_t pos = completed_.find(k);
-        if (pos >= 0 && done[size_t(pos)] == k) {
-          done[size_t(pos)] = 0;  // its completion moves here, or is undone
-          ++cancelled;
-          if (x == 0) {  // still at 0: completes at this, its later occurrence
-            completed_.assign(k, uint32_t(done.size()));
-            done.push_back(k);
+        const int64_t pos = completed_.find(keys[i]);
+        if (pos >= 0 && marked(size_t(pos))) {
+          unmark(size_t(pos));  // its completion moves here, or is undone
+          if (x == 0) {         // still at 0: completes at this, its later occurrence
+            mark(i);
+            completed_.assign(keys[i], uint32_t(i));
           } else {  // back from 0: registered again, not complete
-            main_.insert_at(main_.find_slot_from(k, homes_[i]), k, x);  // room: k left
+            main_.insert_at(s, h, x);  // s is still where h belongs
           }
           continue;
         }
       }
-      xor_unregistered(k, x);
+      xor_unregistered(h, x);
     }
-    if (cancelled) done.erase(std::remove(done.begin(), done.end(), uint64_t(0)), done.end());
+    collect_marked(keys, n, done);
     shrink_all();
     trim_scratch();
   }
@@ -140,16 +170,18 @@ class AckTable {
   size_t capacity() const { return main_.capacity(); }  // of the registered ids' table
   bool contains(uint64_t k) const {
     size_t e;
-    return main_.find(k) != Table::npos || find_unregistered(k, &e) != nullptr;
+    const uint64_t h = main_.hash_of(k);
+    return main_.find_hash(h) != Table::npos || find_unregistered(h, &e) != nullptr;
   }
   // The value of k into *v; false when absent.
   bool get(uint64_t k, uint64_t* v) const {
-    size_t s = main_.find(k);
+    const uint64_t h = main_.hash_of(k);
+    size_t s = main_.find_hash(h);
     if (s != Table::npos) {
       *v = main_.slots()[s].value;
       return true;
     }
-    const Table* et = find_unregistered(k, &s);
+    const Table* et = find_unregistered(h, &s);
     if (!et) return false;
     *v = et->slots()[s].value;
     return true;
@@ -199,8 +231,8 @@ class AckTable {
         throw std::invalid_argument("keys must be unique: position " + std::to_string(i) +
                                     " repeats an earlier key");
       }
-      bool inserted;
-      t.find_or_insert_from(keys[i], t.home(keys[i]), vals[i], &inserted);
+      const uint64_t h = t.hash_of(keys[i]);
+      t.insert_at(t.seek(h), h, vals[i]);
     }
   }
 
@@ -210,38 +242,50 @@ class AckTable {
     for (const Table* t : {&main_, &early_, &old_}) {
       c.grows += t->counters().grows;
       c.shrinks += t->counters().shrinks;
+      c.tail_grows += t->counters().tail_grows;
       c.long_runs += t->counters().long_runs;
     }
     return c;
   }
 
-  // Memory held: both slot arrays plus the per-batch scratch vectors.
+  // Memory held: the slot arrays plus the per-batch scratch kept between calls (not the
+  // thread's BatchOrder: see thread_batch_order).
   size_t nbytes() const {
-    return main_.nbytes() + early_.nbytes() + old_.nbytes() + homes_.capacity() * sizeof(uint32_t) +
-           completed_.nbytes();
+    return main_.nbytes() + early_.nbytes() + old_.nbytes() + completed_.nbytes() +
+           marks_.capacity() * sizeof(uint64_t);
   }
 
  private:
-  // homes_[i] = the home slot of keys[i] in main_; the first probes prefetched.
-  void hash_batch(const uint64_t* keys, size_t n) {
-    homes_.resize(n);
-    for (size_t i = 0; i < n; ++i) homes_[i] = (uint32_t)main_.home(keys[i]);
-    for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) main_.prefetch_run(homes_[i]);
+  // Orders the batch and clears the completion marks.
+  void start_batch(const uint64_t* keys, size_t n) {
+    thread_batch_order().sort(main_, keys, n);
+    marks_.assign((n + 63) / 64, 0);
+  }
+  void mark(size_t i) { marks_[i / 64] |= uint64_t(1) << (i % 64); }
+  void unmark(size_t i) { marks_[i / 64] &= ~(uint64_t(1) << (i % 64)); }
+  bool marked(size_t i) const { return marks_[i / 64] >> (i % 64) & 1; }
+
+  // done = the marked keys, in input order.
+  void collect_marked(const uint64_t* keys, size_t n, std::vector<uint64_t>& done) const {
+    for (size_t w = 0; w < (n + 63) / 64; ++w)
+      for (uint64_t m = marks_[w]; m; m &= m - 1) done.push_back(keys[w * 64 + size_t(__builtin_ctzll(m))]);
   }
 
-  // completed_ = key -> position in done, for the (unique, nonzero) keys of done.
-  void index_completions(const std::vector<uint64_t>& done, size_t n) {
-    if (n >= (size_t(1) << 32))
-      throw std::length_error("a batch must hold fewer than 2**32 events");
+  // completed_ = key -> input position, for the marked (completed) keys of this call.
+  void index_completions(const uint64_t* keys, size_t n) {
     completed_.reset(n);
-    for (size_t p = 0; p < done.size(); ++p) completed_.assign(done[p], uint32_t(p));
+    for (size_t w = 0; w < (n + 63) / 64; ++w)
+      for (uint64_t m = marks_[w]; m; m &= m - 1) {
+        const size_t i = w * 64 + size_t(__builtin_ctzll(m));
+        completed_.assign(keys[i], uint32_t(i));
+      }
   }
 
-  // An event for a key without a registered entry: XORed into its unregistered entry (dropped
-  // at 0), or a new early entry.
-  void xor_unregistered(uint64_t k, uint64_t x) {
+  // An event for a key (hash h) without a registered entry: XORed into its unregistered entry
+  // (dropped at 0), or a new early entry.
+  void xor_unregistered(uint64_t h, uint64_t x) {
     size_t e;
-    Table* et = find_unregistered(k, &e);
+    Table* et = find_unregistered(h, &e);
     if (et) {
       const uint64_t v = et->slots()[e].value ^ x;
       if (v == 0)
@@ -249,46 +293,7 @@ class AckTable {
       else
         et->slots()[e].value = v;
     } else if (x != 0) {
-      early_.reserve(early_.size() + 1);
-      early_.insert_at(early_.find_slot_from(k, early_.home(k)), k, x);
-    }
-  }
-
-  // register_batch on n pairs that fit main_'s room (nothing resizes).
-  void register_chunk(const uint64_t* keys, const uint64_t* births, size_t n,
-                      std::vector<uint64_t>& done) {
-    hash_batch(keys, n);
-    auto* slots = main_.slots();
-    const bool unregistered = any_unregistered();
-    for (size_t i = 0; i < n; ++i) {
-      if (i + kPrefetchDistance < n) main_.prefetch_run(homes_[i + kPrefetchDistance]);
-      const uint64_t k = keys[i];
-      uint64_t v = births[i];
-      // One probe: the key's slot, or the empty slot that ends its probe run.
-      const size_t s = main_.find_slot_from(k, homes_[i]);
-      if (slots[s].key == k) {  // already registered: XOR the birth in again
-        v ^= slots[s].value;
-        if (v == 0) {
-          main_.erase_at(s);
-          done.push_back(k);
-        } else {
-          slots[s].value = v;
-        }
-        continue;
-      }
-      if (unregistered) {
-        size_t e;
-        Table* et = find_unregistered(k, &e);
-        if (et) {  // events came first: the birth joins them
-          v ^= et->slots()[e].value;
-          et->erase_at(e);
-          if (v == 0) {
-            done.push_back(k);
-            continue;
-          }
-        }
-      }
-      main_.insert_at(s, k, v);
+      early_.insert_at(early_.seek(h), h, x);
     }
   }
 
@@ -296,19 +301,20 @@ class AckTable {
   // both a typical batch and the table itself: an emptied table then gives its memory back.
   void trim_scratch() {
     const size_t keep = std::max<size_t>(size_t(1) << 16, size());
-    if (homes_.capacity() > keep) std::vector<uint32_t>().swap(homes_);
     completed_.trim(keep);
+    thread_batch_order().trim(size_t(1) << 16);
+    if (marks_.capacity() * 64 > keep) std::vector<uint64_t>().swap(marks_);
   }
 
   bool any_unregistered() const { return early_.size() != 0 || old_.size() != 0; }
 
-  // The unregistered table holding k and its slot (*slot), or nullptr.
-  Table* find_unregistered(uint64_t k, size_t* slot) {
-    return const_cast<Table*>(std::as_const(*this).find_unregistered(k, slot));
+  // The unregistered table holding hash h and its slot (*slot), or nullptr.
+  Table* find_unregistered(uint64_t h, size_t* slot) {
+    return const_cast<Table*>(std::as_const(*this).find_unregistered(h, slot));
   }
-  const Table* find_unregistered(uint64_t k, size_t* slot) const {
-    if (early_.size() && (*slot = early_.find(k)) != Table::npos) return &early_;
-    if (old_.size() && (*slot = old_.find(k)) != Table::npos) return &old_;
+  const Table* find_unregistered(uint64_t h, size_t* slot) const {
+    if (early_.size() && (*slot = early_.find_hash(h)) != Table::npos) return &early_;
+    if (old_.size() && (*slot = old_.find_hash(h)) != Table::npos) return &old_;
     return nullptr;
   }
 
@@ -320,17 +326,15 @@ class AckTable {
 
   static void collect(const Table& t, uint8_t registered, std::vector<uint64_t>& k,
                       std::vector<uint64_t>& v, std::vector<uint8_t>& r) {
-    const auto* s = t.slots();
-    for (size_t i = 0; i < t.capacity(); ++i) {
-      if (s[i].key == 0) continue;
-      k.push_back(s[i].key);
-      v.push_back(s[i].value);
+    t.for_each([&](uint64_t h, uint64_t value) {
+      k.push_back(t.key_of(h));
+      v.push_back(value);
       r.push_back(registered);
-    }
+    });
   }
 
-  Table main_, early_, old_;
-  std::vector<uint32_t> homes_;  // slot indices fit in 32 bits (kMaxCapacity)
+  Table main_, early_, old_;  // all with the process seed: a key has one hash in the three
+  std::vector<uint64_t> marks_;   // bit i: the pair / event at input position i completed
   BatchIndex completed_;  // this call's completions, indexed only when a key recurs
 };
 

@@ -70,6 +70,7 @@ py::dict counters_dict(const C& c, size_t size, size_t capacity) {
   d["capacity"] = capacity;
   d["grows"] = c.grows;
   d["shrinks"] = c.shrinks;
+  d["tail_grows"] = c.tail_grows;
   d["long_runs"] = c.long_runs;
   return d;
 }
@@ -210,9 +211,10 @@ void bind_acker(py::module_& m) {
              });
              return counters_dict(c, size, cap);
            },
-           "How often the table grew, shrank, and swept a run longer than 64 slots, with its "
-           "size and slot capacity (for the tests: proof that they reach those paths). Native "
-           "only.");
+           "How often the registered ids' table grew (on load; tail_grows: a run reached the "
+           "spare slots at its end), shrank, and met a run longer than 64 slots, with its size "
+           "and capacity (home slots) (for the tests: proof that they reach those paths). "
+           "Native only.");
 
   py::class_<PyTimeoutWheel>(m, "TimeoutWheel",
                              "Raw rotating timeout buckets; see xorack.TimeoutWheel.")
@@ -278,8 +280,9 @@ void bind_acker(py::module_& m) {
              });
              return counters_dict(c, size, cap);
            },
-           "How often the wheel's table grew, shrank, and swept a run longer than 64 slots in "
-           "rotate (for the tests). Native only.");
+           "How often the wheel's table grew (on load; tail_grows: a run reached the spare "
+           "slots at its end), shrank, and swept a run longer than 64 slots in rotate, with its "
+           "size and capacity (for the tests). Native only.");
 
   m.def("new_ids", [](long long n) {
     if (n < 0) throw py::value_error("n must be >= 0, got " + std::to_string(n));
@@ -358,11 +361,12 @@ void bind_acker(py::module_& m) {
     return py::make_tuple(out_src, out_ids, to_array(ev_src), to_array(ev_xor));
   });
 
-  m.def("random_read_rate", [](size_t nbytes, size_t reads, uint64_t seed) {
+  m.def("random_read_rate", [](size_t nbytes, size_t reads, uint64_t seed, bool thread_cpu) {
     py::gil_scoped_release nogil;
-    return xorack::random_read_rate(nbytes, reads, seed);
-  }, py::arg("nbytes"), py::arg("reads"), py::arg("seed") = 1,
-  "Random 64-byte reads per second over an array of nbytes (the AckTable benchmark's yardstick).");
+    return xorack::random_read_rate(nbytes, reads, seed, thread_cpu);
+  }, py::arg("nbytes"), py::arg("reads"), py::arg("seed") = 1, py::arg("thread_cpu") = false,
+  "Random 64-byte reads per second over an array of nbytes (the AckTable benchmark's yardstick); "
+  "thread_cpu=True times them in the thread's CPU time instead of wall time.");
 }
 
 PYBIND11_MODULE(_native, m) {

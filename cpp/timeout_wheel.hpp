@@ -33,25 +33,15 @@ class TimeoutWheel {
   // Starts (or restarts) the timeout of every id.
   void add(const uint64_t* ids, size_t n) {
     const uint16_t d = uint16_t(rotation_ + nb_);
-    // In chunks that fit the room left below the maximum load (each id inserts at most one
-    // entry), so the table grows only when it is really full: re-adding present ids (a restart)
-    // must not inflate it. Within a chunk nothing resizes, so the precomputed homes hold.
-    for (size_t i = 0; i < n;) {
-      size_t room = table_.room();
-      if (room == 0) {
-        table_.reserve(table_.size() + std::min(n - i, std::max<size_t>(table_.size(), 1024)));
-        room = table_.room();
-      }
-      const size_t m = std::min(room, n - i);
-      hash_batch(ids + i, m);
-      auto* slots = table_.slots();
-      for (size_t k = 0; k < m; ++k) {
-        if (k + kPrefetchDistance < m) table_.prefetch_run(homes_[k + kPrefetchDistance]);
-        bool inserted;
-        size_t s = table_.find_or_insert_from(ids[i + k], homes_[k], d, &inserted);
-        slots[s].value = d;
-      }
-      i += m;
+    thread_batch_order().sort(table_, ids, n);
+    Ahead<Table> ahead(table_, thread_batch_order().items(), n);
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t h = ahead.next(i).hash;
+      const size_t s = table_.seek(h);
+      if (table_.slots()[s].hash == h)
+        table_.slots()[s].value = d;
+      else
+        table_.insert_at(s, h, d);  // may grow the table
     }
     trim_scratch();
   }
@@ -59,35 +49,37 @@ class TimeoutWheel {
   // Restarts the timeout of the ids present; absent ids are ignored.
   void touch(const uint64_t* ids, size_t n) {
     const uint16_t d = uint16_t(rotation_ + nb_);
-    hash_batch(ids, n);
+    thread_batch_order().sort(table_, ids, n);
+    Ahead<Table> ahead(table_, thread_batch_order().items(), n);
     auto* slots = table_.slots();
     for (size_t i = 0; i < n; ++i) {
-      if (i + kPrefetchDistance < n) table_.prefetch(homes_[i + kPrefetchDistance]);
-      size_t s = table_.find_from(ids[i], homes_[i]);
-      if (s != Table::npos) slots[s].value = d;
+      const uint64_t h = ahead.next(i).hash;
+      const size_t s = table_.seek(h);
+      if (slots[s].hash == h) slots[s].value = d;
     }
     trim_scratch();
   }
 
   // Forgets the ids (they never expire); absent ids are ignored.
   void discard(const uint64_t* ids, size_t n) {
-    hash_batch(ids, n);  // erasing never resizes, so the homes stay valid through the loop
+    thread_batch_order().sort(table_, ids, n);
+    Ahead<Table> ahead(table_, thread_batch_order().items(), n);  // erasing never resizes
+    auto* slots = table_.slots();
     for (size_t i = 0; i < n; ++i) {
-      if (i + kPrefetchDistance < n) table_.prefetch(homes_[i + kPrefetchDistance]);
-      size_t s = table_.find_from(ids[i], homes_[i]);
-      if (s != Table::npos) table_.erase_at(s);
+      const uint64_t h = ahead.next(i).hash;
+      const size_t s = table_.seek(h);
+      if (slots[s].hash == h) table_.erase_at(s);
     }
     table_.maybe_shrink();
     trim_scratch();
   }
 
   // Advances one rotation; writes the ids whose deadline it reached to `expired` (room for
-  // size() ids; in no particular order: sorting would cost more than the rotation), forgets them
-  // and returns how many.
+  // size() ids; in no particular order), forgets them and returns how many.
   size_t rotate(uint64_t* expired) {
     ++rotation_;
     const uint16_t r = uint16_t(rotation_);
-    size_t n = table_.erase_if([r](uint64_t, uint16_t deadline) { return deadline == r; }, expired);
+    size_t n = table_.erase_if([r](uint16_t deadline) { return deadline == r; }, expired);
     table_.maybe_shrink();
     return n;
   }
@@ -101,24 +93,14 @@ class TimeoutWheel {
   bool contains(uint64_t id) const { return table_.find(id) != Table::npos; }
   uint32_t rotation() const { return rotation_; }
   const Table::Counters& counters() const { return table_.counters(); }
-  // Memory held: the slot array plus the per-batch scratch vector.
-  size_t nbytes() const { return table_.nbytes() + homes_.capacity() * sizeof(uint32_t); }
+  // Memory held: the slot array (the batch scratch is the thread's: see thread_batch_order).
+  size_t nbytes() const { return table_.nbytes(); }
 
  private:
-  // Keeps the batch scratch unless it outgrows both a typical batch and the table.
-  void trim_scratch() {
-    if (homes_.capacity() > std::max<size_t>(size_t(1) << 16, table_.size()))
-      std::vector<uint32_t>().swap(homes_);
-  }
-
-  void hash_batch(const uint64_t* ids, size_t n) {
-    homes_.resize(n);
-    for (size_t i = 0; i < n; ++i) homes_[i] = (uint32_t)table_.home(ids[i]);
-    for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) table_.prefetch(homes_[i]);
-  }
+  // Frees the thread's batch scratch after a batch of more than 64 K ids.
+  void trim_scratch() { thread_batch_order().trim(size_t(1) << 16); }
 
   Table table_;
-  std::vector<uint32_t> homes_;  // slot indices fit in 32 bits (kMaxCapacity)
   uint32_t nb_;
   uint32_t rotation_ = 0;
 };

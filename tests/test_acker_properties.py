@@ -423,3 +423,31 @@ def test_timeout_wheel_at_scale_native_equals_fallback(seed, num_buckets, batch)
     assert c["long_runs"] > 0, c  # the sweep met runs longer than 64 slots
     assert c["grows"] > 0, c
     assert c["shrinks"] > 0, c
+
+
+@needs_native
+def test_runs_reaching_the_spare_slots_grow_the_table_native_equals_fallback():
+    """A probe run that reaches the spare slots after the last home slot (runs never wrap around)
+    grows the native table whatever its load: rare, so small tables are filled, one after the
+    other, until one takes that path (``tail_grows``); every step matches the fallback."""
+    rng = np.random.default_rng(11)
+    for _ in range(3000):
+        tables = {b: AckTable(backend=b) for b in ("native", "python")}
+        wheels = {b: TimeoutWheel(2, backend=b) for b in ("native", "python")}
+        ids = rng.integers(1, 2**64, size=600, dtype=np.uint64)
+        births = rng.integers(1, 2**64, size=600, dtype=np.uint64)
+        for lo in range(0, ids.size, 5):
+            k, b = ids[lo : lo + 5], births[lo : lo + 5]
+            _same(*(t.register(k, b) for t in tables.values()), "register")
+            for w in wheels.values():
+                w.add(k)
+        _same(*(t.xor(ids[::-1], births[::-1]) for t in tables.values()), "xor")
+        assert len(tables["native"]) == len(tables["python"]) == 0
+        for _ in range(2):
+            _same(*(np.sort(w.rotate()) for w in wheels.values()), "rotate")
+        grown = [
+            x._impl.debug_counters()["tail_grows"] for x in (tables["native"], wheels["native"])
+        ]
+        if all(grown):
+            return
+    pytest.fail(f"no table reached its spare slots in 3000 tries (last counters: {grown})")

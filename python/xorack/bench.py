@@ -148,6 +148,7 @@ class ChurnResult:
     wheel_ids_per_s: Stat | None  # TimeoutWheel discard + add on the same churn
     bytes_per_pending: float | None  # table + wheel, after the rounds
     note: str = ""
+    wheel_rotate_ids_per_s: Stat | None = None  # TimeoutWheel add + rotate, its steady state
 
 
 @dataclass
@@ -452,7 +453,7 @@ def part_churn(cfg: BenchConfig, report: Report) -> None:
 
     n = cfg.memory_size
     batch = min(1 << 16, max(n // 4, 1))
-    for backend, rounds in (("native", 20), ("python", 3)):
+    for backend, rounds, wheel_rounds in (("native", 20, 6), ("python", 3, 2)):
         if backend == "native" and not native_available():
             report.churn.append(
                 ChurnResult(backend, n, batch, None, None, None, None, "native not built")
@@ -460,7 +461,7 @@ def part_churn(cfg: BenchConfig, report: Report) -> None:
             continue
         _progress(f"part 1b: churn, {backend}, {n:,} pending, {rounds} rounds of 2 x {batch:,}")
         try:
-            run = run_churn(backend, pending=n, batch=batch, rounds=rounds, seed=cfg.seed)
+            run = run_churn(backend, n, batch, rounds, seed=cfg.seed, wheel_rounds=wheel_rounds)
         except Exception as exc:
             report.churn.append(ChurnResult(backend, n, batch, None, None, None, None, _err(exc)))
             continue
@@ -473,6 +474,7 @@ def part_churn(cfg: BenchConfig, report: Report) -> None:
                 run.read_rate(),
                 Stat.of([batch / s for s in run.wheel_seconds]) if batch else None,
                 run.bytes_per_pending(),
+                wheel_rotate_ids_per_s=Stat.of(run.wheel_rotate_rates()),
             )
         )
 
@@ -1039,6 +1041,9 @@ def check_targets(report: Report) -> list[tuple[str, str, bool]]:
         if c.read_rate:
             x = c.events_per_s.median / c.read_rate
             out.append(("AckTable churn >= 0.35 x random-read rate", f"{x:.2f}", x >= 0.35))
+        if c.wheel_rotate_ids_per_s is not None:
+            x = c.wheel_rotate_ids_per_s.median / 1e6
+            out.append(("TimeoutWheel add+rotate >= 50 M ids/s", f"{x:.1f} M/s", x >= 50))
         if "python" in churn:
             python_rate = churn["python"].events_per_s
             assert python_rate is not None
@@ -1124,11 +1129,14 @@ def render_markdown(report: Report) -> str:
             "oldest ids) + one `register` of 64 K new ids (batches of pending / 4 below 256 K "
             "pending). Read rate = random 64-byte reads/s "
             "over an array the size of the table, same run (best of 4). Wheel = "
-            "`TimeoutWheel(3)` discard + add on the same churn (ids/s of each).",
+            "`TimeoutWheel(3)` discard + add on the same churn (ids/s of each); wheel add+rotate "
+            "= a `TimeoutWheel(3)` in its own steady state (pending ids at the peak, pending / 3 "
+            "added and expired per rotation). `python -m xorack._churn --repeat 3` measures the "
+            "same in wall and CPU time.",
             "",
             "| backend | pending | M events/s | ÷ read rate | x fallback | wheel M ids/s | "
-            "bytes / pending (table + wheel) | note |",
-            "| --- | ---: | --- | --- | ---: | --- | ---: | --- |",
+            "wheel add+rotate M ids/s | bytes / pending (table + wheel) | note |",
+            "| --- | ---: | --- | --- | ---: | --- | --- | ---: | --- |",
         ]
         fallback = next((c for c in report.churn if c.backend == "python"), None)
         for c in report.churn:
@@ -1144,10 +1152,11 @@ def render_markdown(report: Report) -> str:
                 else "—"
             )
             wheel = c.wheel_ids_per_s.fmt(1e6) if c.wheel_ids_per_s else "—"
+            rot = c.wheel_rotate_ids_per_s.fmt(1e6) if c.wheel_rotate_ids_per_s else "—"
             per = f"{c.bytes_per_pending:.1f}" if c.bytes_per_pending is not None else "—"
             lines.append(
-                f"| {c.backend} | {c.pending:,} | {rate} | {per_read} | {vs} | {wheel} | {per} "
-                f"| {c.note} |"
+                f"| {c.backend} | {c.pending:,} | {rate} | {per_read} | {vs} | {wheel} | {rot} "
+                f"| {per} | {c.note} |"
             )
         lines.append("")
     if report.memory:
