@@ -1067,7 +1067,9 @@ class AckerService(flight.FlightServerBase):
         """The stats of ``job``'s FT layer plus the service's own counters (under
         ``"service"``)."""
         job = check_job(job) if job is not None else self.job
-        stats = self.ft_of(job).stats()
+        ft = self.ft_of(job)
+        shard = getattr(ft, "shard", None)
+        stats = ft.stats()
         out = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
         with self._counter_lock:
             calls = dict(self._calls)
@@ -1076,6 +1078,7 @@ class AckerService(flight.FlightServerBase):
         out["service"] = {
             "location": self.location,
             "job": job,
+            "shard": None if shard is None else str(shard),
             "jobs": len(self._jobs),
             "jobs_retired": self.jobs_retired,
             "calls": calls,
@@ -1268,9 +1271,11 @@ class AckerClient:
         tls_root_certs: bytes | None = None,
     ) -> AckerClient:
         """The cached client of this process for ``location``, ``token`` and ``job`` (created on
-        first use). Every call of the client belongs to ``job`` (1-64 of ``A-Z a-z 0-9 _ . -``;
-        None = the job ``"default"``): it sees only that job's records, replays, dead letters,
-        stats and ended attempts.
+        first use). A location naming several shards (``grpc://h:p1,grpc://h:p2``, see
+        :mod:`xorack.shards`) gets a ``ShardedAckerClient``, which has the same methods and
+        routes each record to its shard. Every call of the client belongs to ``job`` (1-64 of
+        ``A-Z a-z 0-9 _ . -``; None = the job ``"default"``): it sees only that job's records,
+        replays, dead letters, stats and ended attempts.
 
         The cache is keyed by process id: a client inherited through ``fork`` is never used in
         the child (gRPC connections do not survive a fork), the child makes its own — provided
@@ -1283,7 +1288,10 @@ class AckerClient:
             with _clients_lock:
                 client = _clients.get(key)
                 if client is None:
-                    client = cls(
+                    make: Any = cls
+                    if "," in location:  # a sharded acker: one location per shard
+                        from .shards import ShardedAckerClient as make
+                    client = make(
                         location,
                         token=token,
                         retry=retry,

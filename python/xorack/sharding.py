@@ -1,0 +1,211 @@
+"""Which acker shard owns a source id, and the names a sharded acker uses.
+
+A sharded acker is N acker processes; shard ``k`` of ``N`` owns the source ids whose mixed value
+falls in the ``k``-th of N equal slices of the 64-bit range. The mixer is MurmurHash3's 64-bit
+finalizer (``fmix64``): a bijection with full avalanche, fixed (no per-process seed) because
+every client and every shard must agree on it. Ids are random already; mixing them first keeps
+the split even when ids come from elsewhere (sequential ids, ids with low bits in common), where
+``id % N`` would not.
+
+A shard draws the ids of its own replays (and of persists whose caller drew none) inside its
+own slice, exactly, with no rejection: it picks a random mixed value in the slice and applies
+the inverse of the mixer. So every event about a record, first attempt or replay, goes to the
+shard that holds it.
+
+>>> import numpy as np
+>>> ids = draw_ids(1000, Shard(1, 4))
+>>> bool((shard_of(ids, 4) == 1).all()), bool(ids.all())
+(True, True)
+>>> split_locations("grpc://127.0.0.1:8815, grpc://127.0.0.1:8816")
+['grpc://127.0.0.1:8815', 'grpc://127.0.0.1:8816']
+>>> shard_storage("sqlite:///data/ft.db", Shard(0, 2)), shard_storage("memory", Shard(0, 2))
+('sqlite:///data/ft.shard0of2.db', 'memory')
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .acker import new_ids
+
+__all__ = [
+    "MAX_SHARDS",
+    "Shard",
+    "draw_ids",
+    "join_locations",
+    "mix64",
+    "shard_of",
+    "shard_storage",
+    "split_locations",
+    "unmix64",
+]
+
+#: Most shards of one acker (far more than any machine has cores; keeps the slice math in
+#: 64 bits: a slice index is (top 32 bits of the mix) * N >> 32).
+MAX_SHARDS = 1024
+
+_C1 = np.uint64(0xFF51AFD7ED558CCD)
+_C2 = np.uint64(0xC4CEB9FE1A85EC53)
+_C1_INV = np.uint64(0x4F74430C22A54005)  # modular inverses (mod 2**64) of _C1 and _C2
+_C2_INV = np.uint64(0x9CB4B2F8129337DB)
+_S33 = np.uint64(33)
+_S32 = np.uint64(32)
+_LOW32 = np.uint64(0xFFFF_FFFF)
+
+
+def mix64(ids: Any) -> np.ndarray:
+    """MurmurHash3's ``fmix64`` of each id (uint64 in, uint64 out; a bijection, 0 -> 0).
+
+    >>> int(mix64([1])[0]) == 0xB456BCFC34C2CB2C
+    True
+    """
+    x = np.array(ids, dtype=np.uint64)  # a copy: mixed in place
+    with np.errstate(over="ignore"):
+        x ^= x >> _S33
+        x *= _C1
+        x ^= x >> _S33
+        x *= _C2
+        x ^= x >> _S33
+    return x
+
+
+def unmix64(mixed: Any) -> np.ndarray:
+    """The inverse of :func:`mix64` (``x ^= x >> 33`` is its own inverse).
+
+    >>> int(unmix64(mix64([12345]))[0])
+    12345
+    """
+    x = np.array(mixed, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        x ^= x >> _S33
+        x *= _C2_INV
+        x ^= x >> _S33
+        x *= _C1_INV
+        x ^= x >> _S33
+    return x
+
+
+def _count(count: Any) -> int:
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
+        raise TypeError(f"the shard count must be an int, got {type(count).__name__}")
+    if not 1 <= int(count) <= MAX_SHARDS:
+        raise ValueError(f"the shard count must be in [1, {MAX_SHARDS}], got {count}")
+    return int(count)
+
+
+def shard_of(ids: Any, count: int) -> np.ndarray:
+    """The shard (0 .. count-1, int64) that owns each source id.
+
+    >>> shard_of([1, 2, 3], 1).tolist()
+    [0, 0, 0]
+    """
+    count = _count(count)
+    ids = np.asarray(ids, dtype=np.uint64)
+    if count == 1:
+        return np.zeros(len(ids), np.int64)
+    with np.errstate(over="ignore"):
+        return ((mix64(ids) >> _S32) * np.uint64(count) >> _S32).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` of ``count`` (``Shard.parse("1/4")`` from the command line's ``K/N``).
+
+    >>> Shard.parse("1/4"), Shard(1, 4).owns([5, 6]).dtype.name
+    (Shard(index=1, count=4), 'bool')
+    """
+
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        _count(self.count)
+        if isinstance(self.index, bool) or not isinstance(self.index, (int, np.integer)):
+            raise TypeError(f"the shard index must be an int, got {type(self.index).__name__}")
+        if not 0 <= self.index < self.count:
+            raise ValueError(f"the shard index must be in [0, {self.count}), got {self.index}")
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        """``"K/N"`` -> ``Shard(K, N)``; ``ValueError`` saying the form otherwise."""
+        m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
+        if not m:
+            raise ValueError(f"expected K/N (shard K of N, K from 0), got {text!r}")
+        return cls(int(m.group(1)), int(m.group(2)))
+
+    def owns(self, ids: Any) -> np.ndarray:
+        """True for each id this shard owns."""
+        return shard_of(ids, self.count) == self.index
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def draw_ids(n: int, shard: Shard | None = None, backend: str | None = None) -> np.ndarray:
+    """``n`` random nonzero uint64 ids owned by ``shard`` (any id when None), uniform over the
+    shard's slice: a random mixed value inside the slice, then the inverse mixer."""
+    ids = new_ids(n, backend=backend)
+    if shard is None or shard.count == 1 or n == 0:
+        return ids
+    lo = -(-(shard.index << 32) // shard.count)  # ceil(k * 2**32 / N)
+    hi = -(-((shard.index + 1) << 32) // shard.count)
+    while True:
+        with np.errstate(over="ignore"):
+            top = np.uint64(lo) + (((ids >> _S32) * np.uint64(hi - lo)) >> _S32)
+            out = unmix64((top << _S32) | (ids & _LOW32))
+        zero = out == 0  # only the mixed value 0 maps to 0
+        if not zero.any():
+            return out
+        ids[zero] = new_ids(int(zero.sum()), backend=backend)
+
+
+def split_locations(location: str) -> list[str]:
+    """The shard locations of an acker location: ``"grpc://h:p1,grpc://h:p2"`` -> one per shard,
+    in shard order (a single location is one shard). ``ValueError`` for an empty part or a part
+    without a scheme."""
+    if not isinstance(location, str):
+        raise TypeError(f"location must be a string, got {type(location).__name__}")
+    parts = [p.strip() for p in location.split(",")]
+    bad = [p for p in parts if "://" not in p]
+    if bad:
+        raise ValueError(
+            f"location must be grpc://host:port, or one per shard joined by commas "
+            f"(grpc://h:p1,grpc://h:p2), got {location!r}"
+        )
+    if len(parts) > MAX_SHARDS:
+        raise ValueError(f"at most {MAX_SHARDS} shards, got {len(parts)} locations")
+    return parts
+
+
+def join_locations(locations: list[str]) -> str:
+    """One location string naming every shard, in shard order (what executors are given)."""
+    return ",".join(locations)
+
+
+_SQLITE_URL = "sqlite:///"
+_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+
+
+def shard_storage(spec: Any, shard: Shard) -> Any:
+    """The storage spec of one shard: a SQLite file gets a file per shard
+    (``name.shard0of2.db`` next to ``name.db``); ``"memory"`` stays memory; one shard of one
+    is the spec itself."""
+    if shard.count == 1 or spec == "memory":
+        return spec
+    if not isinstance(spec, (str, os.PathLike)):
+        raise TypeError(
+            "a sharded acker opens one storage per shard process: give a storage spec "
+            f"('memory' or a SQLite path), not a {type(spec).__name__} object"
+        )
+    spec = os.fspath(spec)
+    prefix = _SQLITE_URL if spec.startswith(_SQLITE_URL) else ""
+    path = spec[len(prefix) :]
+    root, ext = os.path.splitext(path)
+    if ext.lower() not in _SUFFIXES:
+        root, ext = path, ""
+    return f"{prefix}{root}.shard{shard.index}of{shard.count}{ext}"
