@@ -16,7 +16,7 @@ shard (``expire_all``, ``rotate``, ``take_ended``, ``take_replays``, ``dead_lett
 concatenated; ``stats``: counters summed).
 
 >>> import pyarrow as pa
->>> with ShardedAcker(2) as acker:                               # doctest: +SKIP
+>>> with ShardedAcker(2) as acker:
 ...     client = AckerClient.get(acker.location)
 ...     src = client.persist(pa.record_batch({"x": [1, 2, 3]}), births=[1, 2, 3])
 ...     len(client.xor(src, [1, 2, 3])), client.stats()["completed"]
@@ -468,9 +468,9 @@ class ShardedAcker:
     and each shard shuts down by itself when the process that started it dies (its stdin, a
     pipe from here, reaches EOF).
 
-    >>> with ShardedAcker(2) as acker:                            # doctest: +SKIP
-    ...     acker.location.count(",")
-    1
+    >>> with ShardedAcker(2, serve_args=["--rotate-interval", "0"]) as acker:
+    ...     acker.location.count(","), len(acker.pids)
+    (1, 2)
     """
 
     def __init__(
