@@ -65,13 +65,21 @@ def mix64(ids: Any) -> np.ndarray:
     True
     """
     x = np.array(ids, dtype=np.uint64)  # a copy: mixed in place
-    with np.errstate(over="ignore"):
-        x ^= x >> _S33
-        x *= _C1
-        x ^= x >> _S33
-        x *= _C2
-        x ^= x >> _S33
+    _mix_in_place(x, np.empty_like(x))
     return x
+
+
+def _mix_in_place(x: np.ndarray, t: np.ndarray) -> None:
+    """``x = fmix64(x)``, ``t`` a scratch array of the same length."""
+    with np.errstate(over="ignore"):
+        np.right_shift(x, _S33, out=t)
+        x ^= t
+        x *= _C1
+        np.right_shift(x, _S33, out=t)
+        x ^= t
+        x *= _C2
+        np.right_shift(x, _S33, out=t)
+        x ^= t
 
 
 def unmix64(mixed: Any) -> np.ndarray:
@@ -98,18 +106,36 @@ def _count(count: Any) -> int:
     return int(count)
 
 
+#: Ids mixed at a time by ``shard_of``: small scratch arrays, reused (a fresh 512 KB array per
+#: call costs page faults that measured ~1 ms per 64 K ids on a busy VM; this costs ~0.15 ms).
+_CHUNK = 8192
+
+
 def shard_of(ids: Any, count: int) -> np.ndarray:
-    """The shard (0 .. count-1, int64) that owns each source id.
+    """The shard (0 .. count-1, int16) that owns each source id.
 
     >>> shard_of([1, 2, 3], 1).tolist()
     [0, 0, 0]
     """
     count = _count(count)
     ids = np.asarray(ids, dtype=np.uint64)
-    if count == 1:
-        return np.zeros(len(ids), np.int64)
-    with np.errstate(over="ignore"):
-        return ((mix64(ids) >> _S32) * np.uint64(count) >> _S32).astype(np.int64)
+    out = np.zeros(len(ids), np.int16)
+    if count == 1 or not len(ids):
+        return out
+    x = np.empty(min(len(ids), _CHUNK), np.uint64)
+    t = np.empty_like(x)
+    n_shards = np.uint64(count)
+    for start in range(0, len(ids), _CHUNK):
+        stop = min(start + _CHUNK, len(ids))
+        xs, ts = x[: stop - start], t[: stop - start]
+        xs[:] = ids[start:stop]
+        _mix_in_place(xs, ts)
+        with np.errstate(over="ignore"):
+            xs >>= _S32  # the top 32 bits ...
+            xs *= n_shards
+            xs >>= _S32  # ... scaled to [0, count): the slice they fall in
+        out[start:stop] = xs
+    return out
 
 
 @dataclass(frozen=True)

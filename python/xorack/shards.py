@@ -191,16 +191,11 @@ class ShardedAckerClient:
         """``[(shard, row indices)]`` of the shards that own rows of ``src``; ``None`` = all
         rows (one shard owns them all: nothing to gather)."""
         owner = shard_of(src, self.count)
-        first = owner[0] if len(owner) else 0
+        first = int(owner[0]) if len(owner) else 0
         if not len(owner) or (owner == first).all():
-            return [(int(first), None)]
-        order = np.argsort(owner, kind="stable")
-        bounds = np.searchsorted(owner[order], np.arange(self.count + 1))
-        return [
-            (k, order[bounds[k] : bounds[k + 1]])
-            for k in range(self.count)
-            if bounds[k + 1] > bounds[k]
-        ]
+            return [(first, None)]
+        parts = [(k, np.flatnonzero(owner == k)) for k in range(self.count)]
+        return [(k, rows) for k, rows in parts if len(rows)]
 
     def _ids(self, results: list[np.ndarray]) -> np.ndarray:
         parts = [r for r in results if len(r)]
