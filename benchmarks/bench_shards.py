@@ -16,6 +16,10 @@ What the figures can show depends on the cores: N shards can only apply events N
 when N cores are free for them besides the clients' own. On a 2-core machine with 2-4 client
 processes, shards compete with the clients for the same two cores: the table then shows the cost
 of the routing (a client splits each batch by shard and calls every shard) more than the gain.
+So the table also gives the acker side's CPU time per 1 000 events (all shards together, from
+``/proc``) and its *capacity*: the events of the timed rounds over the busiest shard's CPU
+seconds, i.e. the rate the shards would sustain with a core each. That figure is what scales
+with N on a machine with the cores; the wall-clock rate shows it only there.
 """
 
 from __future__ import annotations
@@ -36,6 +40,13 @@ BATCH = 1 << 16
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(shards: int, clients: int, records: int, batches: int, rounds: int) -> dict:
@@ -67,7 +78,11 @@ def measure(shards: int, clients: int, records: int, batches: int, rounds: int) 
             ready = [json.loads(p.stdout.readline()) for p in procs]
             persist_rate = sum(r["records"] for r in ready) / max(r["persist_s"] for r in ready)
             rates = []
-            for _ in range(rounds + 1):  # the first round warms up
+            cpu0: list[float] = []
+            events = 0
+            for r in range(rounds + 1):  # the first round warms up
+                if r == 1:
+                    cpu0 = [cpu_seconds(pid) for pid in acker.pids]
                 t0 = time.perf_counter()
                 for p in procs:
                     p.stdin.write("xor\n")
@@ -75,6 +90,8 @@ def measure(shards: int, clients: int, records: int, batches: int, rounds: int) 
                 answers = [json.loads(p.stdout.readline()) for p in procs]
                 wall = time.perf_counter() - t0
                 rates.append(sum(a["events"] for a in answers) / wall)
+                events += sum(a["events"] for a in answers) if r else 0
+            cpu = [cpu_seconds(pid) - c for pid, c in zip(acker.pids, cpu0, strict=True)]
         finally:
             for p in procs:
                 p.stdin.close()
@@ -86,6 +103,10 @@ def measure(shards: int, clients: int, records: int, batches: int, rounds: int) 
         "persist_records_per_s": persist_rate,
         "xor_events_per_s": statistics.median(rates[1:]),
         "xor_events_per_s_best": max(rates[1:]),
+        # what the acker side could take if each shard had a core of its own: the events over
+        # the busiest shard's CPU time (persist and xor rounds alike are measured per shard)
+        "capacity_events_per_s": events / max(max(cpu), 1e-9),
+        "acker_cpu_us_per_1k_events": sum(cpu) / events * 1e9,
     }
 
 
@@ -111,17 +132,23 @@ def main(argv: list[str] | None = None) -> int:
         f"{load0:.1f} -> {os.getloadavg()[0]:.1f}; {args.records:,} records and "
         f"{args.batches} x 64K xor events per client per round, median of {args.rounds} rounds"
     )
-    print("| clients | shards | xor M events/s (best) | vs 1 shard | persist K records/s |")
-    print("| ---: | ---: | ---: | ---: | ---: |")
+    print(
+        "| clients | shards | xor M events/s (best) | vs 1 shard | persist K records/s "
+        "| acker CPU us / 1K events | capacity M events/s (vs 1 shard) |"
+    )
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for cell in cells:
         base = next(
             (c for c in cells if c["clients"] == cell["clients"] and c["shards"] == 1), None
         )
         ratio = cell["xor_events_per_s"] / base["xor_events_per_s"] if base else float("nan")
+        cap = cell["capacity_events_per_s"]
+        cap_ratio = cap / base["capacity_events_per_s"] if base else float("nan")
         print(
             f"| {cell['clients']} | {cell['shards']} | {cell['xor_events_per_s'] / 1e6:.2f} "
             f"({cell['xor_events_per_s_best'] / 1e6:.2f}) | {ratio:.2f} | "
-            f"{cell['persist_records_per_s'] / 1e3:.0f} |"
+            f"{cell['persist_records_per_s'] / 1e3:.0f} | "
+            f"{cell['acker_cpu_us_per_1k_events']:.0f} | {cap / 1e6:.1f} ({cap_ratio:.2f}) |"
         )
     return 0
 
