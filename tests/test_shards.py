@@ -275,3 +275,34 @@ def test_shards_end_when_their_owner_is_killed():
 def test_a_shard_that_cannot_start_is_a_clear_error(tmp_path):
     with pytest.raises(ServiceError, match="did not start"):
         ShardedAcker(2, storage=f"sqlite:///{tmp_path / 'missing' / 'ft.db'}", start_timeout=30)
+
+
+# ---- xorack serve --shards ------------------------------------------------------------------
+
+
+def test_serve_shards_prints_one_location_and_stops_its_shards(tmp_path):
+    from acker_helpers import start_serve
+
+    storage = f"sqlite:///{tmp_path / 'acker.db'}"
+    proc, location = start_serve("--shards", "2", "--storage", storage, "--rotate-interval", "0")
+    try:
+        assert len(split_locations(location)) == 2
+        client = AckerClient.get(location, job="cli-shards")
+        client.check_shards()
+        src = client.persist(pa.record_batch({"x": list(range(64))}), births=list(range(1, 65)))
+        assert len(set(shard_of(src, 2).tolist())) == 2
+        assert client.stats()["pending"] == 64
+        client.close()
+        shard_pids = [
+            int(p) for p in subprocess.check_output(["pgrep", "-P", str(proc.pid)]).split()
+        ]
+        assert len(shard_pids) == 2
+        # a job's storage per shard: PATH.shardKof2.db.jobs/JOB.db
+        jobs = sorted(p.name for p in tmp_path.glob("*.jobs"))
+        assert jobs == ["acker.shard0of2.db.jobs", "acker.shard1of2.db.jobs"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "shutting down" in out
+    assert not wait_gone(shard_pids, timeout=0.5)
