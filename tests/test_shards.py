@@ -306,3 +306,46 @@ def test_serve_shards_prints_one_location_and_stops_its_shards(tmp_path):
     assert proc.returncode == 0, err
     assert "shutting down" in out
     assert not wait_gone(shard_pids, timeout=0.5)
+
+
+# ---- per-partition replay ops: forwarded to every shard ----------------------------------
+
+
+class _FakeShard:
+    """A shard client with the per-partition replay ops (the routing client's view of them)."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.calls: list[tuple] = []
+
+    def prepare_replays(self, source, partitioner, tag, first_ids=None):
+        self.calls.append(("prepare", source, partitioner, tag, first_ids))
+        return {0: 1 + self.k, 2 + self.k: 5}
+
+    def fetch_replays(self, source, tag, partition):
+        self.calls.append(("fetch", source, tag, partition))
+        if self.k == 1:  # an empty answer has the acker's minimal schema
+            return pa.table({"_ft_src": pa.array([], pa.uint64())})
+        return pa.table({"w": [f"s{self.k}p{partition}"], "_ft_src": pa.array([7], pa.uint64())})
+
+    def release_replays(self, source=None, tag=None):
+        self.calls.append(("release", source, tag))
+
+    def close(self) -> None:
+        pass
+
+
+def test_per_partition_replay_ops_go_to_every_shard():
+    client = ShardedAckerClient("grpc://127.0.0.1:1,grpc://127.0.0.1:2,grpc://127.0.0.1:3")
+    client.shards = [_FakeShard(k) for k in range(3)]
+    assert client.prepare_replays(0, "hash:4", "r1", "_ft_det") == {0: 6, 2: 5, 3: 5, 4: 5}
+    table = client.fetch_replays(0, "r1", 2)
+    assert table.column("w").to_pylist() == ["s0p2", "s2p2"]
+    client.release_replays(0, "r1")
+    for k, shard in enumerate(client.shards):
+        assert shard.calls == [
+            ("prepare", 0, "hash:4", "r1", "_ft_det"),
+            ("fetch", 0, "r1", 2),
+            ("release", 0, "r1"),
+        ], k
+    client.close()

@@ -295,6 +295,28 @@ class ShardedAckerClient:
                 merged.setdefault(p, []).append(table)
         return {p: _concat(tables) for p, tables in sorted(merged.items())}
 
+    # per-partition replay rounds (executors fetch their partition from every shard): each
+    # shard prepares, serves and frees its own replays; nothing here knows their format
+
+    def prepare_replays(
+        self, source: int, partitioner: str | None, tag: str, first_ids: str | None = None
+    ) -> dict[int, int]:
+        """Every shard prepares its replays of ``source`` for the round ``tag``; the rows per
+        partition added up over the shards (see ``AckerClient.prepare_replays``)."""
+        counts: dict[int, int] = {}
+        for part in self.broadcast("prepare_replays", source, partitioner, tag, first_ids):
+            for p, n in part.items():
+                counts[int(p)] = counts.get(int(p), 0) + int(n)
+        return dict(sorted(counts.items()))
+
+    def fetch_replays(self, source: int, tag: str, partition: int) -> pa.Table:
+        """Every shard's replays of ``partition`` for the round ``tag``, concatenated."""
+        return self.broadcast_tables("fetch_replays", source, tag, partition)
+
+    def release_replays(self, source: int | None = None, tag: str | None = None) -> None:
+        """Free the prepared replays on every shard."""
+        self.broadcast("release_replays", source, tag)
+
     def dead_letters(self, source: int | None = None) -> pa.Table:
         """Every shard's dead letters, concatenated."""
         return self.broadcast_tables("dead_letters", source)
