@@ -137,3 +137,20 @@ def test_a_failing_run_leaves_no_shard_process(spark, tmp_path):
         p.run(on_round=stop_after_first_round)
     assert len(pids) == 2
     assert not wait_gone(pids, timeout=0.5)  # stopped by run() itself, not later
+
+
+def test_a_stream_on_two_ackers_is_exactly_once(spark, tmp_path):
+    from test_streaming import FLAKY_OUT, WAIT, _poison_and_flaky, _stream
+
+    n = 100  # test_streaming's input: 4 files of 25 rows
+    sink = SQLiteSink(str(tmp_path / "out.db"), "out")
+    p = Pipeline(spark, max_attempts=3, ackers=2)
+    src = p.source(_stream(spark, tmp_path / "in"), name="files", partitions=2)
+    src.map_in_pandas(_poison_and_flaky, FLAKY_OUT, name="double").sink(sink, name="out")
+    report = p.start_stream(timeout=300.0, available_now=True).wait(timeout=WAIT)
+    dead = set(p.dead_letters().column("value").to_pylist())
+    assert {v for v in range(n) if v % 50 == 1} <= dead
+    assert sorted(sink.read()["value"]) == [v for v in range(n) if v not in dead]
+    assert report.lost == 0
+    assert report.source_records == n
+    assert report.completed == n - len(dead)
