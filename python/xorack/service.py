@@ -1185,7 +1185,9 @@ def _check_grpc_usable() -> None:
         )
 
 
-_clients: dict[tuple[int, str, str | None, str, bytes | None], AckerClient] = {}
+#: One client per (process, location, token, job, TLS roots): an AckerClient, or a
+#: ShardedAckerClient for a location naming several shards.
+_clients: dict[tuple[int, str, str | None, str, bytes | None], Any] = {}
 _clients_lock = threading.Lock()
 
 

@@ -481,6 +481,8 @@ class ShardedAcker:
 
     A shard process that dies is restarted on its port with its storage (its unfinished
     records are recovered and replayed; clients retry meanwhile), up to ``MAX_RESTARTS`` times.
+    Each shard's stderr goes to a temporary log file (deleted by :meth:`close`), whose last
+    lines are in the error when a shard cannot start and in the warning when one dies.
     The shards never outlive this object: :meth:`close` (also at interpreter exit) stops them,
     and each shard shuts down by itself when the process that started it dies (its stdin, a
     pipe from here, reaches EOF).
@@ -574,7 +576,10 @@ class ShardedAcker:
                         p.gave_up = True
                         continue
                     log.warning(
-                        "xorack acker shard %s exited (status %s): restarting", p.shard, code
+                        "xorack acker shard %s exited (status %s): restarting; its log: %s",
+                        p.shard,
+                        code,
+                        p.tail(),
                     )
                     p.restarts += 1
                     with contextlib.suppress(OSError, ValueError):
