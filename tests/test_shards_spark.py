@@ -154,3 +154,19 @@ def test_a_stream_on_two_ackers_is_exactly_once(spark, tmp_path):
     assert report.lost == 0
     assert report.source_records == n
     assert report.completed == n - len(dead)
+
+
+def test_a_pipeline_on_a_standalone_sharded_acker(spark, tmp_path):
+    from acker_helpers import start_serve
+
+    proc, location = start_serve("--shards", "2", "--rotate-interval", "0", "--max-attempts", "3")
+    try:
+        assert location.count(",") == 1
+        p, sink = _pipeline(spark, tmp_path / "out.db", service=location)
+        report = p.run()
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+    assert report.lost == 0
+    assert p.dead_letters().column("id").to_pylist() == [77]
+    assert Counter(w for _, w in _rows(sink)) == _expected(frozenset([77]))
