@@ -85,6 +85,14 @@ def merge_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+#: The default retry budget of a sharded client's calls (~16 s of waiting): longer than a
+#: single acker's (~4 s), to span a shard process's restart (a new Python process importing
+#: xorack and reopening its storage: 1-2 s idle, several on a busy machine). Retried calls are
+#: never applied twice within a shard's life (request ids); across a restart a retried event
+#: of an old id is an orphan, as with any restarted acker.
+RESTART_RETRY = RetryPolicy(attempts=20)
+
+
 class ShardedAckerClient:
     """A client of a sharded acker (``location`` = the shards' locations joined by commas, in
     shard order); its methods mirror :class:`~xorack.service.AckerClient`.
@@ -95,8 +103,9 @@ class ShardedAckerClient:
     every shard and their results are combined. A call that fails on one shard raises
     ``ServiceError`` after the other shards' parts have been applied (as a chunked call of
     ``AckerClient`` does: events are independent; a persist then retried by Spark is a
-    duplicate delivery, never a loss). Get one with ``AckerClient.get(location, ...)``: cached
-    per process like a single-shard client.
+    duplicate delivery, never a loss). Without ``retry``, calls retry for ~16 s
+    (``RESTART_RETRY``: a shard process that died is restarted meanwhile). Get one with
+    ``AckerClient.get(location, ...)``: cached per process like a single-shard client.
     """
 
     def __init__(
@@ -108,6 +117,7 @@ class ShardedAckerClient:
         tls_root_certs: bytes | None = None,
     ) -> None:
         self.locations = split_locations(location)
+        retry = retry or RESTART_RETRY
         self.location = location
         self.count = len(self.locations)
         self.shards = [
