@@ -461,6 +461,17 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser | None = Non
         print(f"xorack serve: error: --job: {exc}", file=sys.stderr)
         return 2
     if getattr(args, "shards", 1) > 1:
+        if getattr(args, "shard", None) is not None:
+            msg = "--shards N starts the shards; --shard K/N is what each of them is given"
+            if parser is not None:
+                parser.error(msg)
+            raise ServiceError(msg)
+        if parser is not None and args.storage != "memory":
+            from .sharding import Shard, shard_storage
+
+            for k in range(args.shards):  # each shard process opens its own file
+                spec = shard_storage(args.storage, Shard(k, args.shards))
+                check_storage_opens(parser, "--storage", spec)
         return _serve_shards(args, token)
 
     def make_ft(job: str = main_job) -> FTLayer:

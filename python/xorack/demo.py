@@ -531,7 +531,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.storage != "memory" and args.ft == "on":
-        check_storage_opens(parser, "--storage", args.storage)
+        from .sharding import Shard, shard_storage
+
+        for k in range(args.ackers):  # each acker process opens its own file
+            spec = shard_storage(args.storage, Shard(k, args.ackers))
+            check_storage_opens(parser, "--storage", spec)
     ft = args.ft == "on"
     rates = (args.fail_rate, args.poison_rate, args.drop_rate)
     if not ft and any(rates):
