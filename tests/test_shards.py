@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -349,3 +350,26 @@ def test_per_partition_replay_ops_go_to_every_shard():
             ("release", 0, "r1"),
         ], k
     client.close()
+
+
+def test_every_shard_serves_tls_and_checks_the_token(tls_files):
+    from xorack.service import RetryPolicy
+
+    cert, key = tls_files
+    roots = Path(cert).read_bytes()
+    with ShardedAcker(
+        2, token="s3cret", tls_cert=cert, tls_key=key, serve_args=SHARD_ARGS
+    ) as acker:
+        assert all(loc.startswith("grpc+tls://") for loc in split_locations(acker.location))
+        client = AckerClient.get(acker.location, token="s3cret", tls_root_certs=roots)
+        client.check_shards()
+        src = client.persist(pa.record_batch({"x": list(range(32))}), births=list(range(1, 33)))
+        assert len(client.xor(src, list(range(1, 33)))) == 32
+        client.close()
+        wrong = ShardedAckerClient(
+            acker.location, token="wrong", tls_root_certs=roots, retry=RetryPolicy(attempts=1)
+        )
+        for shard in wrong.shards:  # each shard checks the token itself
+            with pytest.raises(ServiceError, match="unauthenticated"):
+                shard.ping()
+        wrong.close()

@@ -599,8 +599,8 @@ def _serve_shards(args: argparse.Namespace, token: str | None) -> int:
     from .shards import ShardedAcker
 
     job_tokens = getattr(args, "job_token", None)
-    if job_tokens:  # the shards read them from their environment, never their command line
-        os.environ["XORACK_JOB_TOKENS"] = ",".join(job_tokens)
+    # the shards read job tokens from their environment, never their command line
+    env = {"XORACK_JOB_TOKENS": ",".join(job_tokens)} if job_tokens else None
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -620,6 +620,7 @@ def _serve_shards(args: argparse.Namespace, token: str | None) -> int:
                 tls_cert=getattr(args, "tls_cert", None),
                 tls_key=getattr(args, "tls_key", None),
                 serve_args=_serve_args(args),
+                env=env,
             )
         except ServiceError as exc:
             print(f"xorack serve: error: {exc}", file=sys.stderr)

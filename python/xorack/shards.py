@@ -487,7 +487,9 @@ class ShardedAcker:
     ``xorack serve``). ``host``/``advertise``/``port`` (shard k listens on ``port + k``; 0 = free
     ports), ``token`` (given to the shards through their environment, never their command
     line), ``tls_cert``/``tls_key`` and ``serve_args`` (more ``xorack serve`` options, e.g.
-    ``["--max-attempts", "3", "--rotate-interval", "0"]``) configure every shard.
+    ``["--max-attempts", "3", "--rotate-interval", "0"]``) configure every shard; ``env``
+    adds to the environment they inherit (e.g. ``XORACK_JOB_TOKENS``: secrets stay off their
+    command lines).
 
     A shard process that dies is restarted on its port with its storage (its unfinished
     records are recovered and replayed; clients retry meanwhile), up to ``MAX_RESTARTS`` times.
@@ -515,11 +517,12 @@ class ShardedAcker:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         serve_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
         restart: bool = True,
         start_timeout: float = START_TIMEOUT,
     ) -> None:
         shards = [Shard(k, count) for k in range(count)]  # checks count
-        env = dict(os.environ)
+        env = {**os.environ, **(env or {})}
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         env.pop("XORACK_TOKEN", None)
