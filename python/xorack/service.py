@@ -58,6 +58,11 @@ unfinished record under a *new* source id, so a retried event for an old id is a
 harmless) and a retried persist at worst duplicates a record — a duplicate delivery, never a loss
 and never a false completion.
 
+Sharding: several acker processes can share the records of a job, each owning the source ids
+that hash to it (``xorack serve --shards N``, ``Pipeline(ackers=N)``). Each shard is a service as
+described here; a location naming them all (``grpc://h:p1,grpc://h:p2``) gets a client that routes
+every call by source id (:mod:`xorack.shards`).
+
 One RPC per call (DoPut, not a long-lived DoExchange stream): each call has its own deadline,
 retry and auth check, and one client is safe to share between threads. It costs ~0.1-0.3 ms per
 call on loopback (a persistent DoExchange stream measured ~0.04-0.17 ms), negligible next to

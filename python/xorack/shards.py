@@ -339,6 +339,7 @@ class ShardedAckerClient:
         service = out.setdefault("service", {})
         service["location"] = self.location
         service["shard"] = None
+        service["jobs"] = max((p.get("service", {}).get("jobs", 0) for p in parts), default=0)
         service["shards"] = [p.get("service", {}) for p in parts]
         return out
 
