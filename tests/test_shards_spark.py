@@ -170,3 +170,14 @@ def test_a_pipeline_on_a_standalone_sharded_acker(spark, tmp_path):
     assert report.lost == 0
     assert p.dead_letters().column("id").to_pylist() == [77]
     assert Counter(w for _, w in _rows(sink)) == _expected(frozenset([77]))
+
+
+def test_bad_ackers_arguments_are_refused_before_running(spark):
+    from xorack.storage import MemoryStorage
+
+    with pytest.raises(ValueError, match=r"ackers must be an int in \[1, 1024\], got 0"):
+        Pipeline(spark, ackers=0)
+    with pytest.raises(ValueError, match="give one or the other"):
+        Pipeline(spark, ackers=2, service="grpc://127.0.0.1:1,grpc://127.0.0.1:2")
+    with pytest.raises(ValueError, match="not a MemoryStorage object"):
+        Pipeline(spark, ackers=2, storage=MemoryStorage())

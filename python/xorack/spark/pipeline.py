@@ -543,6 +543,11 @@ class Pipeline:
                 "ackers=N starts an embedded sharded acker; with service=... the standalone "
                 "acker's own shards apply (xorack serve --shards N): give one or the other"
             )
+        if ackers > 1 and not isinstance(storage, (str, os.PathLike)):
+            raise ValueError(
+                "ackers=N runs N acker processes, each opening its own storage: give a storage "
+                f"spec ('memory' or a SQLite path), not a {type(storage).__name__} object"
+            )
         self.ackers = ackers
         self.spark = spark
         self.ft = bool(ft)
