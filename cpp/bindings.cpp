@@ -157,6 +157,23 @@ void bind_acker(py::module_& m) {
              if (!found) return std::nullopt;
              return v;
            })
+      .def("gather",
+           [](PyAckTable& self, const py::array& keys) {
+             // the current value of each id, 0 where it has no entry (a registered entry is
+             // never 0: it completes there): one lock, one probe per id
+             const uint64_t* k = u64(keys, "src_ids");
+             size_t n = size_t(keys.size());
+             nonzero_ids(k, n, "src_ids");
+             py::array_t<uint64_t> out(py::ssize_t(n), nullptr);
+             uint64_t* o = out.mutable_data();
+             locked(self, [&] {
+               for (size_t i = 0; i < n; ++i) {
+                 uint64_t v = 0;
+                 o[i] = self.t.get(k[i], &v) ? v : 0;
+               }
+             });
+             return out;
+           })
       .def("snapshot",
            [](PyAckTable& self) {
              std::vector<uint64_t> k, v;

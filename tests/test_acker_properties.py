@@ -66,6 +66,10 @@ def test_ack_table_native_equals_fallback(ops):
     for k in range(1, 13):
         assert tables["native"].value(k) == tables["python"].value(k)
         assert (k in tables["native"]) == (k in tables["python"])
+    every = np.arange(1, 13, dtype=np.uint64)
+    gathered = [t.gather(every).tolist() for t in tables.values()]
+    assert gathered[0] == gathered[1]
+    assert gathered[0] == [tables["python"].value(k) or 0 for k in range(1, 13)]
 
 
 wheel_ops = st.lists(
@@ -370,6 +374,10 @@ def test_ack_table_at_scale_native_equals_fallback(seed, n, batch, dup):
     assert tables["native"].expire_unregistered() == tables["python"].expire_unregistered()
     snaps = [[a.tolist() for a in t.snapshot()] for t in tables.values()]
     assert snaps[0] == snaps[1]
+    probe = np.concatenate(
+        [ids[rng.integers(0, n, size=2_000)], rng.integers(1, 2**64, 50, np.uint64)]
+    )
+    both("gather", probe)
     c = tables["native"]._impl.debug_counters()
     assert c["grows"] > 0, c
     assert c["shrinks"] > 0, c

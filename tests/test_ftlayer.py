@@ -764,3 +764,69 @@ def test_a_fail_that_raised_is_counted_once_when_retried(backend):
     assert ft.fail(src[:1]).size == 1
     s = ft.stats()
     assert (s.failed, s.unknown_failures, s.replayed, s.pending) == (1, 0, 1, 2)
+
+
+# ---- held completions and chunk events (combined aggregations) ------------------------------
+
+
+def _chunk(prefix: int, n: int, bits: int) -> np.ndarray:
+    return (np.uint64(prefix) << np.uint64(bits)) | np.arange(n, dtype=np.uint64)
+
+
+def test_held_completions_wait_for_release_and_tainted_chunks_replay(make_ft):
+    ft = make_ft(max_attempts=1)
+    a, b = _chunk(3, 4, 2), _chunk(5, 4, 2)  # two chunks of 4 records
+    ids = np.concatenate([a, b])
+    ft.persist(batch(*range(8)), births=ids * np.uint64(7), src_ids=ids)
+    assert ft.xor(a, a * np.uint64(7), hold=True).tolist() == a.tolist()
+    assert ft.xor(b[1:], b[1:] * np.uint64(7), hold=True).tolist() == b[1:].tolist()
+    ft.fail(b[:1])  # max_attempts=1: dead-lettered; its chunk (5) is tainted
+    s = ft.stats()
+    assert (s.held, s.completed, s.pending) == (7, 0, 7)
+    ft.expire_all()  # held records are off the wheel: nothing times out
+    assert ft.stats().timed_out == 0
+    ended = ft.take_ended()
+    assert ended.tolist() == b[:1].tolist()
+    victims = ft.release(np.unique(ended >> np.uint64(2)), chunk_bits=2)
+    assert sorted(victims.tolist()) == sorted(b[1:].tolist())
+    s = ft.stats()
+    assert (s.completed, s.collateral, s.dead_lettered, s.pending) == (4, 3, 1, 3)
+    # collateral replays use no attempt: with max_attempts=1 they are replayed, not dead letters
+    replays = pa.concat_tables(ft.take_replays().values())
+    assert sorted(replays.column("v").to_pylist()) == [5, 6, 7]
+    assert set(replays.column("_ft_attempt").to_pylist()) == {1}
+    assert sorted(ft.take_ended().tolist()) == sorted(b[1:].tolist())
+
+
+@pytest.mark.parametrize("lost", [False, True])
+def test_a_chunk_event_holds_its_chunk_or_replays_it_when_it_does_not_cancel(make_ft, lost):
+    ft = make_ft()
+    ids = _chunk(9, 5, 3)
+    births = ids * np.uint64(11)
+    ft.persist(batch(*range(5)), births=births, src_ids=ids)
+    ft.xor(ids[:2], np.uint64(3) * ids[:2])  # some events came one by one
+    rest = np.bitwise_xor.reduce(births ^ np.where(np.arange(5) < 2, np.uint64(3) * ids, 0))
+    event = rest ^ np.uint64(1) if lost else rest
+    held = ft.xor([9], [event], chunk_bits=3)
+    s = ft.stats()
+    if lost:  # a row of the chunk never arrived: every record of the chunk is replayed
+        assert (held.tolist(), s.collateral, s.held) == ([], 5, 0)
+        assert (s.timed_out, s.replayed) == (0, 5)
+    else:
+        assert (sorted(held.tolist()), s.held) == (ids.tolist(), 5)
+        ft.release([], chunk_bits=3)
+        assert (ft.stats().completed, ft.pending) == (5, 0)
+
+
+def test_chunk_arguments_are_checked(make_ft):
+    ft = make_ft()
+    with pytest.raises(ValueError, match="chunk_bits must be in"):
+        ft.xor([1], [1], chunk_bits=17)
+    with pytest.raises(TypeError, match="chunk_bits must be an int"):
+        ft.release([], chunk_bits=1.5)
+    with pytest.raises(ValueError, match="once"):
+        ft.xor([4, 4], [1, 2], chunk_bits=2)
+    with pytest.raises(ValueError, match="below 2"):
+        ft.xor([2**62], [1], chunk_bits=4)
+    with pytest.raises(ValueError, match="0"):
+        ft.release([0], chunk_bits=2)

@@ -74,10 +74,11 @@ def _lookup(spark):
     return spark.createDataFrame(rows, "k int, label string")
 
 
-def _run_both(spark, tmp_path, build, exclude=POISON, require_rows=True):
+def _run_both(spark, tmp_path, build, exclude=POISON, require_rows=True, combine=True, lossy=False):
     """Run ``build(p, src)`` with FT on (failures injected) and compare each sink with plain
-    Spark on the input minus the dead-lettered ids (the same ``build`` over a plain source)."""
-    p = Pipeline(spark)
+    Spark on the input minus the dead-lettered ids (the same ``build`` over a plain source).
+    ``lossy``: rows are lost on purpose (they time out or taint their chunk)."""
+    p = Pipeline(spark, combine=combine)
     src = p.source(_events(spark), name="events")
     flaky = src.map_in_pandas(_flaky_ids, src.schema, name="flaky")
     out = build(flaky)
@@ -88,7 +89,8 @@ def _run_both(spark, tmp_path, build, exclude=POISON, require_rows=True):
     assert report.source_records == 200
     assert report.dead_lettered == len(exclude)
     assert report.completed == 200 - len(exclude)
-    assert report.timed_out == 0, "rows removed on purpose must be acked, never timed out"
+    if not lossy:
+        assert report.timed_out == 0, "rows removed on purpose must be acked, never timed out"
 
     plain = Pipeline(spark, ft=False)
     kept = _events(spark).where(~F.col("id").isin(sorted(exclude)))
@@ -160,6 +162,56 @@ def test_aggregate_after_failures_counts_every_record_once(spark, tmp_path):
 
     report = _run_both(spark, tmp_path, build)
     assert report.derived_records == 0  # read only by a native sink: written as computed
+
+
+def _combining_aggregate(t):
+    words = t.select("id", "k", "x", F.explode(F.split("line", " ")).alias("word"))
+    return words.groupBy("k", "word").agg(
+        F.count("*").alias("n"),
+        F.count("x").alias("nx"),
+        F.sum("id").alias("s"),
+        F.min("x").alias("lo"),
+        F.max("id").alias("hi"),
+        F.avg("x").alias("mean"),
+        F.mean("id"),  # unaliased: Spark's own name for it
+    )
+
+
+@pytest.mark.parametrize("combine", [True, False])
+def test_combined_aggregate_equals_plain_spark_under_failures(spark, tmp_path, combine):
+    """Partial aggregates per chunk (combine=True) or staged rows: the same exact result. With
+    failures in the first round every chunk holding a failed record is tainted: its other
+    records come back as collateral replays (no attempt used up, so nothing more is
+    dead-lettered than with staged rows)."""
+    report = _run_both(spark, tmp_path, _combining_aggregate, combine=combine)
+    if combine:
+        assert report.collateral_replays > 0
+    else:
+        assert report.collateral_replays == 0
+
+
+def _lose_first_round(frames):
+    """Untracked ``mapInPandas``: drops the words of ids % 7 == 3 on their first round (rows
+    lost, never acked)."""
+    for pdf in frames:
+        tracked = "_ft_src" in pdf.columns  # the plain reference loses nothing
+        yield pdf[~((pdf["id"] % 7 == 3) & (current_round() == 0) & tracked)]
+
+
+@pytest.mark.parametrize("combine", [True, False])
+def test_rows_lost_before_a_combined_aggregate_fail_their_chunk(spark, tmp_path, combine):
+    """A lost row makes its chunk's event miss: the chunk's records are replayed, each on its
+    own afterwards, and the result is still exact (staging rows: the record times out)."""
+
+    def build(t):
+        words = t.select("id", "k", "x", F.explode(F.split("line", " ")).alias("word"))
+        lossy = words.transform(lambda df: df.mapInPandas(_lose_first_round, df.schema))
+        return lossy.groupBy("k").agg(F.count("*").alias("n"), F.max("x").alias("hi"))
+
+    report = _run_both(spark, tmp_path, build, lossy=True, combine=combine)
+    assert (report.collateral_replays > 0) == combine
+    assert (report.timed_out > 0) != combine
+    assert report.vanished_rows
 
 
 def _fail_after(pdf: pd.DataFrame) -> pd.DataFrame:
@@ -287,6 +339,35 @@ def test_bad_native_declarations_fail_where_they_are_written(spark):
         src.join(_lookup(spark), F.col("k") == F.col("k"))
     with pytest.raises(TypeError, match="Columns"):
         src.groupBy("k").agg({"x": "sum"})
+    for bad in (0, 3, 2048, True, 4.0):
+        with pytest.raises(ValueError, match="chunk_records must be a power of two"):
+            Pipeline(spark, chunk_records=bad)
+
+
+def test_which_aggregations_combine(spark):
+    """Functions whose partial results merge exactly combine; anything else stages rows."""
+    from xorack.spark.barrier import AggregateSpec, combining_plan
+
+    schema = _events(spark).withColumn("d", F.col("x").cast("decimal(10,2)")).schema
+
+    def plan(*exprs):
+        spec = AggregateSpec(("k",), exprs)
+        out = spark.createDataFrame([], schema).groupBy("k").agg(*exprs).schema
+        got = combining_plan(spec, schema, out)
+        return None if got is None else [p.function for p in got]
+
+    combining = (F.count("*"), F.sum("x"), F.min("line"), F.max("d"), F.mean("id"), F.avg("x"))
+    assert plan(*combining) == ["count", "sum", "min", "max", "avg", "avg"]
+    assert plan(F.sum("d").alias("sd")) == ["sum"]
+    for other in (
+        F.countDistinct("x"),
+        F.avg("d"),  # a decimal average rounds its own way
+        F.percentile_approx("x", 0.5),
+        F.expr("sum(x)"),
+        (F.sum("x") + 1).alias("s1"),
+        F.collect_list("x"),
+    ):
+        assert plan(F.count("*"), other) is None, other
 
 
 # ---- Spark's own example jobs and data ------------------------------------------------------

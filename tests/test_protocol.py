@@ -12,7 +12,7 @@ from xorack.service import _ACTIONS, _GET_OPS, _PUT_OPS, AckerService
 
 
 def test_every_op_is_served_by_its_rpc():
-    assert set(_PUT_OPS) == {"persist", "xor", "fail", "touch"}
+    assert set(_PUT_OPS) == {"persist", "xor", "fail", "touch", "release"}
     assert set(_GET_OPS) == {"replays", "dead_letters"}
     assert set(_ACTIONS) == {op.value for op in Op.of("action")}
     assert {op.rpc for op in Op} == {"put", "get", "action"}

@@ -711,3 +711,27 @@ def test_cli_serve_does_not_import_spark():
     )
     env = {**os.environ, "PYTHONPATH": PYTHONPATH}
     assert subprocess.run([sys.executable, "-c", code], env=env, timeout=60).returncode == 0
+
+
+def test_held_completions_and_chunk_events_over_the_wire(client, ft):
+    ids = (np.uint64(7) << np.uint64(4)) | np.arange(3, dtype=np.uint64)
+    client.persist(pa.record_batch({"v": [1, 2, 3]}), births=ids, src_ids=ids)
+    event = np.bitwise_xor.reduce(ids)
+    assert sorted(client.xor([7], [event], chunk_bits=4).tolist()) == ids.tolist()
+    assert client.stats()["held"] == 3
+    assert client.release([], chunk_bits=4).tolist() == []
+    assert client.stats()["completed"] == 3
+    more = ids + np.uint64(16)
+    client.persist(pa.record_batch({"v": [4, 5, 6]}), births=more, src_ids=more)
+    assert sorted(client.xor(more, more, hold=True).tolist()) == more.tolist()
+    assert sorted(client.release([8], chunk_bits=4).tolist()) == more.tolist()
+    stats = client.stats()
+    assert (stats["collateral"], stats["pending"]) == (3, 3)
+    with pytest.raises(ServiceError, match="hold"):
+        client._put(
+            "xor",
+            {"hold": "yes", "req": "r1"},
+            pa.record_batch(
+                [pa.array([1], pa.uint64()), pa.array([1], pa.uint64())], schema=XOR_SCHEMA
+            ),
+        )

@@ -22,11 +22,11 @@ from xorack.service import AckerClient, AckerService
 from xorack.sharding import (
     Shard,
     draw_ids,
-    mix64,
+    mix54,
     shard_of,
     shard_storage,
     split_locations,
-    unmix64,
+    unmix54,
 )
 from xorack.shards import ShardedAcker, ShardedAckerClient, merge_stats
 
@@ -52,13 +52,22 @@ def wait_gone(pids: list[int], timeout: float = 20.0) -> list[int]:
 # ---- ids and names ---------------------------------------------------------------------------
 
 
-def test_mixer_is_a_bijection_and_splits_any_ids_evenly():
+def test_mixer_is_a_bijection_and_splits_any_blocks_evenly():
     rng = np.random.default_rng(1)
-    ids = rng.integers(1, 2**63, 10_000, dtype=np.uint64)
-    assert (unmix64(mix64(ids)) == ids).all()
-    for ids in (np.arange(1, 40_001, dtype=np.uint64), np.arange(1, 40_001, dtype=np.uint64) << 20):
+    blocks = rng.integers(1, 2**54, 10_000, dtype=np.uint64)
+    assert (unmix54(mix54(blocks)) == blocks).all()
+    assert (mix54(blocks) < 2**54).all()
+    seq = np.arange(1, 40_001, dtype=np.uint64)
+    for ids in (seq << 10, seq << 30):  # sequential blocks; blocks with low bits in common
         counts = np.bincount(shard_of(ids, 4), minlength=4)
-        assert counts.min() > 0.9 * 10_000, counts  # `id % 4` would put every id << 20 on 0
+        assert counts.min() > 0.9 * 10_000, counts  # `block % 4` would put every seq << 30 on 0
+
+
+def test_a_chunk_of_ids_lives_on_one_shard():
+    ids = draw_ids(3000)
+    block = (ids >> np.uint64(10)) << np.uint64(10)
+    for offset in (0, 1, 511, 1023):  # every id of an aligned 1024-block: the same shard
+        assert (shard_of(block | np.uint64(offset), 3) == shard_of(block, 3)).all()
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 7])
@@ -373,3 +382,49 @@ def test_every_shard_serves_tls_and_checks_the_token(tls_files):
             with pytest.raises(ServiceError, match="unauthenticated"):
                 shard.ping()
         wrong.close()
+
+
+# ---- held completions and chunk events (a barrier's combined rows) --------------------------
+
+
+def chunk_scenario(client) -> dict:
+    """Chunks of 8 records (chunk_bits=3): chunk events, one chunk's event wrong (its records
+    replayed as collateral), held completions, a release naming a tainted chunk."""
+    bits, per = 3, 8
+    rng = np.random.default_rng(5)
+    chunks = rng.integers(1, 2**40, 12, dtype=np.uint64)
+    src = ((chunks[:, None] << np.uint64(bits)) | np.arange(per, dtype=np.uint64)).ravel()
+    x = np.arange(len(src))
+    rec = rng.integers(1, 2**63, len(src), dtype=np.uint64)
+    client.persist(pa.record_batch({"x": x}), births=rec, src_ids=src, partition=0)
+    events = np.bitwise_xor.reduce(rec.reshape(-1, per), axis=1)
+    events[0] ^= np.uint64(1)  # a lost row in chunk 0: its records are replayed as collateral
+    held = client.xor(chunks, events, hold=True, chunk_bits=bits)
+    collateral = client.release(chunks[1:2], chunk_bits=bits)  # chunk 1 tainted elsewhere
+    stats = client.stats()
+    return {
+        "held": sorted(held.tolist()),
+        "collateral": sorted(collateral.tolist()),
+        "counters": {k: stats[k] for k in ("persisted", "completed", "replayed", "pending")},
+        "replayed_x": sorted(
+            x for t in client.take_replays(source=0).values() for x in t.column("x").to_pylist()
+        ),
+    }
+
+
+def test_chunk_events_and_releases_on_shards_give_the_results_of_one():
+    with (
+        FTLayer(max_attempts=3) as ft,
+        AckerService.embedded(ft) as svc,
+        AckerClient(svc.location, retry=FAST_RETRY) as client,
+    ):
+        single = chunk_scenario(client)
+    with ShardedAcker(3, serve_args=SHARD_ARGS) as acker:
+        client = AckerClient.get(acker.location)
+        sharded = chunk_scenario(client)
+        with pytest.raises(ValueError, match="at most 10 bits"):
+            client.xor([5], [1], chunk_bits=11)
+        client.close()
+    assert sharded == single
+    assert single["replayed_x"] == list(range(16))  # chunks 0 and 1: collateral replays
+    assert single["counters"]["completed"] == 80

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import xorack
 from xorack.spark.stages import ContentRanks, call_bisecting, content_ids
@@ -107,3 +111,23 @@ def test_bad_rows_value_names_the_stage(rows):
 
     with pytest.raises(ValueError, match="stage 'named'"):
         call_bisecting(fn, pdf, "named")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.one_of(st.integers(1, 6), st.integers(1, 2**64 - 1)), max_size=40),
+        max_size=6,
+    )
+)
+def test_content_ranks_count_the_earlier_rows_of_the_same_hash(batches):
+    """Every row's rank is the number of rows of the same hash before it in the task, whichever
+    path a batch takes (all distinct and new, or with repeats)."""
+    ranks, seen = ContentRanks(), Counter()
+    for values in batches:
+        h = np.array(values, dtype=np.uint64)
+        want = []
+        for v in values:
+            want.append(seen[v])
+            seen[v] += 1
+        assert ranks(h).tolist() == want

@@ -133,6 +133,15 @@ class AckTable:
         """The current ack value of ``src``, or None when it has no entry."""
         return self._impl.get(_id_arg(src, "src"))
 
+    def gather(self, src_ids: Any) -> np.ndarray:
+        """The current ack value of each id (uint64), 0 where it has no entry.
+
+        >>> t = AckTable(); _ = t.register([3, 4], [9, 5])
+        >>> t.gather([4, 7, 3]).tolist()
+        [5, 0, 9]
+        """
+        return self._impl.gather(_u64(src_ids, "src_ids", nonzero=True))
+
     def snapshot(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(keys uint64, values uint64, registered bool), sorted by key: input of ``restore``."""
         return self._impl.snapshot()

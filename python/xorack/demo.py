@@ -400,7 +400,12 @@ def format_report(r: dict[str, Any]) -> str:
         f"  completed              {show(r['completed'])}",
         f"  failed (explicit)      {show(r['failed'])}",
         f"  timed out              {show(r['timed_out'])}",
-        f"  replayed               {show(r['replayed'])}",
+        f"  replayed               {show(r['replayed'])}"
+        + (
+            f"  ({r['collateral_replays']} as collateral: a chunk-mate failed before the count)"
+            if r.get("collateral_replays")
+            else ""
+        ),
         f"  dead-lettered          {show(r['dead_lettered'])}",
         f"  LOST                   {show(r['lost'])}   (must be 0)",
         f"  duplicates absorbed    {r['duplicates_absorbed']}",
@@ -416,7 +421,7 @@ def format_report(r: dict[str, Any]) -> str:
         lines.insert(
             6,
             f"                         ({rows} rows vanished in the untracked transform "
-            f"{name!r}: their records timed out)",
+            f"{name!r}: their records timed out or failed their chunk)",
         )
     if r.get("dead_lettered_not_poisoned"):
         lines.insert(

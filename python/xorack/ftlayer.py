@@ -57,6 +57,9 @@ MAX_ATTEMPTS = 5
 TIMEOUT = "timeout"
 RECOVERED = "recovered: the FT layer stopped before the record completed"
 FAILED = "failed"
+COLLATERAL = "collateral: another record of its chunk did not complete"
+#: The widest chunk ``xor(..., chunk_bits=)`` takes (65,536 ids: a chunk's ids are enumerated).
+MAX_CHUNK_BITS = 16
 
 _U64 = np.uint64
 _EMPTY = np.empty(0, dtype=np.uint64)
@@ -87,7 +90,9 @@ class FTStats:
     ``attempt`` stays as it was); ``quarantined`` (records the storage found corrupt and set
     aside instead of recovering them: see ``storage.quarantine_notes``); ``pending`` (records
     neither completed nor dead-lettered, including ``replays_waiting``, the replays not yet
-    handed out by ``take_replays``); ``rotations``; completion latency percentiles in seconds
+    handed out by ``take_replays``; ``held``, the completions held until ``release``);
+    ``collateral`` (held or chunked records replayed because another record of their chunk did
+    not complete: no attempt used up); ``rotations``; completion latency percentiles in seconds
     of the layer's clock (None before any completion; every record persisted or replayed in a
     call of fewer than 1024 records is timed, of bigger calls a fixed 1 in 16, so big batches
     cost nothing).
@@ -109,6 +114,8 @@ class FTStats:
     quarantined: int = 0
     pending: int = 0
     replays_waiting: int = 0
+    held: int = 0
+    collateral: int = 0
     rotations: int = 0
     latency_p50: float | None = None
     latency_p90: float | None = None
@@ -134,6 +141,14 @@ _W = ("src", "rec", "partition")
 
 # --------------------------------------------------------------------------------------------
 # argument checks
+
+
+def _chunk_bits(bits: Any) -> int:
+    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)):
+        raise TypeError(f"chunk_bits must be an int, got {type(bits).__name__}")
+    if not 0 <= int(bits) <= MAX_CHUNK_BITS:
+        raise ValueError(f"chunk_bits must be in [0, {MAX_CHUNK_BITS}], got {int(bits)}")
+    return int(bits)
 
 
 def _ids(x: Any, name: str, *, nonzero: bool = True) -> np.ndarray:
@@ -326,6 +341,8 @@ class FTLayer:
         self._orphan_watch = _EMPTY  # sorted ids of unregistered entries put on the wheel
         self._undeleted: list[np.ndarray] = []  # completed, storage delete failed: retried
         self._ended: list[np.ndarray] = []  # attempts that ended without completing (take_ended)
+        self._held: list[np.ndarray] = []  # completions held until release()
+        self._failed_while_held = False  # a fail or timeout came while completions were held
         self._born: dict[int, float] = {}  # timed 1/16 sample of big calls: src id -> start
         self._born_small: dict[int, float] = {}  # every record of small calls: src id -> start
         self._latencies: deque[float] = deque(maxlen=_LATENCY_KEEP)
@@ -420,10 +437,19 @@ class FTLayer:
                 self._complete(done)
         return src
 
-    def xor(self, src_ids: Any, values: Any) -> np.ndarray:
+    def xor(self, src_ids: Any, values: Any, hold: bool = False, chunk_bits: int = 0) -> np.ndarray:
         """Apply XOR events ``(src_ids[i], values[i])``; returns the source ids completed by them
         (their records are deleted from storage). Events of unknown ids wait (early events) or
         end up as orphans.
+
+        ``hold``: a record these events complete is *held* instead (kept in storage, off the
+        timeout wheel, counted pending) until :meth:`release` completes it or replays it.
+        ``chunk_bits`` (implies ``hold``): each event is the XOR of every remaining event of a
+        whole *chunk*, the source ids ``(c << chunk_bits) | j``, ``j < 2**chunk_bits``, given
+        as ``c``. When it cancels the chunk's pending checksums, all of them are held; when it
+        does not (a lost row, a failed record), the chunk's pending records are replayed as
+        collateral (no attempt used up: a record that keeps failing is found when it comes
+        back on its own). A chunk's event must come in one call.
 
         >>> import pyarrow as pa
         >>> ft = FTLayer()
@@ -435,12 +461,87 @@ class FTLayer:
         src_ids = _ids(src_ids, "src_ids")
         values = _ids(values, "values", nonzero=False)
         same_length(src_ids=src_ids, values=values)
+        bits = _chunk_bits(chunk_bits)
         with self._lock:
             self._retry_deletes()
+            if bits:
+                return self._xor_chunks(src_ids, values, bits)
             done = self._table.xor(src_ids, values)
             if len(done):
-                self._complete(done)
+                if hold:
+                    self._hold(done)
+                else:
+                    self._complete(done)
         return done
+
+    def release(self, chunks: Any = None, chunk_bits: int = 0) -> np.ndarray:
+        """End the held completions: those whose chunk (``src >> chunk_bits``) is in ``chunks``
+        are replayed as collateral (no attempt used up), the others complete. Returns the
+        source ids of the collateral replays' ended attempts (also handed out by
+        :meth:`take_ended`).
+
+        >>> import pyarrow as pa
+        >>> ft = FTLayer()
+        >>> src = ft.persist(pa.record_batch({"v": [1, 2]}), births=[9, 5], src_ids=[8, 12])
+        >>> ft.xor(src, [9, 5], hold=True).tolist(), ft.pending
+        ([8, 12], 2)
+        >>> ft.release([12 >> 2], chunk_bits=2).tolist(), ft.stats().completed, ft.pending
+        ([12], 1, 1)
+        """
+        self._check_open()
+        bits = _chunk_bits(chunk_bits)
+        tainted = np.unique(_ids(chunks if chunks is not None else [], "chunks"))
+        with self._lock:
+            self._retry_deletes()
+            held, self._held = (np.concatenate(self._held) if self._held else _EMPTY), []
+            if not len(held):
+                return _EMPTY.copy()
+            if self._failed_while_held:  # a record failed since it was held has left
+                held = self._storage.lookup(held).src
+            self._failed_while_held = False
+            victim = np.isin(held >> np.uint64(bits), tainted) if len(tainted) else None
+            if victim is None or not victim.any():
+                self._complete(held)
+                return _EMPTY.copy()
+            self._complete(held[~victim])
+            return self._collateral(held[victim])
+
+    def _hold(self, done: np.ndarray) -> None:
+        self._wheel.discard(done)
+        self._held.append(done)
+
+    def _collateral(self, ids: np.ndarray) -> np.ndarray:
+        meta = self._storage.lookup(ids)
+        self._retry(meta, COLLATERAL, attempt=False)
+        self._stats.collateral += len(meta)
+        return np.asarray(meta.src, dtype=_U64)
+
+    def _xor_chunks(self, chunks: np.ndarray, values: np.ndarray, bits: int) -> np.ndarray:
+        """Chunk events (see :meth:`xor`): returns the ids held."""
+        if not len(chunks):
+            return _EMPTY.copy()
+        if len(np.unique(chunks)) != len(chunks):
+            raise ValueError("chunk events: each chunk's event must come once (reduce them first)")
+        if int(chunks.max()) >> (64 - bits):
+            raise ValueError(f"chunk ids must be below 2**{64 - bits} with chunk_bits={bits}")
+        width = 1 << bits
+        ids = (chunks[:, None] << np.uint64(bits)) | np.arange(width, dtype=_U64)[None, :]
+        ids = ids.ravel()  # chunk ids are nonzero, so no id is 0
+        current = self._table.gather(ids)
+        rest = np.bitwise_xor.reduce(current.reshape(-1, width), axis=1) ^ values
+        pending = (current != 0).reshape(-1, width)
+        ok = (rest == 0)[:, None] & pending
+        bad = (rest != 0)[:, None] & pending
+        held = ids.reshape(-1, width)[ok]
+        if len(held):
+            self._table.fail(held)
+            self._hold(held)
+        if bad.any():
+            loose = ids.reshape(-1, width)[bad]
+            known = self._storage.lookup(loose).src
+            self._table.fail(known)  # their replays start afresh
+            self._collateral(known)
+        return held
 
     def fail(self, src_ids: Any, reason: str | None = None) -> np.ndarray:
         """Fail records explicitly; returns the new source ids of the replays created
@@ -603,6 +704,7 @@ class FTLayer:
                 }
             )
             s.pending = self._registered
+            s.held = sum(len(h) for h in self._held)
             s.quarantined = int(getattr(self._storage, "quarantined", 0))
             s.replays_waiting = sum(
                 len(np.unique(np.concatenate([q.src for q in queue])))
@@ -682,6 +784,8 @@ class FTLayer:
         short by the acker, not by the record) the replay keeps its attempt number and nothing
         is dead-lettered for attempts. Returns the new ids. Routing first and storage next, so
         that an error leaves every record where it was."""
+        if self._held:
+            self._failed_while_held = True
         if not len(meta):
             return _EMPTY.copy()
         self._ended.append(np.array(meta.src, dtype=_U64))

@@ -4,7 +4,7 @@ its client (``AckerClient``) both speak. Plain constants over pyarrow: no Flight
 
 >>> from xorack.protocol import Op, PROTOCOL_VERSION, XOR_SCHEMA
 >>> Op.XOR.value, Op("expire_all").rpc, PROTOCOL_VERSION
-('xor', 'action', 1)
+('xor', 'action', 2)
 >>> XOR_SCHEMA.names
 ['_ft_src', '_ft_xor']
 
@@ -25,6 +25,7 @@ import pyarrow as pa
 __all__ = [
     "AUTH_HEADER",
     "BIRTHS",
+    "CHUNK_BITS",
     "CONTROL_PREFIX",
     "FAIL_SCHEMA",
     "JOB_HEADER",
@@ -33,6 +34,7 @@ __all__ = [
     "PERSIST_CONTROL",
     "PROTOCOL_HEADER",
     "PROTOCOL_VERSION",
+    "RELEASE_SCHEMA",
     "REPLAY_COLUMNS",
     "SRC",
     "TOUCH_SCHEMA",
@@ -43,7 +45,8 @@ __all__ = [
 
 #: Bumped when a change would make an older client or service misread a call. Clients send it
 #: in ``PROTOCOL_HEADER``; a service refuses a version it does not speak (absent: version 1).
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: held completions, chunk events and release (an acker of version 1
+# would complete what a version-2 client asks it to hold)
 
 
 class Op(str, Enum):
@@ -60,6 +63,7 @@ class Op(str, Enum):
     ROTATE = "rotate"
     EXPIRE_ALL = "expire_all"
     TAKE_ENDED = "take_ended"
+    RELEASE = "release"
 
     @property
     def rpc(self) -> str:
@@ -85,6 +89,7 @@ _RPC = {
     Op.ROTATE: "action",
     Op.EXPIRE_ALL: "action",
     Op.TAKE_ENDED: "action",
+    Op.RELEASE: "put",
 }
 
 #: HTTP/2 header carrying the token ("authorization: Bearer <token>").
@@ -106,6 +111,12 @@ XOR = "_ft_xor"
 XOR_SCHEMA = pa.schema([pa.field(SRC, pa.uint64(), False), pa.field(XOR, pa.uint64(), False)])
 #: Explicit failures: the source ids to fail (the reason travels in the request command).
 FAIL_SCHEMA = pa.schema([pa.field(SRC, pa.uint64(), False)])
+#: Releasing held completions: the chunks whose held records are replayed as collateral.
+RELEASE_SCHEMA = FAIL_SCHEMA
+#: Source ids are drawn in aligned blocks of ``2**CHUNK_BITS`` (a *chunk*, ``src >> CHUNK_BITS``)
+#: where a Spark barrier combines rows before staging them; a sharded acker routes by chunk, so
+#: that a chunk's records live on one shard.
+CHUNK_BITS = 10
 #: Timeout resets: the source ids to touch.
 TOUCH_SCHEMA = FAIL_SCHEMA
 #: Optional control columns of a persist stream (the rest of the columns are the payload).

@@ -26,8 +26,11 @@ persist        DoPut       command ``{"op": "persist", "source", "partition", "r
                            ``_ft_rec uint64`` (birth values), ``_ft_partition int32``,
                            ``_ft_src uint64`` (source ids the caller drew itself)
                            → one metadata message: the new source ids (raw uint64 LE)
-xor            DoPut       ``{"op": "xor", "req"}``; stream ``_ft_src uint64, _ft_xor uint64``
-                           → completed source ids (raw uint64 LE)
+xor            DoPut       ``{"op": "xor", "req", "hold"?, "chunk_bits"?}``; stream
+                           ``_ft_src uint64, _ft_xor uint64`` → completed (or held) source ids
+                           (raw uint64 LE); see ``FTLayer.xor`` for hold and chunk events
+release        DoPut       ``{"op": "release", "chunk_bits", "req"}``; stream ``_ft_src uint64``
+                           (tainted chunks) → collateral source ids (raw uint64 LE)
 fail           DoPut       ``{"op": "fail", "reason", "req"}``; stream ``_ft_src uint64``
                            → new replay source ids (raw uint64 LE)
 touch          DoPut       ``{"op": "touch"}``; stream ``_ft_src uint64`` → nothing
@@ -562,7 +565,7 @@ def _check_put_schema(op: str, schema: pa.Schema) -> None:
     if op == "persist":
         _persist_payload_columns(schema)
     else:
-        _expect_schema(schema, XOR_SCHEMA if op == "xor" else FAIL_SCHEMA, op)
+        _expect_schema(schema, XOR_SCHEMA if op == "xor" else FAIL_SCHEMA, op)  # release too
 
 
 def _column_u64(table: pa.Table, name: str, op: str) -> np.ndarray:
@@ -962,7 +965,15 @@ class AckerService(flight.FlightServerBase):
         src = _column_u64(table, SRC, op)
         if op == "xor":
             values = _column_u64(table, XOR, op)
+            hold, bits = cmd.get("hold", False), _opt_int(cmd, "chunk_bits", 0)
+            if not isinstance(hold, bool):
+                raise _RequestError(f"xor: 'hold' must be true or false, got {hold!r}")
+            if hold or bits:
+                return np.asarray(ft.xor(src, values, hold=hold, chunk_bits=bits), np.uint64)
             return np.asarray(ft.xor(src, values), dtype=np.uint64)
+        if op == "release":
+            bits = _opt_int(cmd, "chunk_bits", 0)
+            return np.asarray(ft.release(src, chunk_bits=bits), dtype=np.uint64)
         if op == "fail":
             reason = cmd.get("reason")
             if reason is not None and not isinstance(reason, str):
@@ -1453,15 +1464,28 @@ class AckerClient:
         cmd: dict[str, Any] = {"source": a.source, "req": _request_id()}
         return self._put("persist", cmd, wire)
 
-    def xor(self, src_ids: Any, values: Any) -> np.ndarray:
-        """Apply XOR events ``(src, value)``; returns the source ids completed by this call."""
+    def xor(self, src_ids: Any, values: Any, hold: bool = False, chunk_bits: int = 0) -> np.ndarray:
+        """Apply XOR events ``(src, value)``; returns the source ids completed by this call
+        (held, with ``hold``; chunk events with ``chunk_bits``: see ``FTLayer.xor``)."""
         src = as_u64(src_ids, "src_ids", nonzero=True)
         val = as_u64(values, "values")
         same_length(src_ids=src, values=val)
         if not src.size:
             return _EMPTY_IDS
         batch = pa.RecordBatch.from_arrays([pa.array(src), pa.array(val)], schema=XOR_SCHEMA)
-        return self._put_events("xor", dict, batch)
+        extra: dict[str, Any] = {}
+        if hold or chunk_bits:
+            extra = {"hold": bool(hold), "chunk_bits": int(chunk_bits)}
+        # (a chunk's event is one row: splitting the rows into requests keeps it whole)
+        return self._put_events("xor", lambda: dict(extra), batch)
+
+    def release(self, chunks: Any = (), chunk_bits: int = 0) -> np.ndarray:
+        """End the held completions (``FTLayer.release``): those of ``chunks`` are replayed as
+        collateral; returns their ended source ids."""
+        c = as_u64(chunks, "chunks", nonzero=True)
+        batch = pa.RecordBatch.from_arrays([pa.array(c, pa.uint64())], schema=FAIL_SCHEMA)
+        cmd = {"chunk_bits": int(chunk_bits), "req": _request_id()}
+        return self._put("release", cmd, batch)
 
     def fail(self, src_ids: Any, reason: str | None = None) -> np.ndarray:
         """Fail records explicitly; returns the new source ids of their replays."""

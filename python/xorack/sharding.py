@@ -1,16 +1,18 @@
 """Which acker shard owns a source id, and the names a sharded acker uses.
 
-A sharded acker is N acker processes; shard ``k`` of ``N`` owns the source ids whose mixed value
-falls in the ``k``-th of N equal slices of the 64-bit range. The mixer is MurmurHash3's 64-bit
-finalizer (``fmix64``): a bijection with full avalanche, fixed (no per-process seed) because
-every client and every shard must agree on it. Ids are random already; mixing them first keeps
-the split even when ids come from elsewhere (sequential ids, ids with low bits in common), where
-``id % N`` would not.
+A sharded acker is N acker processes. Source ids are routed by *block*: ``id >> CHUNK_BITS``
+(1024 consecutive ids, the widest chunk a Spark barrier combines rows by: a chunk's records, and
+so its chunk event, live on one shard). Shard ``k`` of ``N`` owns the blocks whose mixed value
+falls in the ``k``-th of N equal slices. The mixer is MurmurHash3's ``fmix64`` recast on the
+54 bits of a block number (xor-shifts by 27, multiplications by odd constants mod 2**54): a
+bijection with full avalanche, fixed (no per-process seed) because every client and every
+shard must agree on it. Ids are random already; mixing keeps the split even when they come from
+elsewhere (sequential blocks, blocks with low bits in common), where ``block % N`` would not.
 
 A shard draws the ids of its own replays (and of persists whose caller drew none) inside its
-own slice, exactly, with no rejection: it picks a random mixed value in the slice and applies
-the inverse of the mixer. So every event about a record, first attempt or replay, goes to the
-shard that holds it.
+own slice, exactly, with no rejection: a random mixed value inside the slice, the inverse
+mixer, then a random offset in the block. So every event about a record, first attempt or
+replay, goes to the shard that holds it.
 
 >>> import numpy as np
 >>> ids = draw_ids(1000, Shard(1, 4))
@@ -32,69 +34,87 @@ from typing import Any
 import numpy as np
 
 from .acker import new_ids
+from .protocol import CHUNK_BITS
 
 __all__ = [
+    "BLOCK_BITS",
     "MAX_SHARDS",
     "Shard",
+    "block_of",
     "draw_ids",
     "join_locations",
-    "mix64",
+    "mix54",
     "shard_of",
     "shard_storage",
     "split_locations",
-    "unmix64",
+    "unmix54",
 ]
 
 #: Most shards of one acker (far more than any machine has cores; keeps the slice math in
 #: 64 bits: a slice index is (top 32 bits of the mix) * N >> 32).
 MAX_SHARDS = 1024
 
-_C1 = np.uint64(0xFF51AFD7ED558CCD)
-_C2 = np.uint64(0xC4CEB9FE1A85EC53)
-_C1_INV = np.uint64(0x4F74430C22A54005)  # modular inverses (mod 2**64) of _C1 and _C2
-_C2_INV = np.uint64(0x9CB4B2F8129337DB)
-_S33 = np.uint64(33)
+#: Ids route by block, ``id >> BLOCK_BITS``: the widest chunk (``protocol.CHUNK_BITS``).
+BLOCK_BITS = CHUNK_BITS
+_W = 64 - BLOCK_BITS  # bits of a block number (54)
+_MASK = np.uint64((1 << _W) - 1)
+_K1 = np.uint64(0x11AFD7ED558CCD)  # fmix64's constants mod 2**54 (odd) ...
+_K2 = np.uint64(0xEB9FE1A85EC53)
+_K1_INV = np.uint64(0x34430C22A54005)  # ... and their inverses mod 2**54
+_K2_INV = np.uint64(0x34B2F8129337DB)
+_SHIFT = np.uint64(_W // 2)  # x ^= x >> 27 is its own inverse on 54 bits
+_TOP = np.uint64(_W - 32)  # the mixed value's top 32 bits pick the slice
 _S32 = np.uint64(32)
 _LOW32 = np.uint64(0xFFFF_FFFF)
+_BLOCK = np.uint64(BLOCK_BITS)
 
 
-def mix64(ids: Any) -> np.ndarray:
-    """MurmurHash3's ``fmix64`` of each id (uint64 in, uint64 out; a bijection, 0 -> 0).
+def block_of(ids: Any) -> np.ndarray:
+    """The block number of each id (``id >> BLOCK_BITS``, uint64).
 
-    >>> int(mix64([1])[0]) == 0xB456BCFC34C2CB2C
-    True
+    >>> block_of([1023, 1024]).tolist()
+    [0, 1]
     """
-    x = np.array(ids, dtype=np.uint64)  # a copy: mixed in place
+    return np.asarray(ids, dtype=np.uint64) >> _BLOCK
+
+
+def mix54(blocks: Any) -> np.ndarray:
+    """The mixed value of each block number (54-bit in, 54-bit out; a bijection, 0 -> 0).
+
+    >>> int(unmix54(mix54([12345]))[0])
+    12345
+    """
+    x = np.array(blocks, dtype=np.uint64)  # a copy: mixed in place
     _mix_in_place(x, np.empty_like(x))
     return x
 
 
 def _mix_in_place(x: np.ndarray, t: np.ndarray) -> None:
-    """``x = fmix64(x)``, ``t`` a scratch array of the same length."""
+    """``x = mix54(x)`` (``x`` < 2**54), ``t`` a scratch array of the same length."""
     with np.errstate(over="ignore"):
-        np.right_shift(x, _S33, out=t)
+        np.right_shift(x, _SHIFT, out=t)
         x ^= t
-        x *= _C1
-        np.right_shift(x, _S33, out=t)
+        x *= _K1
+        x &= _MASK
+        np.right_shift(x, _SHIFT, out=t)
         x ^= t
-        x *= _C2
-        np.right_shift(x, _S33, out=t)
+        x *= _K2
+        x &= _MASK
+        np.right_shift(x, _SHIFT, out=t)
         x ^= t
 
 
-def unmix64(mixed: Any) -> np.ndarray:
-    """The inverse of :func:`mix64` (``x ^= x >> 33`` is its own inverse).
-
-    >>> int(unmix64(mix64([12345]))[0])
-    12345
-    """
+def unmix54(mixed: Any) -> np.ndarray:
+    """The inverse of :func:`mix54`."""
     x = np.array(mixed, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        x ^= x >> _S33
-        x *= _C2_INV
-        x ^= x >> _S33
-        x *= _C1_INV
-        x ^= x >> _S33
+        x ^= x >> _SHIFT
+        x *= _K2_INV
+        x &= _MASK
+        x ^= x >> _SHIFT
+        x *= _K1_INV
+        x &= _MASK
+        x ^= x >> _SHIFT
     return x
 
 
@@ -112,7 +132,7 @@ _CHUNK = 8192
 
 
 def shard_of(ids: Any, count: int) -> np.ndarray:
-    """The shard (0 .. count-1, int16) that owns each source id.
+    """The shard (0 .. count-1, int16) that owns each source id (by its block).
 
     >>> shard_of([1, 2, 3], 1).tolist()
     [0, 0, 0]
@@ -128,10 +148,10 @@ def shard_of(ids: Any, count: int) -> np.ndarray:
     for start in range(0, len(ids), _CHUNK):
         stop = min(start + _CHUNK, len(ids))
         xs, ts = x[: stop - start], t[: stop - start]
-        xs[:] = ids[start:stop]
+        np.right_shift(ids[start:stop], _BLOCK, out=xs)  # the block
         _mix_in_place(xs, ts)
         with np.errstate(over="ignore"):
-            xs >>= _S32  # the top 32 bits ...
+            xs >>= _TOP  # the top 32 bits of the mix ...
             xs *= n_shards
             xs >>= _S32  # ... scaled to [0, count): the slice they fall in
         out[start:stop] = xs
@@ -180,11 +200,14 @@ def draw_ids(n: int, shard: Shard | None = None, backend: str | None = None) -> 
         return ids
     lo = -(-(shard.index << 32) // shard.count)  # ceil(k * 2**32 / N)
     hi = -(-((shard.index + 1) << 32) // shard.count)
+    low = np.uint64((1 << int(_TOP)) - 1)
     while True:
         with np.errstate(over="ignore"):
             top = np.uint64(lo) + (((ids >> _S32) * np.uint64(hi - lo)) >> _S32)
-            out = unmix64((top << _S32) | (ids & _LOW32))
-        zero = out == 0  # only the mixed value 0 maps to 0
+            block = unmix54((top << _TOP) | (ids & low))  # 32 random bits used so far
+            offset = (ids >> _TOP) & np.uint64((1 << BLOCK_BITS) - 1)  # the next 10
+            out = (block << _BLOCK) | offset
+        zero = out == 0
         if not zero.any():
             return out
         ids[zero] = new_ids(int(zero.sum()), backend=backend)

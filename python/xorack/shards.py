@@ -47,7 +47,15 @@ import pyarrow as pa
 from ._checks import as_u64, same_length
 from .errors import ServiceError
 from .service import AckerClient, RetryPolicy
-from .sharding import Shard, draw_ids, join_locations, shard_of, shard_storage, split_locations
+from .sharding import (
+    BLOCK_BITS,
+    Shard,
+    draw_ids,
+    join_locations,
+    shard_of,
+    shard_storage,
+    split_locations,
+)
 
 __all__ = ["ShardedAcker", "ShardedAckerClient", "merge_stats"]
 
@@ -251,21 +259,43 @@ class ShardedAckerClient:
         self._run([part(k, rows) for k, rows in self._split(src)])
         return src
 
-    def xor(self, src_ids: Any, values: Any) -> np.ndarray:
-        """Apply XOR events, each on its source id's shard; the source ids completed."""
+    def xor(self, src_ids: Any, values: Any, hold: bool = False, chunk_bits: int = 0) -> np.ndarray:
+        """Apply XOR events, each on its source id's shard; the source ids completed (held,
+        with ``hold``). With ``chunk_bits`` each row is one chunk's event (``src_ids`` are chunk
+        numbers, see ``FTLayer.xor``): routed to the shard of the chunk's block, which holds
+        every record of the chunk (chunks of at most ``2**BLOCK_BITS`` ids)."""
         src = as_u64(src_ids, "src_ids", nonzero=True)
         val = as_u64(values, "values")
         same_length(src_ids=src, values=val)
         if not src.size:
             return _EMPTY.copy()
+        kw: dict[str, Any] = {}
+        route = src
+        if hold or chunk_bits:
+            kw = {"hold": bool(hold), "chunk_bits": int(chunk_bits)}
+        if chunk_bits:
+            if not 0 < int(chunk_bits) <= BLOCK_BITS:
+                raise ValueError(
+                    f"chunk_bits={chunk_bits}: a sharded acker keeps the ids of one block of "
+                    f"2**{BLOCK_BITS} on one shard, so its chunks can have at most "
+                    f"{BLOCK_BITS} bits"
+                )
+            with np.errstate(over="ignore"):
+                route = src << np.uint64(chunk_bits)  # an id of the chunk: its block's shard
         return self._ids(
             self._run(
                 [
-                    _bind(self.shards[k].xor, (src, val) if r is None else (src[r], val[r]))
-                    for k, r in self._split(src)
+                    _bind(self.shards[k].xor, (src, val) if r is None else (src[r], val[r]), kw)
+                    for k, r in self._split(route)
                 ]
             )
         )
+
+    def release(self, chunks: Any = (), chunk_bits: int = 0) -> np.ndarray:
+        """End the held completions on every shard (those of ``chunks`` replayed as
+        collateral); the collateral replays' ended source ids (see ``AckerClient.release``)."""
+        c = as_u64(chunks, "chunks", nonzero=True)
+        return self._ids(self.broadcast("release", c, chunk_bits))
 
     def fail(self, src_ids: Any, reason: str | None = None) -> np.ndarray:
         """Fail records explicitly, each on its shard; the new source ids of their replays."""

@@ -176,6 +176,14 @@ class AckTable:
         return None
 
     @serialized
+    def gather(self, keys: np.ndarray) -> np.ndarray:
+        """The current value of each id, 0 where it has no entry."""
+        check_ids(keys, "src_ids")
+        main, early, old = self._main, self._early, self._old
+        out = [main.get(k) or early.get(k) or old.get(k, 0) for k in keys.tolist()]
+        return np.array(out, dtype=np.uint64)
+
+    @serialized
     def snapshot(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(keys, values, registered) of every entry, sorted by key."""
         unreg = {**self._early, **self._old}

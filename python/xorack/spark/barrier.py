@@ -21,6 +21,29 @@ the dead-lettered records, whichever records were replayed. A barrier gets there
 The staged rows cost their Parquet size on disk per round (payload + two 8-byte ids + a flag)
 until the barrier has computed its output.
 
+**Combining before staging.** Staging every row forgoes Spark's map-side combine, which is most
+of the cost of an aggregation over many rows (a word count stages each word). An aggregation
+whose functions all combine (``count``, ``sum``, ``min``, ``max``, ``avg`` over numbers; no
+``distinct``) stages *partial* aggregates instead, one row per (chunk, group), where a *chunk* is
+a block of ``2**CHUNK_BITS`` source records whose ids share their high bits (the source tagger
+draws them so in the first round of such a phase; a replay's random id is a chunk of its own).
+A partial row mixes the records of its chunk, so the chunk completes or fails as a whole:
+
+1. each partial row carries the XOR of its rows' events; per chunk they reduce (a small
+   shuffle) to one *chunk event*, which the acker checks against the XOR of the pending
+   checksums of the chunk's records. When it cancels, the chunk's records are *held*: complete
+   but not yet released. When it does not (a row was lost), they are all replayed;
+2. once the round has settled, the chunks of every attempt that ended without completing are
+   *tainted*: their held records are replayed too (as collateral: no attempt used up), the
+   other held records complete (``FTLayer.release``);
+3. the barrier's output merges the partial rows of the untainted chunks of every round
+   (``sum`` of counts and sums, ``min`` of minimums, ``sum/count`` for ``avg``).
+
+So the result is exact as before, at the price of replaying the chunk-mates of a record that
+failed in the first round — cheap when failures are rare, one more pass over the first round's
+records when they are not (the replays, with ids of their own, never taint each other).
+``Pipeline(combine=False)`` stages rows instead.
+
 >>> AggregateSpec(("word",), ()).describe()
 'groupBy(word).agg()'
 """
@@ -38,6 +61,11 @@ import numpy as np
 import pyarrow as pa
 
 from .lineage import EVT, KEEP, SRC, staged_event
+
+CHUNK = "_ft_chunk"
+#: Aggregate functions whose partial results merge exactly (``avg`` over integral or
+#: floating-point inputs: a decimal average rounds in its own way).
+COMBINING = ("count", "sum", "min", "max", "avg", "mean")
 
 
 def _f() -> Any:
@@ -72,6 +100,79 @@ class JoinSpec:
 
     def compute(self, inputs: Sequence[Any]) -> Any:
         return inputs[0].join(inputs[1], on=list(self.on), how=self.how)
+
+
+@dataclass(frozen=True)
+class _Partial:
+    """One aggregate of a combined aggregation: its partial columns and how they merge."""
+
+    function: str  # count | sum | min | max | avg
+    expr: Any  # the user's aggregate Column without its alias
+    argument: Any  # its argument Column
+    name: str  # the output column's name
+    dtype: Any  # the output column's type
+
+    def partials(self, i: int) -> list[Any]:
+        f = _f()
+        if self.function == "avg":
+            value = self.argument.cast("double")
+            return [f.sum(value).alias(f"_ft_p{i}s"), f.count(self.argument).alias(f"_ft_p{i}c")]
+        return [self.expr.alias(f"_ft_p{i}")]
+
+    def merge(self, i: int) -> Any:
+        f = _f()
+        if self.function == "avg":
+            merged = f.sum(f"_ft_p{i}s") / f.sum(f"_ft_p{i}c")
+        elif self.function in ("count", "sum"):
+            merged = f.sum(f"_ft_p{i}")
+        else:
+            merged = getattr(f, self.function)(f"_ft_p{i}")
+        return merged.cast(self.dtype).alias(self.name)
+
+
+def combining_plan(spec: AggregateSpec, input_schema: Any, output_schema: Any) -> Any:
+    """The partial aggregates of ``spec`` when every one of its functions combines (see the
+    module's doc), else None. ``output_schema``: plain Spark's output (keys, then one column
+    per expression)."""
+    from pyspark.sql.types import DecimalType, NumericType
+
+    try:
+        from pyspark.sql.classic.column import Column
+        from pyspark.sql.session import SparkSession
+    except ImportError:  # pragma: no cover - Spark Connect only
+        return None
+    spark = SparkSession.getActiveSession()
+    if spark is None or spark._jvm is None:
+        return None
+    proto = spark.createDataFrame([], input_schema)
+    fields = output_schema.fields[len(spec.keys) :]
+    if len(fields) != len(spec.exprs):
+        return None
+    plan = []
+    for expr, out in zip(spec.exprs, fields, strict=True):
+        try:
+            node = expr._jc.node()
+            if node.getClass().getSimpleName() == "Alias":
+                node = node.child()
+            if node.getClass().getSimpleName() != "UnresolvedFunction":
+                return None
+            name = str(node.functionName()).lower()
+            if name not in COMBINING or node.isDistinct() or node.isUserDefinedFunction():
+                return None
+            if node.arguments().size() != 1:
+                return None
+            jvm = spark._jvm.org.apache.spark.sql
+            argument = Column(jvm.Column(node.arguments().head()))
+            bare = Column(jvm.Column(node))
+        except Exception:  # not a classic Column, or a shape we do not know: stage rows
+            return None
+        function = "avg" if name == "mean" else name
+        if function == "avg":
+            t = proto.select(argument.alias("a")).schema["a"].dataType
+            if not isinstance(t, NumericType) or isinstance(t, DecimalType):
+                return None
+        plan.append(_Partial(function, bare, argument, out.name, out.dataType))
+    return tuple(plan)
 
 
 @dataclass
@@ -111,6 +212,50 @@ class Staging:
         self.paths.clear()
 
 
+@dataclass
+class PartialStaging(Staging):
+    """The staged partial aggregates of a combined aggregation (see the module's doc): per
+    round, one row per (chunk, live flag, group) with the partial columns and the XOR of the
+    rows' events; ``tainted`` holds, per round, the chunks whose rows are left out."""
+
+    keys: tuple[str, ...] = ()
+    plan: tuple[_Partial, ...] = ()
+    output: Any = None  # plain Spark's output schema
+    bits: list[int] = field(default_factory=list)  # chunk bits of each staged round
+    tainted: list[Any] = field(default_factory=list)  # per round: DataFrame of CHUNK, or None
+
+    def write_partial(self, df: Any, tag: str, bits: int) -> str:
+        f = _f()
+        path = os.path.join(self.root, tag)
+        chunk = f.shiftrightunsigned(f.col(SRC), bits).alias(CHUNK)
+        partials = [c for i, p in enumerate(self.plan) for c in p.partials(i)]
+        grouped = df.select("*", chunk, staged_event()).groupBy(CHUNK, KEEP, *self.keys)
+        grouped.agg(*partials, f.bit_xor(EVT).alias(EVT)).write.mode("overwrite").parquet(path)
+        self.paths.append(path)
+        self.bits.append(bits)
+        return path
+
+    def merged(self, spark: Any) -> Any:
+        """The aggregation's output: the partial rows of the untainted chunks, merged."""
+        f = _f()
+        if not self.paths:
+            return spark.createDataFrame([], self.output)
+        parts = []
+        for path, tainted in zip(self.paths, self.tainted, strict=True):
+            df = spark.read.parquet(path).where(f.col(KEEP))
+            if tainted is not None:
+                df = df.join(tainted, CHUNK, "left_anti")
+            parts.append(df)
+        rows = reduce(lambda a, b: a.unionByName(b), parts)
+        merges = [p.merge(i) for i, p in enumerate(self.plan)]
+        return rows.groupBy(*self.keys).agg(*merges).select(*self.output.fieldNames())
+
+    def remove(self) -> None:
+        super().remove()
+        self.bits.clear()
+        self.tainted.clear()
+
+
 @dataclass(frozen=True)
 class EventSender:
     """``mapInArrow`` function over staged (source id, event) rows: reduces them per source id
@@ -122,6 +267,8 @@ class EventSender:
     tls_root_certs: bytes | None = None
     job: str | None = None  # the pipeline run's namespace on the acker
     chunk: int = 1 << 20
+    hold: bool = False  # completions held until the round is released
+    chunk_bits: int = 0  # > 0: the rows are whole chunk events (one row per chunk)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from .lineage import settle
@@ -136,9 +283,12 @@ class EventSender:
             if not buffered:
                 return 0
             s, v = np.concatenate(src), np.concatenate(val)
+            if self.chunk_bits:  # already one row per chunk; a zero event counts too
+                client.xor(s, v, hold=True, chunk_bits=self.chunk_bits)
+                return len(s)
             ev_src, ev_val = settle(s, s, v, np.zeros(len(s), dtype=bool), ack_kept=False)
             if len(ev_src):
-                client.xor(ev_src, ev_val)
+                client.xor(ev_src, ev_val, hold=self.hold)
             return len(ev_src)
 
         for batch in batches:
@@ -160,26 +310,60 @@ def send_staged_events(
     token: str | None,
     tls_root_certs: bytes | None = None,
     job: str | None = None,
+    hold: bool = False,
+    partial: Sequence[str] = (),
+    chunk_bits: int = 0,
 ) -> int:
-    """Send the events of the rows staged at ``paths`` (read back from what was durably
-    written: an ack never precedes its write). Python sees two int64 columns; no shuffle.
+    """Send the events of the rows staged at ``paths`` and of the partial rows at ``partial``
+    (read back from what was durably written: an ack never precedes its write), completions
+    held with ``hold``. With ``chunk_bits`` the events reduce per chunk first (a small
+    shuffle) and go as chunk events; otherwise Python sees two int64 columns, no shuffle.
     Returns the number of (reduced) events sent."""
-    if not paths:
+    if not paths and not partial:
         return 0
     f = _f()
-    parts = [spark.read.parquet(p).select(SRC, EVT) for p in paths]
-    staged = reduce(lambda a, b: a.unionByName(b), parts).where(f.col(EVT) != 0)
-    sender = EventSender(location, token, tls_root_certs, job=job)
+    if chunk_bits:
+        parts = [
+            spark.read.parquet(p).select(
+                f.shiftrightunsigned(f.col(SRC), chunk_bits).alias(CHUNK), EVT
+            )
+            for p in paths
+        ] + [spark.read.parquet(p).select(CHUNK, EVT) for p in partial]
+        staged = reduce(lambda a, b: a.unionByName(b), parts)
+        staged = staged.groupBy(CHUNK).agg(f.bit_xor(EVT).alias(EVT))
+    else:
+        parts = [spark.read.parquet(p).select(SRC, EVT) for p in paths]
+        parts += [spark.read.parquet(p).select(f.col(CHUNK).alias(SRC), EVT) for p in partial]
+        staged = reduce(lambda a, b: a.unionByName(b), parts).where(f.col(EVT) != 0)
+    sender = EventSender(
+        location,
+        token,
+        tls_root_certs,
+        job=job,
+        hold=hold or bool(chunk_bits),
+        chunk_bits=chunk_bits,
+    )
     sent = staged.mapInArrow(sender, "n long").agg(f.sum("n")).collect()
     return int(sent[0][0] or 0)
 
 
-def ids_frame(spark: Any, ids: np.ndarray) -> Any:
-    """A one-column DataFrame (``_ft_src`` bigint) of uint64 ids, or None when there are none."""
+def ids_frame(spark: Any, ids: np.ndarray, column: str = SRC) -> Any:
+    """A one-column DataFrame (``column`` bigint) of uint64 ids, or None when there are none."""
     if not len(ids):
         return None
     values = np.unique(np.ascontiguousarray(ids, dtype=np.uint64)).view(np.int64)
-    return spark.createDataFrame(pa.table({SRC: pa.array(values, pa.int64())}))
+    return spark.createDataFrame(pa.table({column: pa.array(values, pa.int64())}))
 
 
-__all__ = ["AggregateSpec", "EventSender", "JoinSpec", "Staging", "ids_frame", "send_staged_events"]
+__all__ = [
+    "CHUNK",
+    "COMBINING",
+    "AggregateSpec",
+    "EventSender",
+    "JoinSpec",
+    "PartialStaging",
+    "Staging",
+    "combining_plan",
+    "ids_frame",
+    "send_staged_events",
+]

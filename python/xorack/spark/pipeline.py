@@ -33,9 +33,19 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ServiceError
+from ..protocol import CHUNK_BITS
 from . import ops
 from .arrow_stage import ArrowFunction, ArrowStageRunner, declared_arrow_schema
-from .barrier import AggregateSpec, JoinSpec, Staging, ids_frame, send_staged_events
+from .barrier import (
+    CHUNK,
+    AggregateSpec,
+    JoinSpec,
+    PartialStaging,
+    Staging,
+    combining_plan,
+    ids_frame,
+    send_staged_events,
+)
 from .guard import FailureTally, RunawayFailure, tally_param
 from .lineage import EV, KEEP, LINEAGE
 from .sinks import NativeSink, Sink
@@ -76,7 +86,7 @@ REPORT_KEYS = (
 
 
 # the acker's counts: None in the report of a run with FT off
-TRACKING_COUNTS = (*REPORT_KEYS[: REPORT_KEYS.index("lost") + 1], "orphans")
+TRACKING_COUNTS = (*REPORT_KEYS[: REPORT_KEYS.index("lost") + 1], "orphans", "collateral_replays")
 
 
 @dataclass
@@ -105,6 +115,9 @@ class RunReport:
     sink_rows: dict[str, int] = field(default_factory=dict)  # rows each sink holds at the end
     sink_duplicates: dict[str, int] = field(default_factory=dict)  # rows absorbed as duplicates
     orphans: int | None = 0
+    # replays of records whose chunk-mate failed in a combined aggregation's first round (no
+    # attempt used up; counted in ``replayed`` too)
+    collateral_replays: int | None = 0
     derived_records: int = 0  # rows of barriers (aggregates, tracked joins) tracked as records
     derived_dead_lettered: int = 0  # of those, dead-lettered (a failure after the barrier)
     retracted_rows: int = 0  # rows of attempts that did not complete, removed from sinks
@@ -503,10 +516,16 @@ class Pipeline:
     standalone acker never see each other's records). ``workdir``: where barriers stage their
     rows (a temporary directory by default; on a cluster a path every executor can write).
     ``runaway_share``: the share of a stage's records one error must fail on two attempts in a
-    row to stop the run (None: never). ``ackers``: acker processes of the embedded acker
-    (default 1: a thread of the driver); N > 1 starts N shard processes (:mod:`xorack.shards`),
-    each owning the source ids that hash to it, with its own storage (a SQLite file per shard,
-    ``NAME.shard0ofN.db``), stopped with the run.
+    row to stop the run (None: never). ``combine``: an aggregation whose functions combine
+    (count, sum, min, max, avg) stages per-chunk partial aggregates instead of rows, as Spark's
+    map-side combine does (see :mod:`xorack.spark.barrier`); ``False`` stages every row (no
+    collateral replays of the chunk-mates of a record that fails in the first round).
+    ``chunk_records`` (a power of two up to 1024): the source records per chunk — fewer
+    replay fewer chunk-mates when first-round failures are frequent, but combine less.
+    ``ackers``: acker processes of the embedded acker (default 1: a thread of the driver);
+    N > 1 starts N shard processes (:mod:`xorack.shards`), each owning the chunks of source
+    ids that hash to it, with its own storage (a SQLite file per shard, ``NAME.shard0ofN.db``),
+    stopped with the run.
 
     >>> # p = Pipeline(spark, ft=True, storage="memory", max_attempts=5)
     """
@@ -528,6 +547,8 @@ class Pipeline:
         acker_advertise: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
+        combine: bool = True,
+        chunk_records: int = 1 << CHUNK_BITS,
         ackers: int = 1,
     ) -> None:
         from pyspark.sql.types import StructType  # noqa: F401 - fail early without pyspark
@@ -572,6 +593,20 @@ class Pipeline:
         self.tls_cert = tls_cert
         self.tls_key = tls_key
         self._tls_root_certs: bytes | None = None
+        self.combine = bool(combine)
+        if (
+            isinstance(chunk_records, bool)
+            or not isinstance(chunk_records, int)
+            or not 1 <= chunk_records <= 1 << CHUNK_BITS
+            or chunk_records & (chunk_records - 1)
+        ):
+            raise ValueError(
+                f"chunk_records must be a power of two from 1 to {1 << CHUNK_BITS}, got "
+                f"{chunk_records!r}"
+            )
+        self.chunk_records = chunk_records
+        self._chunk_bits = 0  # the running round's source ids are drawn in chunks of 2**bits
+        self._partial_phases: set[int] = set()  # phases that stage partial aggregates
         self.round = 0
         self.phase = 0
         self._nodes: list[_Node] = []
@@ -1091,6 +1126,7 @@ class Pipeline:
             deterministic=self.deterministic_ids,
             id_salt=self.id_salt,
             batch=self.round,
+            chunk_bits=self._chunk_bits,
         )
         from pyspark.sql import functions as F
 
@@ -1218,6 +1254,9 @@ class Pipeline:
         guard = FailureTally(self.runaway_share)
         for round_no in range(max_rounds + 1):
             self.round = round_no
+            # the first round of a phase that combines aggregates draws its ids in chunks
+            partial_round = self.ft and round_no == 0 and phase in self._partial_phases
+            self._chunk_bits = self.chunk_records.bit_length() - 1 if partial_round else 0
             sc.setLocalProperty(ROUND_PROPERTY, str(round_no))
             self._tally = sc.accumulator({}, tally_param()) if self.ft else None
             fresh = {}
@@ -1236,22 +1275,53 @@ class Pipeline:
             report.rounds += 1
             if not self.ft:
                 break
-            paths = [st.write(df, f"p{phase}-r{round_no}") for st, df in work.staged]
+            bits = self._chunk_bits
+            tag = f"p{phase}-r{round_no}"
+            paths, partial = [], []
+            for st, df in work.staged:
+                if isinstance(st, PartialStaging):
+                    partial.append((st, st.write_partial(df, tag, bits)))
+                else:
+                    paths.append(st.write(df, tag))
             assert self._location is not None  # set by run() with FT on
             send_staged_events(
-                self.spark, paths, self._location, self.token, self._tls_root_certs, self._job
+                self.spark,
+                paths,
+                self._location,
+                self.token,
+                self._tls_root_certs,
+                self._job,
+                hold=True,
+                partial=[path for _, path in partial],
+                chunk_bits=bits if partial else 0,
             )
             self._count_vanished(work, report)
             runaway = guard.add_round(dict(self._tally.value))
             if runaway is not None:
                 raise RunawayFailure(runaway)
             self.client.expire_all()
-            ended.append(self.client.take_ended())
+            ended.append(self._release(ended_now=self.client.take_ended(), partial=partial))
             stats = self.client.stats()
             if on_round is not None:
                 on_round(RoundInfo(round_no, work.replays, stats))
             if not stats.get("pending", 0) and not self._replays_waiting(stats):
                 break
+
+    def _release(
+        self, ended_now: np.ndarray, partial: list[tuple[PartialStaging, str]]
+    ) -> np.ndarray:
+        """End the round's held completions: the chunks of the attempts that ended (this round)
+        are tainted, their held records replayed as collateral; their partial rows are left out
+        of the merge. Returns every attempt of the round that ended without completing."""
+        bits = self._chunk_bits if partial else 0
+        tainted = np.unique(ended_now >> np.uint64(bits)) if partial else np.empty(0, np.uint64)
+        self.client.release(tainted, bits)
+        collateral = self.client.take_ended()
+        if partial:
+            frame = ids_frame(self.spark, tainted, column=CHUNK)
+            for st, _ in partial:
+                st.tainted.append(frame)
+        return np.concatenate([ended_now, collateral])
 
     def _open_staging(self) -> str:
         """Give every barrier input and native sink its staging directory."""
@@ -1260,8 +1330,24 @@ class Pipeline:
         if self.workdir is not None:
             os.makedirs(self.workdir, exist_ok=True)
         workdir = tempfile.mkdtemp(prefix="xorack-run-", dir=self.workdir)
+        self._partial_phases = set()
         for node in self._nodes:
             if node.kind == "barrier":
+                plan = None
+                if self.combine and isinstance(node.spec, AggregateSpec):
+                    plan = combining_plan(node.spec, node.parents[0].schema, node.schema)
+                if plan is not None:
+                    node.staging = [
+                        PartialStaging(
+                            os.path.join(workdir, node.name, "0"),
+                            node.parents[0].schema,
+                            keys=node.spec.keys,
+                            plan=plan,
+                            output=node.schema,
+                        )
+                    ]
+                    self._partial_phases.add(node.parents[0].phase)
+                    continue
                 node.staging = [
                     Staging(os.path.join(workdir, node.name, str(i)), p.schema)
                     for i, p in enumerate(node.parents)
@@ -1288,6 +1374,9 @@ class Pipeline:
         for node in self._sources:
             if node.derived is not None and node.phase == phase:
                 barrier = node.derived
+                if isinstance(barrier.staging[0], PartialStaging):
+                    node.df = barrier.staging[0].merged(self.spark)
+                    continue
                 inputs = [st.rows(self.spark, ended_df) for st in barrier.staging]
                 node.df = barrier.spec.compute(inputs)
 
@@ -1312,8 +1401,11 @@ class Pipeline:
     def _count_vanished(self, work: _Round, report: RunReport) -> None:
         """Rows the round's transforms removed (after the round's actions ran)."""
         for name, seen_in, seen_out in work.observed:
-            rows_in = int(seen_in.get.get("rows") or 0)
-            rows_out = int(seen_out.get.get("rows") or 0)
+            try:
+                rows_in = int(seen_in.get.get("rows") or 0)
+                rows_out = int(seen_out.get.get("rows") or 0)
+            except Exception:  # the plan never ran: Spark's adaptive execution
+                continue  # dropped it as empty (no rows went in), so none vanished
             if rows_out < rows_in:
                 gone = report.vanished_rows
                 gone[name] = gone.get(name, 0) + rows_in - rows_out
@@ -1448,6 +1540,7 @@ class Pipeline:
         report.replayed = int(stats.get("replayed", 0))
         report.dead_lettered = int(stats.get("dead_lettered", 0))
         report.orphans = int(stats.get("orphans", 0))
+        report.collateral_replays = int(stats.get("collateral", 0))
         report.lost = int(stats.get("pending", 0))
 
 

@@ -252,6 +252,20 @@ class ContentRanks:
         self._counts = np.empty(0, dtype=np.int64)
 
     def __call__(self, h: np.ndarray) -> np.ndarray:
+        # the common case, all rows distinct and new to the task: one sort, one merge
+        s = np.sort(h)
+        if not (s[1:] == s[:-1]).any():
+            if len(self._hashes):
+                at = np.minimum(np.searchsorted(self._hashes, s), len(self._hashes) - 1)
+                seen = self._hashes[at] == s
+            if not len(self._hashes) or not seen.any():
+                hashes = np.concatenate([self._hashes, s])
+                counts = np.concatenate([self._counts, np.ones(len(s), dtype=np.int64)])
+                if len(self._hashes):
+                    order = np.argsort(hashes, kind="stable")  # two sorted runs: a merge
+                    hashes, counts = hashes[order], counts[order]
+                self._hashes, self._counts = hashes, counts
+                return np.zeros(len(h), dtype=np.int64)
         uniq, inv, cnt = np.unique(h, return_inverse=True, return_counts=True)
         # rank within this batch, in order of appearance
         order = np.argsort(inv, kind="stable")
@@ -292,6 +306,25 @@ def content_ids(
     return acker.derive_ids(np.full(n, where, dtype=np.uint64), content, ranks(content), salt)
 
 
+def chunked_ids(n: int, bits: int) -> np.ndarray:
+    """``n`` fresh source ids in aligned blocks of ``2**bits``: block ``b`` holds the ids
+    ``(prefix_b << bits) | j`` with a random nonzero prefix, so ``id >> bits`` names the block
+    (the *chunk* a barrier combines rows by).
+
+    >>> ids = chunked_ids(5, 2)
+    >>> len(set((ids >> 2).tolist())), (ids & 3).tolist()
+    (2, [0, 1, 2, 3, 0])
+    """
+    from .. import acker
+
+    width = 1 << bits
+    blocks = -(-n // width)
+    prefix = acker.new_ids(blocks) >> np.uint64(bits)
+    prefix[prefix == 0] = 1
+    j = np.arange(n, dtype=np.uint64)
+    return (np.repeat(prefix, width)[:n] << np.uint64(bits)) | (j & np.uint64(width - 1))
+
+
 @dataclass(frozen=True)
 class SourceTagger:
     """``mapInArrow`` function of a tracked source: tag, hash keys, persist, then emit.
@@ -309,6 +342,7 @@ class SourceTagger:
     batch: int = 0  # the micro-batch id in streaming (0 in batch runs): part of every id
     tls_root_certs: bytes | None = None  # PEM the executors trust for a grpc+tls:// acker
     job: str | None = None  # the pipeline run's namespace on the acker
+    chunk_bits: int = 0  # > 0: source ids drawn in aligned blocks (chunks) of 2**chunk_bits
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from .. import acker, hashing
@@ -342,7 +376,12 @@ class SourceTagger:
                 ORIG_PART, pa.array(np.full(n, partition, dtype=np.int32))
             )
             src = client.persist(
-                payload, key_hash=key_hash, source=self.source, partition=partition, births=rec
+                payload,
+                key_hash=key_hash,
+                source=self.source,
+                partition=partition,
+                births=rec,
+                src_ids=chunked_ids(n, self.chunk_bits) if self.chunk_bits else None,
             )
             src = np.asarray(src, dtype=np.uint64)
             yield batch.append_column(SRC, pa.array(i64(src), pa.int64())).append_column(
