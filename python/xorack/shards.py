@@ -3,9 +3,10 @@
 
 One acker process applies the events of a whole cluster on one core (the FT layer takes one
 lock per call). A sharded acker spreads the records over N processes: shard ``k`` owns the
-source ids whose mixed value falls in the ``k``-th slice of the 64-bit range, and draws its
-replays' ids in that slice too, so every event about a record goes to the one shard that holds
-it. A SQLite storage becomes one file per shard (``name.shard0of2.db``); memory stays memory.
+blocks of 1024 source ids (``id >> 10``) whose mixed value falls in the ``k``-th slice (see
+:mod:`xorack.sharding`), and draws its replays' ids in its own blocks too, so every event about
+a record, and every chunk event of a barrier, goes to the one shard that holds it. A SQLite
+storage becomes one file per shard (``name.shard0of2.db``); memory stays memory.
 
 Location: a sharded acker is named by its shards' locations joined by commas, in shard order,
 ``grpc://127.0.0.1:8815,grpc://127.0.0.1:8816``: one string that executors receive like any
