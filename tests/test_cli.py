@@ -75,6 +75,17 @@ BAD_OPTIONS = [
     (["serve", "--replay-partitioner", "0=zigzag:3"], "argument --replay-partitioner"),
     (["serve", "--storage", "memroy"], "argument --storage: unknown storage spec"),
     (["serve", "--storage", "sqlite:///no/such/dir/a.db"], "argument --storage: cannot open"),
+    (
+        ["serve", "--shards", "2", "--storage", "sqlite:///no/such/dir/a.db"],
+        "argument --storage: cannot open SQLite storage 'no/such/dir/a.shard0of2.db'",
+    ),
+    (["serve", "--shards", "0"], "argument --shards: must be >= 1"),
+    (["serve", "--shard", "2/2"], "argument --shard: the shard index must be in [0, 2)"),
+    (["serve", "--shards", "2", "--shard", "0/2"], "--shard K/N is what each of them is given"),
+    (
+        ["demo", "--ackers", "2", "--storage", "sqlite:///no/such/dir/ft.db"],
+        "argument --storage: cannot open SQLite storage 'no/such/dir/ft.shard0of2.db'",
+    ),
     (["serve", "--host", "0.0.0.0"], "not a loopback address: pass --token"),
     (["serve", "--host", ""], "argument --host: the host is empty"),
     (["serve", "--host", "no-such-host.invalid"], "argument --host: cannot resolve host"),

@@ -19,6 +19,8 @@ MODULES = [
     "xorack.ftlayer",
     "xorack.protocol",
     "xorack.service",
+    "xorack.sharding",
+    "xorack.shards",
     "xorack.cli",
     "xorack._checks",
     "xorack.spark.stages",

@@ -11,6 +11,7 @@ Each subcommand imports what it needs only when it runs, so ``xorack serve`` nev
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
@@ -184,7 +185,64 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--tls-key", metavar="PEM", default=None, help="the private key of --tls-cert"
     )
+    serve.add_argument(
+        "--shards",
+        type=_shard_count,
+        default=1,
+        help="run N acker processes, each owning the source ids that hash to it, with its own "
+        "storage (a SQLite file per shard: NAME.shard0ofN.db; memory stays memory); shard K "
+        "listens on --port + K (0: free ports). Prints one location naming every shard, "
+        "'grpc://HOST:P0,grpc://HOST:P1,...': give that whole string to clients and "
+        "Pipeline(service=...). A shard process that dies is restarted on its port with its "
+        "storage",
+    )
+    serve.add_argument(
+        "--shard",
+        type=_shard,
+        default=None,
+        metavar="K/N",
+        help="serve as shard K of N of a sharded acker (what --shards starts in each process; "
+        "--storage is then this shard's own)",
+    )
+    serve.add_argument(
+        "--job",
+        default=None,
+        metavar="NAME",
+        help="the job served on --storage itself (others get PATH.jobs/JOB.db); default: the "
+        "job 'default'",
+    )
+    serve.add_argument(
+        "--advertise",
+        default=None,
+        metavar="HOST",
+        help="the host name put in the printed location (the name clients route to); "
+        "default: --host",
+    )
+    serve.add_argument(
+        "--lifeline",
+        action="store_true",
+        help="shut down when stdin reaches EOF: the process that started this one (a sharded "
+        "acker's supervisor, which keeps a pipe open to each shard) has ended",
+    )
     return parser
+
+
+def _shard_count(text: str) -> int:
+    from .sharding import MAX_SHARDS
+
+    value = positive_int(text)
+    if value > MAX_SHARDS:
+        raise argparse.ArgumentTypeError(f"must be <= {MAX_SHARDS}, got {value}")
+    return value
+
+
+def _shard(text: str) -> Any:
+    from .sharding import Shard
+
+    try:
+        return Shard.parse(text)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _partitioner_arg(text: str) -> tuple[int, str]:
@@ -360,7 +418,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser | None = Non
     """Run the acker service until SIGINT/SIGTERM; returns 0 after a clean shutdown."""
     from .errors import ServiceError, XorackError
     from .ftlayer import FTLayer
-    from .service import DEFAULT_JOB, AckerService, check_token, is_loopback
+    from .service import DEFAULT_JOB, AckerService, check_job, check_token, is_loopback
 
     token = getattr(args, "token", None) or os.environ.get("XORACK_TOKEN") or None
     try:
@@ -396,8 +454,28 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser | None = Non
         print(f"xorack serve: error: --job-token: {exc}", file=sys.stderr)
         return 2
 
-    def make_ft(job: str = DEFAULT_JOB) -> FTLayer:
-        storage = job_storage(args.storage, job)
+    main_job = getattr(args, "job", None) or DEFAULT_JOB
+    try:
+        main_job = check_job(main_job)
+    except ValueError as exc:
+        print(f"xorack serve: error: --job: {exc}", file=sys.stderr)
+        return 2
+    if getattr(args, "shards", 1) > 1:
+        if getattr(args, "shard", None) is not None:
+            msg = "--shards N starts the shards; --shard K/N is what each of them is given"
+            if parser is not None:
+                parser.error(msg)
+            raise ServiceError(msg)
+        if parser is not None and args.storage != "memory":
+            from .sharding import Shard, shard_storage
+
+            for k in range(args.shards):  # each shard process opens its own file
+                spec = shard_storage(args.storage, Shard(k, args.shards))
+                check_storage_opens(parser, "--storage", spec)
+        return _serve_shards(args, token)
+
+    def make_ft(job: str = main_job) -> FTLayer:
+        storage = args.storage if job == main_job else job_storage(args.storage, job)
         if storage != args.storage:
             os.makedirs(os.path.dirname(storage[len("sqlite:///") :]), exist_ok=True)
         ft = FTLayer(
@@ -406,8 +484,9 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser | None = Non
             max_attempts=args.max_attempts,
             replay_partitioners=dict(args.replay_partitioner) or None,
             default_partitions=args.default_partitions,
+            shard=getattr(args, "shard", None),
         )
-        if job != DEFAULT_JOB and args.rotate_interval > 0:
+        if job != main_job and args.rotate_interval > 0:
             ft.start(args.rotate_interval)
         return ft
 
@@ -429,6 +508,8 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser | None = Non
             args.host,
             args.port,
             token=token,
+            job=main_job,
+            advertise=getattr(args, "advertise", None),
             ft_factory=make_ft,
             job_tokens=job_tokens,
             max_jobs=getattr(args, "max_jobs", 256),
@@ -456,17 +537,108 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser | None = Non
         if args.rotate_interval > 0:
             ft.start(args.rotate_interval)
         service.start()
+        shard = getattr(args, "shard", None)
         print(
             f"xorack acker listening on {service.location} (storage={args.storage}, "
             f"pending={ft.pending}, auth={'token' if token else 'none'}, "
-            f"tls={'on' if tls_cert else 'off'})",
+            f"tls={'on' if tls_cert else 'off'}"
+            f"{f', shard {shard}' if shard is not None else ''})",
             flush=True,
         )
+        if getattr(args, "lifeline", False):  # started by a ShardedAcker: end with it
+            threading.Thread(target=_lifeline, args=(stop,), daemon=True).start()
         while not stop.wait(0.5):
             pass
         print("xorack acker: shutting down", flush=True)
     finally:
         service.shutdown()  # stops the rotation thread and closes the FT layer
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 0
+
+
+def _lifeline(stop: threading.Event) -> None:
+    """Set ``stop`` when stdin reaches EOF: the process that started this one has ended (or
+    closed the pipe to stop it)."""
+    with contextlib.suppress(OSError, ValueError):
+        while sys.stdin.buffer.read(4096):
+            pass
+    stop.set()
+
+
+def _serve_args(args: argparse.Namespace) -> list[str]:
+    """The ``xorack serve`` options every shard of ``--shards`` gets (besides its shard, port,
+    storage, host, job, advertise and TLS files; the token travels in the environment)."""
+    out = [
+        "--num-buckets",
+        str(args.num_buckets),
+        "--max-attempts",
+        str(args.max_attempts),
+        "--default-partitions",
+        str(args.default_partitions),
+        "--rotate-interval",
+        repr(float(args.rotate_interval)),
+        "--max-request-mb",
+        str(getattr(args, "max_request_mb", 256)),
+        "--max-request-rows",
+        str(getattr(args, "max_request_rows", 1 << 20)),
+        "--max-jobs",
+        str(getattr(args, "max_jobs", 256)),
+        "--job-idle-seconds",
+        repr(float(getattr(args, "job_idle_seconds", 3600.0))),
+    ]
+    for source, spec in args.replay_partitioner:
+        out += ["--replay-partitioner", f"{source}={spec}"]
+    return out
+
+
+def _serve_shards(args: argparse.Namespace, token: str | None) -> int:
+    """``xorack serve --shards N``: start the N shard processes, print the location naming
+    them all, and stop them on SIGINT/SIGTERM."""
+    from .errors import ServiceError
+    from .shards import ShardedAcker
+
+    job_tokens = getattr(args, "job_token", None)
+    # the shards read job tokens from their environment, never their command line
+    env = {"XORACK_JOB_TOKENS": ",".join(job_tokens)} if job_tokens else None
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            acker = ShardedAcker(
+                args.shards,
+                storage=args.storage,
+                job=getattr(args, "job", None),
+                host=args.host,
+                port=args.port,
+                advertise=getattr(args, "advertise", None),
+                token=token,
+                tls_cert=getattr(args, "tls_cert", None),
+                tls_key=getattr(args, "tls_key", None),
+                serve_args=_serve_args(args),
+                env=env,
+            )
+        except ServiceError as exc:
+            print(f"xorack serve: error: {exc}", file=sys.stderr)
+            return 1
+        try:
+            print(
+                f"xorack acker listening on {acker.location} ({args.shards} shards, "
+                f"storage={args.storage}, auth={'token' if token else 'none'}, "
+                f"tls={'on' if getattr(args, 'tls_cert', None) else 'off'})",
+                flush=True,
+            )
+            if getattr(args, "lifeline", False):
+                threading.Thread(target=_lifeline, args=(stop,), daemon=True).start()
+            acker.wait(stop)
+            print("xorack acker: shutting down", flush=True)
+        finally:
+            acker.close()
+    finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
     return 0

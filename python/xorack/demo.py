@@ -184,6 +184,7 @@ class DemoConfig:
     max_attempts: int = 4
     plain_failures: bool = False  # raise plain FailRecord (bisected) instead of rows=...
     master: str | None = None  # Spark master URL; None: the embedded local session
+    ackers: int = 1  # acker processes (shards); 1: the acker is a thread of the driver
 
 
 # ---- the pipeline's functions (picklable: module-level or frozen dataclasses) ------------------
@@ -285,7 +286,13 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
         sentences = spark.range(cfg.records, numPartitions=cfg.partitions).mapInPandas(
             GenerateSentences(cfg.seed), "sid long, text string"
         )
-        p = Pipeline(spark, ft=cfg.ft, storage=cfg.storage, max_attempts=cfg.max_attempts)
+        p = Pipeline(
+            spark,
+            ft=cfg.ft,
+            storage=cfg.storage,
+            max_attempts=cfg.max_attempts,
+            ackers=cfg.ackers,
+        )
         words = p.source(sentences, name="sentences").map_in_pandas(
             SplitWords(cfg.seed, cfg.fail_rate, cfg.poison_rate, vectorized=not cfg.plain_failures),
             "sid long, word string",
@@ -354,6 +361,7 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
             bar.refresh()
         out = report.as_dict()
         out["records_generated"] = cfg.records
+        out["ackers"] = cfg.ackers
         out["poisoned"] = len(poison)
         out["dead_lettered_not_poisoned"] = len(dead - poison)
         out["distinct_words"] = len(counts)
@@ -383,9 +391,11 @@ def format_report(r: dict[str, Any]) -> str:
     def show(v: Any) -> str:
         return "n/a (FT off)" if v is None else str(v)
 
+    shards = r.get("ackers", 1)
+    ackers = f", {shards} acker processes" if shards > 1 else ""
     lines = [
         "xorack demo report",
-        f"  FT                     {'on' if r['ft'] else 'off'}  ({r['rounds']} round(s))",
+        f"  FT                     {'on' if r['ft'] else 'off'}  ({r['rounds']} round(s){ackers})",
         f"  source records         {show(r['source_records'])}",
         f"  completed              {show(r['completed'])}",
         f"  failed (explicit)      {show(r['failed'])}",
@@ -505,6 +515,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="Spark master URL, e.g. local-cluster[2,1,1024] (two executor JVMs on this "
         "machine) or spark://host:7077; default: the embedded local session",
     )
+    ap.add_argument(
+        "--ackers",
+        type=positive_int,
+        default=d.ackers,
+        help="acker processes: 1 = the acker is a thread of the driver; N > 1 = N shard "
+        "processes, each owning the source ids that hash to it (a SQLite --storage becomes "
+        "one file per shard)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     return ap
@@ -518,7 +536,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.storage != "memory" and args.ft == "on":
-        check_storage_opens(parser, "--storage", args.storage)
+        from .sharding import Shard, shard_storage
+
+        for k in range(args.ackers):  # each acker process opens its own file
+            spec = shard_storage(args.storage, Shard(k, args.ackers))
+            check_storage_opens(parser, "--storage", spec)
     ft = args.ft == "on"
     rates = (args.fail_rate, args.poison_rate, args.drop_rate)
     if not ft and any(rates):
@@ -540,6 +562,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_attempts=args.max_attempts,
         plain_failures=args.plain_failures,
         master=args.master,
+        ackers=args.ackers,
     )
     t0 = time.perf_counter()
     report = run_demo(cfg, progress=not args.no_progress)

@@ -42,6 +42,7 @@ from .replay import (
     ReplayPartitioner,
     replay_partitioner_from_spec,
 )
+from .sharding import Shard, draw_ids
 from .storage import PayloadSchemaConflict, RecordMeta, Storage, open_storage
 
 __all__ = ["DEFAULT_PARTITIONS", "FTLayer", "FTStats"]
@@ -288,6 +289,9 @@ class FTLayer:
     ``replay_partitioners``: ``{source index: ReplayPartitioner | spec}``; other sources use
     ``HashReplayPartitioner(default_partitions)`` (200 = Spark's default shuffle partitions).
     ``clock`` (latencies) defaults to monotonic time; ``backend`` picks the kernels.
+    ``shard``: this layer is one shard of a sharded acker (``Shard(k, n)`` or ``(k, n)``,
+    see :mod:`xorack.sharding`): it draws the ids of its replays (and of persists without
+    ``src_ids``) among the ids it owns, and refuses a persist of ids it does not own.
     Thread-safe: one lock around each call, the work inside being whole-array kernel calls.
 
     >>> import pyarrow as pa
@@ -309,7 +313,9 @@ class FTLayer:
         default_partitions: int = DEFAULT_PARTITIONS,
         clock: Clock | None = None,
         backend: str | None = None,
+        shard: Shard | tuple[int, int] | None = None,
     ) -> None:
+        self.shard = shard if shard is None or isinstance(shard, Shard) else Shard(*shard)
         self.num_buckets = positive_int(num_buckets, "num_buckets")
         self.max_attempts = positive_int(max_attempts, "max_attempts")
         self.default_partitions = positive_int(default_partitions, "default_partitions")
@@ -410,8 +416,9 @@ class FTLayer:
             return _EMPTY.copy()
         with self._lock:
             if src_ids is None:
-                src = new_ids(n, backend=self.backend)
+                src = self._new_src(n)
             else:
+                self._check_owned(src_ids)
                 taken = self._storage.lookup(src_ids).src
                 if len(taken):
                     raise ValueError(
@@ -795,7 +802,7 @@ class FTLayer:
         else:
             routed = np.unique(np.concatenate([rows for _, rows, _, _ in routes]))
         new = np.zeros(len(again), _U64)
-        new[routed] = new_ids(len(routed), backend=self.backend)
+        new[routed] = self._new_src(len(routed))
         if attempt:
             self._storage.renew(again.src[routed], new[routed])
         else:
@@ -906,6 +913,23 @@ class FTLayer:
             self._stats.recovered += len(meta)
             self._stats.restarts = 1
             self._retry(meta, RECOVERED, attempt=False)  # a restart is no attempt of the record
+
+    def _new_src(self, n: int) -> np.ndarray:
+        """``n`` fresh source ids (owned by this layer's shard, when it is one)."""
+        if self.shard is None:
+            return new_ids(n, backend=self.backend)
+        return draw_ids(n, self.shard, backend=self.backend)
+
+    def _check_owned(self, src_ids: np.ndarray) -> None:
+        if self.shard is not None and self.shard.count > 1:
+            stray = ~self.shard.owns(src_ids)
+            if stray.any():
+                raise ValueError(
+                    f"src_ids: {int(stray.sum())} id(s) (e.g. {int(src_ids[stray][0])}) belong "
+                    f"to another shard than this acker's ({self.shard}): route each persist by "
+                    "xorack.sharding.shard_of (the sharded client does), and give every shard's "
+                    "location in shard order"
+                )
 
     def _check_routable(self, source: int, partition: np.ndarray) -> None:
         p = self._partitioners.get(source)

@@ -61,6 +61,11 @@ unfinished record under a *new* source id, so a retried event for an old id is a
 harmless) and a retried persist at worst duplicates a record — a duplicate delivery, never a loss
 and never a false completion.
 
+Sharding: several acker processes can share the records of a job, each owning the source ids
+that hash to it (``xorack serve --shards N``, ``Pipeline(ackers=N)``). Each shard is a service as
+described here; a location naming them all (``grpc://h:p1,grpc://h:p2``) gets a client that routes
+every call by source id (:mod:`xorack.shards`).
+
 One RPC per call (DoPut, not a long-lived DoExchange stream): each call has its own deadline,
 retry and auth check, and one client is safe to share between threads. It costs ~0.1-0.3 ms per
 call on loopback (a persistent DoExchange stream measured ~0.04-0.17 ms), negligible next to
@@ -1078,7 +1083,9 @@ class AckerService(flight.FlightServerBase):
         """The stats of ``job``'s FT layer plus the service's own counters (under
         ``"service"``)."""
         job = check_job(job) if job is not None else self.job
-        stats = self.ft_of(job).stats()
+        ft = self.ft_of(job)
+        shard = getattr(ft, "shard", None)
+        stats = ft.stats()
         out = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
         with self._counter_lock:
             calls = dict(self._calls)
@@ -1087,6 +1094,7 @@ class AckerService(flight.FlightServerBase):
         out["service"] = {
             "location": self.location,
             "job": job,
+            "shard": None if shard is None else str(shard),
             "jobs": len(self._jobs),
             "jobs_retired": self.jobs_retired,
             "calls": calls,
@@ -1193,7 +1201,9 @@ def _check_grpc_usable() -> None:
         )
 
 
-_clients: dict[tuple[int, str, str | None, str, bytes | None], AckerClient] = {}
+#: One client per (process, location, token, job, TLS roots): an AckerClient, or a
+#: ShardedAckerClient for a location naming several shards.
+_clients: dict[tuple[int, str, str | None, str, bytes | None], Any] = {}
 _clients_lock = threading.Lock()
 
 
@@ -1279,9 +1289,11 @@ class AckerClient:
         tls_root_certs: bytes | None = None,
     ) -> AckerClient:
         """The cached client of this process for ``location``, ``token`` and ``job`` (created on
-        first use). Every call of the client belongs to ``job`` (1-64 of ``A-Z a-z 0-9 _ . -``;
-        None = the job ``"default"``): it sees only that job's records, replays, dead letters,
-        stats and ended attempts.
+        first use). A location naming several shards (``grpc://h:p1,grpc://h:p2``, see
+        :mod:`xorack.shards`) gets a ``ShardedAckerClient``, which has the same methods and
+        routes each record to its shard. Every call of the client belongs to ``job`` (1-64 of
+        ``A-Z a-z 0-9 _ . -``; None = the job ``"default"``): it sees only that job's records,
+        replays, dead letters, stats and ended attempts.
 
         The cache is keyed by process id: a client inherited through ``fork`` is never used in
         the child (gRPC connections do not survive a fork), the child makes its own — provided
@@ -1294,7 +1306,10 @@ class AckerClient:
             with _clients_lock:
                 client = _clients.get(key)
                 if client is None:
-                    client = cls(
+                    make: Any = cls
+                    if "," in location:  # a sharded acker: one location per shard
+                        from .shards import ShardedAckerClient as make
+                    client = make(
                         location,
                         token=token,
                         retry=retry,

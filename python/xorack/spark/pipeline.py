@@ -522,6 +522,10 @@ class Pipeline:
     collateral replays of the chunk-mates of a record that fails in the first round).
     ``chunk_records`` (a power of two up to 1024): the source records per chunk — fewer
     replay fewer chunk-mates when first-round failures are frequent, but combine less.
+    ``ackers``: acker processes of the embedded acker (default 1: a thread of the driver);
+    N > 1 starts N shard processes (:mod:`xorack.shards`), each owning the chunks of source
+    ids that hash to it, with its own storage (a SQLite file per shard, ``NAME.shard0ofN.db``),
+    stopped with the run.
 
     >>> # p = Pipeline(spark, ft=True, storage="memory", max_attempts=5)
     """
@@ -545,11 +549,27 @@ class Pipeline:
         tls_key: str | None = None,
         combine: bool = True,
         chunk_records: int = 1 << CHUNK_BITS,
+        ackers: int = 1,
     ) -> None:
         from pyspark.sql.types import StructType  # noqa: F401 - fail early without pyspark
 
+        from ..sharding import MAX_SHARDS
+
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        if isinstance(ackers, bool) or not isinstance(ackers, int) or not 1 <= ackers <= MAX_SHARDS:
+            raise ValueError(f"ackers must be an int in [1, {MAX_SHARDS}], got {ackers!r}")
+        if ackers > 1 and service is not None:
+            raise ValueError(
+                "ackers=N starts an embedded sharded acker; with service=... the standalone "
+                "acker's own shards apply (xorack serve --shards N): give one or the other"
+            )
+        if ackers > 1 and not isinstance(storage, (str, os.PathLike)):
+            raise ValueError(
+                "ackers=N runs N acker processes, each opening its own storage: give a storage "
+                f"spec ('memory' or a SQLite path), not a {type(storage).__name__} object"
+            )
+        self.ackers = ackers
         self.spark = spark
         self.ft = bool(ft)
         self.storage = storage
@@ -593,6 +613,7 @@ class Pipeline:
         self._names: set[str] = set()
         self._sources: list[_Node] = []
         self._service: Any = None
+        self._shards: Any = None  # the ShardedAcker when ackers > 1
         self._ft_layer: Any = None
         self._location: str | None = None
         # streaming: told the replay tables each round takes (for current_attempt(pdf))
@@ -807,7 +828,10 @@ class Pipeline:
                 with open(self.tls_cert, "rb") as f:
                     self._tls_root_certs = f.read()
             try:
-                self._client_for(self.service_location).ping()
+                client = self._client_for(self.service_location)
+                client.ping()
+                if hasattr(client, "check_shards"):  # a sharded location: in shard order?
+                    client.check_shards()
             except ServiceError as exc:
                 raise ServiceError(
                     f"pipeline: the acker service at {self.service_location} cannot be reached "
@@ -817,6 +841,8 @@ class Pipeline:
         import xorack
 
         parts = {i: self.replay_partitioner_spec(i) for i in range(len(self._sources))}
+        if self.ackers > 1:
+            return self._start_shards(parts)
         self._ft_layer = xorack.FTLayer(
             storage=self.storage, max_attempts=self.max_attempts, replay_partitioners=parts
         )
@@ -832,7 +858,36 @@ class Pipeline:
         self._tls_root_certs = self._service.tls_cert_pem
         return self._service.location
 
+    def _start_shards(self, parts: dict[int, str]) -> str:
+        """The embedded sharded acker: ``ackers`` processes serving this run's job."""
+        from ..shards import ShardedAcker
+
+        args = ["--max-attempts", str(self.max_attempts), "--rotate-interval", "0"]
+        for i, spec in parts.items():
+            args += ["--replay-partitioner", f"{i}={spec}"]
+        self._shards = ShardedAcker(
+            self.ackers,
+            storage=self.storage,
+            job=self._job,
+            host=self.acker_host,
+            advertise=self.acker_advertise,
+            token=self.token,
+            tls_cert=self.tls_cert,
+            tls_key=self.tls_key,
+            serve_args=args,
+        )
+        if self.tls_cert is not None:
+            with open(self.tls_cert, "rb") as f:
+                self._tls_root_certs = f.read()
+        return self._shards.location
+
     def _stop_service(self) -> None:
+        if self._shards is not None:
+            shards, self._shards = self._shards, None
+            try:  # the driver's client: its fan-out threads and connections end with the shards
+                self._client_for(shards.location).close()
+            finally:
+                shards.close()
         if self._service is not None:
             self._service.shutdown()
             self._service = None
