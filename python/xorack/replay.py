@@ -23,10 +23,13 @@ went to. Each partitioner turns those into (rows, partitions) for a whole batch 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from . import kernels
 from ._checks import as_i32, positive_int, same_length
@@ -35,6 +38,7 @@ __all__ = [
     "BroadcastReplayPartitioner",
     "ForwardReplayPartitioner",
     "HashReplayPartitioner",
+    "PreparedReplays",
     "ReplayPartitioner",
     "RoundRobinReplayPartitioner",
     "ShuffleReplayPartitioner",
@@ -301,3 +305,93 @@ def replay_partitioner_from_spec(spec: str) -> ReplayPartitioner:
                 f"bad replay partitioner spec {spec!r}: {a!r} is not an integer"
             ) from None
     return cls(*values)
+
+
+# --------------------------------------------------------------------------------------------
+# Replays prepared for a round: routed rows kept on disk until the round is over.
+
+
+class PreparedReplays:
+    """The replays of one source prepared for a round (``FTLayer.prepare_replays``): their
+    rows, routed to partitions, kept in a spill file until :meth:`close` (the next round's
+    prepare, an explicit release or the FT layer's close), so that a retried Spark task can
+    fetch its partition again. Rows go in as Arrow tables, one IPC stream segment per
+    (written piece, partition); a fetch reads the segments of one partition back. Memory held:
+    the segment index only. Thread-safe.
+
+    >>> import numpy as np, pyarrow as pa
+    >>> p = PreparedReplays("r1")
+    >>> p.add(pa.table({"v": [1, 2, 3]}), np.array([0, 1, 0], np.int32))
+    >>> p.counts(), p.fetch(0).column("v").to_pylist(), p.fetch(5).num_rows
+    ({0: 2, 1: 1}, [1, 3], 0)
+    >>> p.close()
+    """
+
+    def __init__(self, tag: str, directory: str | None = None) -> None:
+        import tempfile
+
+        self.tag = tag
+        fd, self.path = tempfile.mkstemp(prefix="xorack-replays-", suffix=".arrows", dir=directory)
+        self._file: Any = os.fdopen(fd, "w+b")
+        with contextlib.suppress(OSError):  # the open file stays readable; nothing is left behind
+            os.unlink(self.path)  # if the process dies (POSIX)
+        self._segments: dict[int, list[tuple[int, int]]] = {}  # partition -> (offset, length)
+        self._counts: dict[int, int] = {}
+        self._schema: pa.Schema | None = None
+        self._lock = threading.Lock()
+
+    def add(self, table: pa.Table, partition: np.ndarray) -> None:
+        """Append ``table``'s rows, row i routed to ``partition[i]``."""
+        if not table.num_rows:
+            return
+        partition = np.asarray(partition, np.int32)
+        order = np.argsort(partition, kind="stable")
+        parts, starts = np.unique(partition[order], return_index=True)
+        stops = np.r_[starts[1:], len(order)]
+        table = table.take(pa.array(order))
+        with self._lock:
+            if self._file is None:
+                raise RuntimeError(f"the replays prepared under {self.tag!r} were released")
+            if self._schema is None:
+                self._schema = table.schema
+            for p, a, b in zip(parts.tolist(), starts.tolist(), stops.tolist(), strict=True):
+                sink = pa.BufferOutputStream()
+                with pa.ipc.new_stream(sink, table.schema) as writer:
+                    writer.write_table(table.slice(a, b - a))
+                data = sink.getvalue()
+                offset = self._file.seek(0, os.SEEK_END)
+                self._file.write(data)
+                self._segments.setdefault(p, []).append((offset, data.size))
+                self._counts[p] = self._counts.get(p, 0) + (b - a)
+
+    def counts(self) -> dict[int, int]:
+        """Rows per partition (partitions with none left out)."""
+        with self._lock:
+            return dict(sorted(self._counts.items()))
+
+    def fetch(self, partition: int) -> pa.Table:
+        """The rows routed to ``partition`` (empty when none), as often as asked."""
+        with self._lock:
+            if self._file is None:
+                raise RuntimeError(f"the replays prepared under {self.tag!r} were released")
+            self._file.flush()
+            segments = list(self._segments.get(int(partition), ()))
+            schema = self._schema
+            fd = self._file.fileno()
+            tables = [pa.ipc.open_stream(os.pread(fd, n, off)).read_all() for off, n in segments]
+        if not tables:
+            return (schema or pa.schema([])).empty_table()
+        if len(tables) == 1:
+            return tables[0]
+        if all(t.schema == tables[0].schema for t in tables):
+            return pa.concat_tables(tables)
+        return pa.concat_tables(tables, promote_options="permissive")
+
+    def close(self) -> None:
+        """Free the rows (idempotent)."""
+        with self._lock:
+            f, self._file = self._file, None
+        if f is not None:
+            f.close()
+            with contextlib.suppress(OSError):  # where an open file cannot be unlinked
+                os.unlink(self.path)
