@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -333,6 +334,8 @@ class PreparedReplays:
         self.tag = tag
         fd, self.path = tempfile.mkstemp(prefix="xorack-replays-", suffix=".arrows", dir=directory)
         self._file: Any = os.fdopen(fd, "w+b")
+        # an FT layer dropped without close() still closes the file (no ResourceWarning)
+        self._closer = weakref.finalize(self, self._file.close)
         with contextlib.suppress(OSError):  # the open file stays readable; nothing is left behind
             os.unlink(self.path)  # if the process dies (POSIX)
         self._segments: dict[int, list[tuple[int, int]]] = {}  # partition -> (offset, length)
@@ -392,6 +395,6 @@ class PreparedReplays:
         with self._lock:
             f, self._file = self._file, None
         if f is not None:
-            f.close()
+            self._closer()
             with contextlib.suppress(OSError):  # where an open file cannot be unlinked
                 os.unlink(self.path)
