@@ -224,3 +224,26 @@ def test_a_batch_run_never_takes_replays_on_the_driver(spark, tmp_path, monkeypa
     assert report.replayed == 150
     assert report.completed == report.source_records == 300
     assert sorted(sink.read()["v"].tolist()) == list(range(300))
+
+
+def test_a_prepare_in_chunks_gives_each_first_id_once(layer, monkeypatch):
+    import xorack.ftlayer as ftlayer
+
+    monkeypatch.setattr(ftlayer, "_PREPARE_CHUNK", 3)  # many chunks; copies in different ones
+    for _ in range(2):  # every row persisted twice (a retried source task)
+        src = layer.persist(
+            pa.table({"v": np.arange(10), DET: pa.array(np.arange(1, 11), pa.int64())}),
+            key_hash=np.arange(10, dtype=np.int32),
+            births=np.arange(1, 11, dtype=np.uint64),
+        )
+        for one in src:  # one fail call each: a queue of many small pieces
+            layer.fail([one])
+    counts = layer.prepare_replays(0, "hash:3", tag="r1", first_ids=DET)
+    tables = _fetch_all(layer, "r1", counts).values()
+    rec = np.concatenate([t.column("_ft_rec").to_numpy() for t in tables])
+    assert len(rec) == 20
+    assert len(set(rec.tolist())) == 20  # ids unique within the round
+    assert set(range(1, 11)) <= set(rec.tolist())  # each first id given once
+    for t in tables:
+        layer.xor(t.column("_ft_src").to_numpy(), t.column("_ft_rec").to_numpy())
+    assert layer.pending == 0

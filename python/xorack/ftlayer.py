@@ -67,7 +67,7 @@ _LATENCY_KEEP = 100_000  # completion latencies kept for the percentiles
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _SAMPLE_SHIFT = np.uint64(60)  # 1 record in 16 is timed (ids are mixed first: unbiased) ...
 _TIME_ALL_BELOW = 1024  # ... of calls this big or more; every record of smaller calls
-_PREPARE_CHUNK = 65_536  # records read from storage at a time by prepare_replays
+_PREPARE_CHUNK = 16_384  # records read from storage at a time by prepare_replays
 
 
 def _timed(ids: np.ndarray) -> np.ndarray:
@@ -167,6 +167,39 @@ def _as_batch(batch: Any) -> pa.RecordBatch | pa.Table:
             f"(names starting with {_RESERVED_PREFIX!r} belong to the FT layer)"
         )
     return batch
+
+
+def _rechunk(queue: list[_Waiting], size: int) -> list[_Waiting]:
+    """The rows of ``queue`` regrouped in pieces of at most ``size`` rows (in order; the
+    queue is consumed as it goes, so the rows are held about once)."""
+    out: list[_Waiting] = []
+    group: list[_Waiting] = []
+    rows = 0
+
+    def flush() -> None:
+        nonlocal group, rows
+        if group:
+            only = group[0] if len(group) == 1 else None
+            out.append(
+                only or _Waiting(*(np.concatenate([getattr(g, f) for g in group]) for f in _W))
+            )
+        group, rows = [], 0
+
+    queue.reverse()
+    while queue:
+        q = queue.pop()
+        for start in range(0, len(q.src), size):
+            piece = (
+                q
+                if len(q.src) <= size
+                else _Waiting(*(getattr(q, f)[start : start + size] for f in _W))
+            )
+            if rows + len(piece.src) > size:
+                flush()
+            group.append(piece)
+            rows += len(piece.src)
+    flush()
+    return out
 
 
 def _as_i32(x: Any, name: str, n: int, default: int, lo: int = -(2**31)) -> np.ndarray:
@@ -616,21 +649,21 @@ class FTLayer:
                 return old.counts()
             if old is not None:  # the previous round is over
                 self._prepared.pop(source).close()
-            queue = self._waiting.pop(source, None) or []
-            w = _Waiting(_EMPTY.copy(), _EMPTY.copy(), np.empty(0, np.int32))
-            if queue:
-                w = _Waiting(*(np.concatenate([getattr(q, f) for q in queue]) for f in _W))
+            chunks = _rechunk(self._waiting.pop(source, None) or [], _PREPARE_CHUNK)
             prepared = PreparedReplays(tag)
+            seen: list[np.ndarray] = []  # sorted first ids given out by this prepare
+            taken = []
             try:
-                taken = self._prepare(prepared, w, router, first_ids)
+                for w in chunks:
+                    taken.append(self._prepare(prepared, w, router, first_ids, seen))
             except BaseException:
                 prepared.close()
-                if len(w.src):  # the ids fixed so far stay fixed: the table has them
-                    self._waiting[source] = [w]
+                if chunks:  # the ids fixed so far stay fixed: the table has them
+                    self._waiting[source] = chunks
                 raise
             self._prepared[source] = prepared
-            if len(taken):
-                self._wheel.add(taken)  # the replays' timeouts start now
+            for ids in taken:
+                self._wheel.add(ids)  # the replays' timeouts start now
             return prepared.counts()
 
     def _prepare(
@@ -639,30 +672,27 @@ class FTLayer:
         w: _Waiting,
         router: ReplayPartitioner | None,
         first_ids: str | None,
+        seen: list[np.ndarray],
     ) -> np.ndarray:
-        """Route ``w``'s replays, fix their first ids and write them to ``prepared``, a chunk
-        of records at a time (memory follows the chunk, not the round); returns the source ids
-        taken (replays failed again since are superseded: left out)."""
-        seen = _EMPTY  # sorted first ids given out by this prepare
+        """Route one chunk of replays, fix their first ids and write them to ``prepared``
+        (memory follows the chunk, not the round); returns the source ids taken (replays
+        failed again since are superseded: left out)."""
         taken = []
-        for start in range(0, len(w.src), _PREPARE_CHUNK):
-            todo = np.arange(start, min(start + _PREPARE_CHUNK, len(w.src)))
-            while len(todo):
-                try:
-                    payload, meta = self._storage.fetch(w.src[todo])  # rows in todo order
-                    now, todo = todo, todo[:0]
-                except PayloadSchemaConflict as conflict:  # one payload schema at a time
-                    first = np.isin(w.src[todo], conflict.src)
-                    if not first.any():
-                        raise
-                    now, todo = todo[first], todo[~first]
-                    payload, meta = self._storage.fetch(w.src[now])
-                rows = now[np.isin(w.src[now], meta.src)]
-                if len(rows):
-                    seen = self._prepare_rows(
-                        prepared, w, rows, payload, meta, router, first_ids, seen
-                    )
-                    taken.append(w.src[rows])
+        todo = np.arange(len(w.src))
+        while len(todo):
+            try:
+                payload, meta = self._storage.fetch(w.src[todo])  # rows in todo order
+                now, todo = todo, todo[:0]
+            except PayloadSchemaConflict as conflict:  # one payload schema at a time
+                first = np.isin(w.src[todo], conflict.src)
+                if not first.any():
+                    raise
+                now, todo = todo[first], todo[~first]
+                payload, meta = self._storage.fetch(w.src[now])
+            rows = now[np.isin(w.src[now], meta.src)]
+            if len(rows):
+                self._prepare_rows(prepared, w, rows, payload, meta, router, first_ids, seen)
+                taken.append(w.src[rows])
         return np.concatenate(taken) if taken else _EMPTY.copy()
 
     def _prepare_rows(
@@ -674,9 +704,10 @@ class FTLayer:
         meta: RecordMeta,
         router: ReplayPartitioner | None,
         first_ids: str | None,
-        seen: np.ndarray,
-    ) -> np.ndarray:
-        """One chunk of :meth:`_prepare` (``payload``/``meta`` row-aligned with ``rows``)."""
+        seen: list[np.ndarray],
+    ) -> None:
+        """Rows of one chunk (``payload``/``meta`` row-aligned with ``rows``); ``seen`` gets
+        the first ids given out."""
         src, rec = w.src[rows], w.rec[rows]
         if router is None:
             parts = w.partition[rows]
@@ -701,8 +732,9 @@ class FTLayer:
             first = np.zeros(len(det), dtype=bool)
             first[np.unique(det, return_index=True)[1]] = True  # ids unique within a round
             first &= det != 0
-            if len(seen):
-                first &= ~np.isin(det, seen)
+            for given in seen:  # sorted pieces: no big array rebuilt per chunk
+                at = np.minimum(np.searchsorted(given, det), len(given) - 1)
+                first &= given[at] != det
             fix = first & (rec != det)
             if fix.any():
                 # move the replay's checksum from its fresh id to its first one: its outputs
@@ -712,7 +744,8 @@ class FTLayer:
                     self._complete(done)
                 rec = np.where(fix, det, rec)
                 w.rec[rows[fix]] = det[fix]  # a queue put back after an error agrees
-            seen = np.union1d(seen, det[first])
+            if first.any():
+                seen.append(np.sort(det[first]))
         table = payload
         for name, values, typ in (
             ("_ft_src", src, pa.uint64()),
@@ -724,7 +757,6 @@ class FTLayer:
         ):
             table = table.append_column(name, pa.array(values, typ))
         prepared.add(table, parts)
-        return seen
 
     def fetch_replays(self, source: int, tag: str, partition: int) -> pa.Table:
         """The rows :meth:`prepare_replays` routed to ``partition`` under ``tag`` (empty when
@@ -791,15 +823,23 @@ class FTLayer:
             )
             s.pending = self._registered
             s.quarantined = int(getattr(self._storage, "quarantined", 0))
-            s.replays_waiting = sum(
-                len(np.unique(np.concatenate([q.src for q in queue])))
-                for queue in self._waiting.values()
-                if queue
-            )
+            s.replays_waiting = self._replays_waiting()
             if self._latencies:
                 p50, p90, p99 = np.percentile(np.fromiter(self._latencies, float), [50, 90, 99])
                 s.latency_p50, s.latency_p90, s.latency_p99 = float(p50), float(p90), float(p99)
             return s
+
+    def _replays_waiting(self) -> int:
+        """Records with replays waiting. Only a broadcast repeats a record in the queue: else
+        the rows are the records (no sort of a queue that can hold every record)."""
+        copies = any(isinstance(p, BroadcastReplayPartitioner) for p in self._partitioners.values())
+        total = 0
+        for queue in self._waiting.values():
+            if queue and copies:
+                total += len(np.unique(np.concatenate([q.src for q in queue])))
+            elif queue:
+                total += sum(len(q.src) for q in queue)
+        return total
 
     def start(self, interval: float) -> None:
         """Rotate once per ``interval`` seconds of the layer's clock, from a background daemon
