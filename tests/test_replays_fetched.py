@@ -247,3 +247,19 @@ def test_a_prepare_in_chunks_gives_each_first_id_once(layer, monkeypatch):
     for t in tables:
         layer.xor(t.column("_ft_src").to_numpy(), t.column("_ft_rec").to_numpy())
     assert layer.pending == 0
+
+
+def test_prepared_pieces_of_different_payload_schemas_are_fetched_together():
+    from xorack.replay import PreparedReplays
+
+    p = PreparedReplays("r")
+    try:
+        p.add(pa.table({"v": pa.array([1, 2], pa.int32())}), np.array([0, 1], np.int32))
+        p.add(pa.table({"v": pa.array([3], pa.int64())}), np.array([0], np.int32))
+        assert p.fetch(0).column("v").to_pylist() == [1, 3]
+        assert p.fetch(0).schema.field("v").type == pa.int64()
+        assert p.fetch(1).num_rows == 1
+    finally:
+        p.close()
+    with pytest.raises(RuntimeError, match="released"):
+        p.fetch(0)

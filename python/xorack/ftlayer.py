@@ -762,6 +762,11 @@ class FTLayer:
         """The rows :meth:`prepare_replays` routed to ``partition`` under ``tag`` (empty when
         none); the same rows each time until the round's replays are released. ValueError
         when ``tag`` is not the source's prepared round (released, or another round's)."""
+        return self.replay_reader(source, tag, partition).read_all()
+
+    def replay_reader(self, source: int, tag: str, partition: int) -> pa.RecordBatchReader:
+        """:meth:`fetch_replays` as a stream, read from the round's spill file a piece at a
+        time (what the acker service sends: its memory follows a piece, not the partition)."""
         self._check_open()
         source = _source_arg(source)
         partition = _source_arg(partition)
@@ -773,7 +778,7 @@ class FTLayer:
                     f"fetch_replays: no replays of source {source} prepared under {tag!r} "
                     f"(prepared now: {now}); the round is over or was never prepared"
                 )
-        return prepared.fetch(partition)
+        return prepared.reader(partition)
 
     def release_replays(self, source: int | None = None, tag: str | None = None) -> None:
         """Free the replays prepared for ``source`` (every source when None); with ``tag``,

@@ -27,6 +27,7 @@ import contextlib
 import os
 import threading
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -341,6 +342,7 @@ class PreparedReplays:
         self._segments: dict[int, list[tuple[int, int]]] = {}  # partition -> (offset, length)
         self._counts: dict[int, int] = {}
         self._schema: pa.Schema | None = None
+        self._uniform = True  # every segment has _schema
         self._lock = threading.Lock()
 
     def add(self, table: pa.Table, partition: np.ndarray) -> None:
@@ -357,6 +359,8 @@ class PreparedReplays:
                 raise RuntimeError(f"the replays prepared under {self.tag!r} were released")
             if self._schema is None:
                 self._schema = table.schema
+            elif table.schema != self._schema:
+                self._uniform = False
             for p, a, b in zip(parts.tolist(), starts.tolist(), stops.tolist(), strict=True):
                 sink = pa.BufferOutputStream()
                 with pa.ipc.new_stream(sink, table.schema) as writer:
@@ -374,21 +378,36 @@ class PreparedReplays:
 
     def fetch(self, partition: int) -> pa.Table:
         """The rows routed to ``partition`` (empty when none), as often as asked."""
+        return self.reader(partition).read_all()
+
+    def reader(self, partition: int) -> pa.RecordBatchReader:
+        """The rows routed to ``partition`` as a stream read a segment at a time (what one
+        piece of the prepare wrote: the memory of a fetch follows a segment, not the
+        partition); one table unified from the segments when their schemas differ."""
         with self._lock:
             if self._file is None:
                 raise RuntimeError(f"the replays prepared under {self.tag!r} were released")
             self._file.flush()
             segments = list(self._segments.get(int(partition), ()))
-            schema = self._schema
-            fd = self._file.fileno()
-            tables = [pa.ipc.open_stream(os.pread(fd, n, off)).read_all() for off, n in segments]
-        if not tables:
-            return (schema or pa.schema([])).empty_table()
-        if len(tables) == 1:
-            return tables[0]
-        if all(t.schema == tables[0].schema for t in tables):
-            return pa.concat_tables(tables)
-        return pa.concat_tables(tables, promote_options="permissive")
+            schema = self._schema or pa.schema([])
+            uniform = self._uniform
+        if not uniform:
+            tables = [self._read(off, n) for off, n in segments]
+            table = pa.concat_tables(tables, promote_options="permissive")
+            return pa.RecordBatchReader.from_batches(table.schema, table.to_batches())
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            for off, n in segments:
+                yield from self._read(off, n).to_batches()
+
+        return pa.RecordBatchReader.from_batches(schema, batches())
+
+    def _read(self, offset: int, length: int) -> pa.Table:
+        with self._lock:
+            if self._file is None:
+                raise RuntimeError(f"the replays prepared under {self.tag!r} were released")
+            data = os.pread(self._file.fileno(), length, offset)
+        return pa.ipc.open_stream(data).read_all()
 
     def close(self) -> None:
         """Free the rows (idempotent)."""

@@ -1032,6 +1032,8 @@ class AckerService(flight.FlightServerBase):
         tag = cmd.get("tag")
         if not isinstance(tag, str):
             raise _RequestError(f"fetch_replays: 'tag' must be a string, got {tag!r}")
+        if hasattr(ft, "replay_reader"):  # streamed a piece at a time
+            return flight.RecordBatchStream(ft.replay_reader(source, tag, partition))
         return flight.RecordBatchStream(ft.fetch_replays(source, tag, partition))
 
     def _prepare(self, ft: Any, body: dict[str, Any]) -> list[pa.Buffer]:
@@ -1590,7 +1592,7 @@ class AckerClient:
         dead-lettered) since the previous call: each id is handed out once."""
         return np.frombuffer(
             self._action("take_ended", {"req": _request_id()}), dtype="<u8"
-        ).astype(np.uint64)
+        ).astype(np.uint64, copy=False)
 
     def ping(self) -> bool:
         """True when the service answers (after retries); ``ServiceError`` otherwise."""
