@@ -649,7 +649,7 @@ class FTLayer:
                 return old.counts()
             if old is not None:  # the previous round is over
                 self._prepared.pop(source).close()
-            chunks = _rechunk(self._waiting.pop(source, None) or [], _PREPARE_CHUNK)
+            chunks = _rechunk(self._waiting.pop(source, []), _PREPARE_CHUNK)
             prepared = PreparedReplays(tag)
             seen: list[np.ndarray] = []  # sorted first ids given out by this prepare
             taken = []
