@@ -263,3 +263,25 @@ def test_prepared_pieces_of_different_payload_schemas_are_fetched_together():
         p.close()
     with pytest.raises(RuntimeError, match="released"):
         p.fetch(0)
+
+
+def test_a_fetcher_whose_round_the_acker_lost_yields_nothing(ft, caplog):
+    """An acker restarted from its storage mid-round no longer has the round's prepared rows:
+    it replays those records itself in a later round, so the task yields none (no job
+    failure); any other error is raised."""
+    from xorack.spark.replays import ReplayFetcher
+
+    with AckerService.embedded(ft) as svc:
+        _failed(ft, 6)
+        fetcher = ReplayFetcher(svc.location, source=0, tag="gone", columns=("v",))
+        parts = pa.record_batch({"id": pa.array([0, 1], pa.int64())})
+        assert list(fetcher(iter([parts]))) == []
+        assert "replayed in a later round" in caplog.text
+        ft.prepare_replays(0, "hash:2", tag="here")
+        here = ReplayFetcher(svc.location, source=0, tag="here", columns=("v",))
+        rows = pa.Table.from_batches(list(here(iter([parts]))))
+        assert sorted(rows.column("v").to_pylist()) == list(range(6))
+        assert rows.column_names == ["v", "_ft_src", "_ft_rec"]
+        bad = ReplayFetcher(svc.location, source=-1, tag="here", columns=("v",))
+        with pytest.raises(xorack.ServiceError, match="source"):
+            list(bad(iter([parts])))

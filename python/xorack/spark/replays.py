@@ -15,6 +15,7 @@ the driver, and no shuffle places them: they are born on their partition.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,10 +23,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ..errors import ServiceError
 from .lineage import REC, SRC
 from .stages import _client, i64
 
 __all__ = ["ReplayFetcher", "replay_partitioning", "replays_frame"]
+
+log = logging.getLogger(__name__)
+_NOT_PREPARED = "no replays of source"  # FTLayer.fetch_replays: the tag is not the round's
 
 
 def replay_partitioning(keys: tuple[str, ...], partitions: int) -> str:
@@ -59,7 +64,22 @@ class ReplayFetcher:
         client = _client(self.location, self.token, self.tls_root_certs, self.job)
         for batch in batches:
             for partition in batch.column(0).to_pylist():
-                table = client.fetch_replays(self.source, self.tag, int(partition))
+                try:
+                    table = client.fetch_replays(self.source, self.tag, int(partition))
+                except ServiceError as exc:
+                    if _NOT_PREPARED not in str(exc):
+                        raise
+                    # the acker no longer has the round (restarted from its storage): it
+                    # replays every unfinished record itself, these ones included, in a later
+                    # round; and a prepared replay nobody fetched times out and is replayed
+                    log.warning(
+                        "xorack: replays of source %d for partition %s are gone from the acker "
+                        "(%s); they are replayed in a later round",
+                        self.source,
+                        partition,
+                        exc,
+                    )
+                    continue
                 if table.num_rows:
                     yield from self._rows(table).to_batches()
 
