@@ -840,7 +840,9 @@ class Pipeline:
         from .replays import ReplayFetcher, replay_partitioning, replays_frame
 
         assert self._location is not None  # set by run() with FT on
-        tag = f"p{self.phase}-r{self.round}"
+        # one tag per prepare: a resumed driver (same job, same round numbers) never gets an
+        # earlier driver's round; a retried request re-sends the same tag (same counts)
+        tag = f"p{self.phase}-r{self.round}-{os.urandom(6).hex()}"
         spec = replay_partitioning(node.keys, node.partitions)
         counts = self.client.prepare_replays(node.source_index, spec, tag, first_ids=DET)
         k = sum(counts.values())
