@@ -27,6 +27,7 @@ MODULES = [
     "xorack.spark.arrow_stage",
     "xorack._kernel_api",
     "xorack.spark.sink_types",
+    "xorack.spark.replays",
 ]
 
 

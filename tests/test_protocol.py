@@ -13,7 +13,7 @@ from xorack.service import _ACTIONS, _GET_OPS, _PUT_OPS, AckerService
 
 def test_every_op_is_served_by_its_rpc():
     assert set(_PUT_OPS) == {"persist", "xor", "fail", "touch", "release"}
-    assert set(_GET_OPS) == {"replays", "dead_letters"}
+    assert set(_GET_OPS) == {"replays", "fetch_replays", "dead_letters"}
     assert set(_ACTIONS) == {op.value for op in Op.of("action")}
     assert {op.rpc for op in Op} == {"put", "get", "action"}
 
@@ -22,6 +22,16 @@ def test_replay_tables_have_the_protocol_columns():
     with FTLayer(replay_partitioners={0: "single"}) as ft:
         ft.fail(ft.persist(pa.record_batch({"v": [1]}), births=[3]))
         (table,) = ft.take_replays().values()
+    extra = table.schema.names[1:]
+    assert extra == list(REPLAY_COLUMNS)
+    assert [table.schema.field(c).type for c in extra] == list(REPLAY_COLUMNS.values())
+
+
+def test_prepared_replay_tables_have_the_protocol_columns():
+    with FTLayer() as ft:
+        ft.fail(ft.persist(pa.record_batch({"v": [1]}), births=[3]))
+        ft.prepare_replays(0, "hash:1", tag="r")
+        table = ft.fetch_replays(0, "r", 0)
     extra = table.schema.names[1:]
     assert extra == list(REPLAY_COLUMNS)
     assert [table.schema.field(c).type for c in extra] == list(REPLAY_COLUMNS.values())

@@ -339,6 +339,8 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
                 bar.set_postfix(round=info.round + 1, replays=info.replays, refresh=False)
 
         report = p.run(on_round=on_round)
+        peak = peak_rss_mb()  # before the reference below (its sentences are the driver's)
+        jvm_peak = _jvm_peak_rss_mb(spark)
         stop.set()
         if poller is not None:
             poller.join()
@@ -366,6 +368,8 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
         out["dead_lettered_not_poisoned"] = len(dead - poison)
         out["distinct_words"] = len(counts)
         out["word_occurrences"] = sum(counts.values())
+        out["driver_peak_rss_mb"] = peak
+        out["driver_jvm_peak_rss_mb"] = jvm_peak
         return out
     finally:
         if batch_conf_unset:
@@ -373,6 +377,38 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
         if bar is not None:
             bar.close()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def peak_rss_mb(pid: int | str = "self") -> float | None:
+    """Peak resident memory of a process in MiB (``VmHWM``; ``ru_maxrss`` for this process
+    where /proc is missing), None when unknown. The demo reports it for the driver's Python
+    process right after the run (the embedded acker and its storage live there).
+
+    >>> (peak_rss_mb() or 1.0) > 0
+    True
+    """
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    if pid != "self":
+        return None
+    import resource
+
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return round(kib / 1024, 1)
+
+
+def _jvm_peak_rss_mb(spark: Any) -> float | None:
+    """Peak resident memory of the driver's JVM (local mode: it runs the executors too)."""
+    try:
+        pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+    except Exception:  # not a local JVM we can look into
+        return None
+    return peak_rss_mb(pid)
 
 
 def _poll(p: Any, bar: Any, stop: threading.Event) -> None:
@@ -417,6 +453,12 @@ def format_report(r: dict[str, Any]) -> str:
         f"{r['word_occurrences']} occurrences",
         f"  wall time              {r['wall_seconds']:.2f} s",
     ]
+    if r.get("driver_peak_rss_mb") is not None:
+        jvm = r.get("driver_jvm_peak_rss_mb")
+        lines.append(
+            f"  driver peak RSS        {r['driver_peak_rss_mb']:.0f} MiB (Python, after the run)"
+            + (f", JVM {jvm:.0f} MiB" if jvm is not None else "")
+        )
     for name, rows in (r.get("vanished_rows") or {}).items():
         lines.insert(
             6,

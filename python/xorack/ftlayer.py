@@ -37,8 +37,10 @@ from ._checks import as_u64, exact_ints, positive_int, same_length
 from .acker import AckTable, TimeoutWheel, new_ids
 from .clock import Clock, MonotonicClock
 from .replay import (
+    BroadcastReplayPartitioner,
     ForwardReplayPartitioner,
     HashReplayPartitioner,
+    PreparedReplays,
     ReplayPartitioner,
     replay_partitioner_from_spec,
 )
@@ -69,6 +71,7 @@ _LATENCY_KEEP = 100_000  # completion latencies kept for the percentiles
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _SAMPLE_SHIFT = np.uint64(60)  # 1 record in 16 is timed (ids are mixed first: unbiased) ...
 _TIME_ALL_BELOW = 1024  # ... of calls this big or more; every record of smaller calls
+_PREPARE_CHUNK = 16_384  # records read from storage at a time by prepare_replays
 
 
 def _timed(ids: np.ndarray) -> np.ndarray:
@@ -180,6 +183,39 @@ def _as_batch(batch: Any) -> pa.RecordBatch | pa.Table:
             f"(names starting with {_RESERVED_PREFIX!r} belong to the FT layer)"
         )
     return batch
+
+
+def _rechunk(queue: list[_Waiting], size: int) -> list[_Waiting]:
+    """The rows of ``queue`` regrouped in pieces of at most ``size`` rows (in order; the
+    queue is consumed as it goes, so the rows are held about once)."""
+    out: list[_Waiting] = []
+    group: list[_Waiting] = []
+    rows = 0
+
+    def flush() -> None:
+        nonlocal group, rows
+        if group:
+            only = group[0] if len(group) == 1 else None
+            out.append(
+                only or _Waiting(*(np.concatenate([getattr(g, f) for g in group]) for f in _W))
+            )
+        group, rows = [], 0
+
+    queue.reverse()
+    while queue:
+        q = queue.pop()
+        for start in range(0, len(q.src), size):
+            piece = (
+                q
+                if len(q.src) <= size
+                else _Waiting(*(getattr(q, f)[start : start + size] for f in _W))
+            )
+            if rows + len(piece.src) > size:
+                flush()
+            group.append(piece)
+            rows += len(piece.src)
+    flush()
+    return out
 
 
 def _as_i32(x: Any, name: str, n: int, default: int, lo: int = -(2**31)) -> np.ndarray:
@@ -338,6 +374,7 @@ class FTLayer:
         self._stats = FTStats()
         self._registered = 0  # records pending (= registered entries of the table)
         self._waiting: dict[int, list[_Waiting]] = {}
+        self._prepared: dict[int, PreparedReplays] = {}  # prepare_replays: the round's rows
         self._orphan_watch = _EMPTY  # sorted ids of unregistered entries put on the wheel
         self._undeleted: list[np.ndarray] = []  # completed, storage delete failed: retried
         self._ended: list[np.ndarray] = []  # attempts that ended without completing (take_ended)
@@ -667,6 +704,200 @@ class FTLayer:
             for p, a, b in zip(parts, starts, stops, strict=True)
         }
 
+    def prepare_replays(
+        self,
+        source: int = 0,
+        partitioner: ReplayPartitioner | str | None = None,
+        tag: str = "",
+        first_ids: str | None = None,
+    ) -> dict[int, int]:
+        """Take the replays of ``source`` waiting so far and prepare them for a round under
+        ``tag``; returns the rows per partition (``{partition: rows}``, partitions without rows
+        left out). The rows themselves stay here until the round is over: executors fetch them
+        partition by partition with :meth:`fetch_replays` (as often as a retried task needs),
+        and they are freed by the next prepare of ``source``, :meth:`release_replays` or
+        :meth:`close`. A second call with the same ``tag`` returns the same counts (a retried
+        request prepares nothing new).
+
+        ``partitioner`` (spec or object; broadcast is refused) routes each replay from what its
+        record carries: ``"hash:N"`` by its stored key hash (Spark's ``repartition(N, *keys)``),
+        ``"forward:N"`` to the partition it was first read on; None keeps the partitions of the
+        source's own replay partitioner. ``first_ids``: the payload column (int64/uint64) with
+        each record's first-attempt id: a replay is then born with that id (the first copy per
+        id; later copies, from a retried source task, keep their fresh ones), so that what it
+        derives re-creates the ids of the first attempt — done here, atomically with the take.
+        The replays' timeouts start now. Fetched rows carry the payload columns plus
+        ``_ft_src``, ``_ft_rec``, ``_ft_key_hash``, ``_ft_attempt``, ``_ft_origin``,
+        ``_ft_partition`` (the target partition). On an error nothing is taken.
+
+        >>> import pyarrow as pa
+        >>> ft = FTLayer()
+        >>> _ = ft.fail(ft.persist(pa.record_batch({"v": [1, 2]}), key_hash=[0, 1]))
+        >>> ft.prepare_replays(0, "hash:2", tag="r1")
+        {0: 1, 1: 1}
+        >>> ft.fetch_replays(0, "r1", 1).column("v").to_pylist()
+        [2]
+        >>> ft.release_replays(0)
+        """
+        self._check_open()
+        source = _source_arg(source)
+        if not isinstance(tag, str):
+            raise TypeError(f"tag must be a str, got {type(tag).__name__}")
+        if first_ids is not None and not isinstance(first_ids, str):
+            raise TypeError(f"first_ids must be a column name or None, got {first_ids!r}")
+        router = None if partitioner is None else _partitioner_arg(partitioner, "partitioner")
+        if isinstance(router, BroadcastReplayPartitioner):
+            raise ValueError(
+                "prepare_replays: broadcast routing copies rows; use take_replays for it"
+            )
+        with self._lock:
+            self._retry_deletes()
+            old = self._prepared.get(source)
+            if old is not None and old.tag == tag:
+                return old.counts()
+            if old is not None:  # the previous round is over
+                self._prepared.pop(source).close()
+            chunks = _rechunk(self._waiting.pop(source, []), _PREPARE_CHUNK)
+            prepared = PreparedReplays(tag)
+            seen: list[np.ndarray] = []  # sorted first ids given out by this prepare
+            taken = []
+            try:
+                for w in chunks:
+                    taken.append(self._prepare(prepared, w, router, first_ids, seen))
+            except BaseException:
+                prepared.close()
+                if chunks:  # the ids fixed so far stay fixed: the table has them
+                    self._waiting[source] = chunks
+                raise
+            self._prepared[source] = prepared
+            for ids in taken:
+                self._wheel.add(ids)  # the replays' timeouts start now
+            return prepared.counts()
+
+    def _prepare(
+        self,
+        prepared: PreparedReplays,
+        w: _Waiting,
+        router: ReplayPartitioner | None,
+        first_ids: str | None,
+        seen: list[np.ndarray],
+    ) -> np.ndarray:
+        """Route one chunk of replays, fix their first ids and write them to ``prepared``
+        (memory follows the chunk, not the round); returns the source ids taken (replays
+        failed again since are superseded: left out)."""
+        taken = []
+        todo = np.arange(len(w.src))
+        while len(todo):
+            try:
+                payload, meta = self._storage.fetch(w.src[todo])  # rows in todo order
+                now, todo = todo, todo[:0]
+            except PayloadSchemaConflict as conflict:  # one payload schema at a time
+                first = np.isin(w.src[todo], conflict.src)
+                if not first.any():
+                    raise
+                now, todo = todo[first], todo[~first]
+                payload, meta = self._storage.fetch(w.src[now])
+            rows = now[np.isin(w.src[now], meta.src)]
+            if len(rows):
+                self._prepare_rows(prepared, w, rows, payload, meta, router, first_ids, seen)
+                taken.append(w.src[rows])
+        return np.concatenate(taken) if taken else _EMPTY.copy()
+
+    def _prepare_rows(
+        self,
+        prepared: PreparedReplays,
+        w: _Waiting,
+        rows: np.ndarray,
+        payload: pa.Table,
+        meta: RecordMeta,
+        router: ReplayPartitioner | None,
+        first_ids: str | None,
+        seen: list[np.ndarray],
+    ) -> None:
+        """Rows of one chunk (``payload``/``meta`` row-aligned with ``rows``); ``seen`` gets
+        the first ids given out."""
+        src, rec = w.src[rows], w.rec[rows]
+        if router is None:
+            parts = w.partition[rows]
+        else:
+            _, parts = router.assign(meta.key_hash, meta.partition, backend=self.backend)
+            n = router.num_partitions
+            if n is not None and len(parts) and (parts.min() < 0 or parts.max() >= n):
+                raise ValueError(
+                    f"prepare_replays: {router.spec!r} routed a replay outside [0, {n})"
+                )
+        if first_ids is not None and first_ids in payload.schema.names:
+            col = payload.column(first_ids)
+            if col.null_count:
+                raise ValueError(f"prepare_replays: column {first_ids!r} has nulls")
+            det = np.asarray(col.to_numpy(zero_copy_only=False))
+            if det.dtype.kind not in "iu" or det.dtype.itemsize != 8:
+                raise TypeError(
+                    f"prepare_replays: first_ids column {first_ids!r} must be int64 or "
+                    f"uint64, got {col.type}"
+                )
+            det = det.view(_U64)
+            first = np.zeros(len(det), dtype=bool)
+            first[np.unique(det, return_index=True)[1]] = True  # ids unique within a round
+            first &= det != 0
+            for given in seen:  # sorted pieces: no big array rebuilt per chunk
+                at = np.minimum(np.searchsorted(given, det), len(given) - 1)
+                first &= given[at] != det
+            fix = first & (rec != det)
+            if fix.any():
+                # move the replay's checksum from its fresh id to its first one: its outputs
+                # re-create the first attempt's ids (idempotent sinks absorb duplicates)
+                done = self._table.xor(src[fix], rec[fix] ^ det[fix])
+                if len(done):  # cannot happen (the value becomes det != 0); never lose it
+                    self._complete(done)
+                rec = np.where(fix, det, rec)
+                w.rec[rows[fix]] = det[fix]  # a queue put back after an error agrees
+            if first.any():
+                seen.append(np.sort(det[first]))
+        table = payload
+        for name, values, typ in (
+            ("_ft_src", src, pa.uint64()),
+            ("_ft_rec", rec, pa.uint64()),
+            ("_ft_key_hash", meta.key_hash, pa.int32()),
+            ("_ft_attempt", meta.attempt, pa.int32()),
+            ("_ft_origin", meta.origin, pa.uint64()),
+            ("_ft_partition", parts, pa.int32()),
+        ):
+            table = table.append_column(name, pa.array(values, typ))
+        prepared.add(table, parts)
+
+    def fetch_replays(self, source: int, tag: str, partition: int) -> pa.Table:
+        """The rows :meth:`prepare_replays` routed to ``partition`` under ``tag`` (empty when
+        none); the same rows each time until the round's replays are released. ValueError
+        when ``tag`` is not the source's prepared round (released, or another round's)."""
+        return self.replay_reader(source, tag, partition).read_all()
+
+    def replay_reader(self, source: int, tag: str, partition: int) -> pa.RecordBatchReader:
+        """:meth:`fetch_replays` as a stream, read from the round's spill file a piece at a
+        time (what the acker service sends: its memory follows a piece, not the partition)."""
+        self._check_open()
+        source = _source_arg(source)
+        partition = _source_arg(partition)
+        with self._lock:
+            prepared = self._prepared.get(source)
+            if prepared is None or prepared.tag != tag:
+                now = "none" if prepared is None else repr(prepared.tag)
+                raise ValueError(
+                    f"fetch_replays: no replays of source {source} prepared under {tag!r} "
+                    f"(prepared now: {now}); the round is over or was never prepared"
+                )
+        return prepared.reader(partition)
+
+    def release_replays(self, source: int | None = None, tag: str | None = None) -> None:
+        """Free the replays prepared for ``source`` (every source when None); with ``tag``,
+        only when they were prepared under it. A no-op when there are none."""
+        with self._lock:
+            sources = list(self._prepared) if source is None else [_source_arg(source)]
+            for s in sources:
+                p = self._prepared.get(s)
+                if p is not None and (tag is None or p.tag == tag):
+                    self._prepared.pop(s).close()
+
     def take_ended(self) -> np.ndarray:
         """The source ids of the attempts that ended without completing since the previous
         call: failed, timed out or recovered (each then replayed under a new id or
@@ -706,15 +937,23 @@ class FTLayer:
             s.pending = self._registered
             s.held = sum(len(h) for h in self._held)
             s.quarantined = int(getattr(self._storage, "quarantined", 0))
-            s.replays_waiting = sum(
-                len(np.unique(np.concatenate([q.src for q in queue])))
-                for queue in self._waiting.values()
-                if queue
-            )
+            s.replays_waiting = self._replays_waiting()
             if self._latencies:
                 p50, p90, p99 = np.percentile(np.fromiter(self._latencies, float), [50, 90, 99])
                 s.latency_p50, s.latency_p90, s.latency_p99 = float(p50), float(p90), float(p99)
             return s
+
+    def _replays_waiting(self) -> int:
+        """Records with replays waiting. Only a broadcast repeats a record in the queue: else
+        the rows are the records (no sort of a queue that can hold every record)."""
+        copies = any(isinstance(p, BroadcastReplayPartitioner) for p in self._partitioners.values())
+        total = 0
+        for queue in self._waiting.values():
+            if queue and copies:
+                total += len(np.unique(np.concatenate([q.src for q in queue])))
+            elif queue:
+                total += sum(len(q.src) for q in queue)
+        return total
 
     def start(self, interval: float) -> None:
         """Rotate once per ``interval`` seconds of the layer's clock, from a background daemon
@@ -757,6 +996,7 @@ class FTLayer:
         self.stop()
         with self._lock:
             self._closed = True
+            self.release_replays()
             try:
                 self._retry_deletes()
             finally:

@@ -14,6 +14,12 @@ Column names: the service takes ``_ft_src``, ``_ft_rec`` (birth values), ``_ft_k
 table ``_ft_origin``, ``_ft_source``, ``_ft_attempts``, ``_ft_reason``. (``_ft_attempt`` of a
 replay — the attempt it is — and ``_ft_attempts`` of a dead letter — how many it had — are two
 names on purpose-built tables that users and the Spark layer read: they stay as they are.)
+
+Replays without the driver: ``prepare_replays`` (an action, body ``{"source", "partitioner",
+"tag", "first_ids"}``) routes a source's waiting replays to partitions and answers their counts
+(``{"counts": {partition: rows}}``); executors then get one partition's rows each with a
+``fetch_replays`` ticket ``{"op", "source", "tag", "partition"}`` (the replay table's columns);
+``release_replays`` (``{"source", "tag"}``) frees them once the round is over.
 """
 
 from __future__ import annotations
@@ -64,6 +70,9 @@ class Op(str, Enum):
     EXPIRE_ALL = "expire_all"
     TAKE_ENDED = "take_ended"
     RELEASE = "release"
+    PREPARE_REPLAYS = "prepare_replays"
+    FETCH_REPLAYS = "fetch_replays"
+    RELEASE_REPLAYS = "release_replays"
 
     @property
     def rpc(self) -> str:
@@ -90,6 +99,9 @@ _RPC = {
     Op.EXPIRE_ALL: "action",
     Op.TAKE_ENDED: "action",
     Op.RELEASE: "put",
+    Op.PREPARE_REPLAYS: "action",
+    Op.FETCH_REPLAYS: "get",
+    Op.RELEASE_REPLAYS: "action",
 }
 
 #: HTTP/2 header carrying the token ("authorization: Bearer <token>").

@@ -23,10 +23,15 @@ went to. Each partitioner turns those into (rows, partitions) for a whole batch 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
+import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from . import kernels
 from ._checks import as_i32, positive_int, same_length
@@ -35,6 +40,7 @@ __all__ = [
     "BroadcastReplayPartitioner",
     "ForwardReplayPartitioner",
     "HashReplayPartitioner",
+    "PreparedReplays",
     "ReplayPartitioner",
     "RoundRobinReplayPartitioner",
     "ShuffleReplayPartitioner",
@@ -301,3 +307,113 @@ def replay_partitioner_from_spec(spec: str) -> ReplayPartitioner:
                 f"bad replay partitioner spec {spec!r}: {a!r} is not an integer"
             ) from None
     return cls(*values)
+
+
+# --------------------------------------------------------------------------------------------
+# Replays prepared for a round: routed rows kept on disk until the round is over.
+
+
+class PreparedReplays:
+    """The replays of one source prepared for a round (``FTLayer.prepare_replays``): their
+    rows, routed to partitions, kept in a spill file until :meth:`close` (the next round's
+    prepare, an explicit release or the FT layer's close), so that a retried Spark task can
+    fetch its partition again. Rows go in as Arrow tables, one IPC stream segment per
+    (written piece, partition); a fetch reads the segments of one partition back. Memory held:
+    the segment index only. Thread-safe.
+
+    >>> import numpy as np, pyarrow as pa
+    >>> p = PreparedReplays("r1")
+    >>> p.add(pa.table({"v": [1, 2, 3]}), np.array([0, 1, 0], np.int32))
+    >>> p.counts(), p.fetch(0).column("v").to_pylist(), p.fetch(5).num_rows
+    ({0: 2, 1: 1}, [1, 3], 0)
+    >>> p.close()
+    """
+
+    def __init__(self, tag: str, directory: str | None = None) -> None:
+        import tempfile
+
+        self.tag = tag
+        fd, self.path = tempfile.mkstemp(prefix="xorack-replays-", suffix=".arrows", dir=directory)
+        self._file: Any = os.fdopen(fd, "w+b")
+        # an FT layer dropped without close() still closes the file (no ResourceWarning)
+        self._closer = weakref.finalize(self, self._file.close)
+        with contextlib.suppress(OSError):  # the open file stays readable; nothing is left behind
+            os.unlink(self.path)  # if the process dies (POSIX)
+        self._segments: dict[int, list[tuple[int, int]]] = {}  # partition -> (offset, length)
+        self._counts: dict[int, int] = {}
+        self._schema: pa.Schema | None = None
+        self._uniform = True  # every segment has _schema
+        self._lock = threading.Lock()
+
+    def add(self, table: pa.Table, partition: np.ndarray) -> None:
+        """Append ``table``'s rows, row i routed to ``partition[i]``."""
+        if not table.num_rows:
+            return
+        partition = np.asarray(partition, np.int32)
+        order = np.argsort(partition, kind="stable")
+        parts, starts = np.unique(partition[order], return_index=True)
+        stops = np.r_[starts[1:], len(order)]
+        table = table.take(pa.array(order))
+        with self._lock:
+            if self._file is None:
+                raise RuntimeError(f"the replays prepared under {self.tag!r} were released")
+            if self._schema is None:
+                self._schema = table.schema
+            elif table.schema != self._schema:
+                self._uniform = False
+            for p, a, b in zip(parts.tolist(), starts.tolist(), stops.tolist(), strict=True):
+                sink = pa.BufferOutputStream()
+                with pa.ipc.new_stream(sink, table.schema) as writer:
+                    writer.write_table(table.slice(a, b - a))
+                data = sink.getvalue()
+                offset = self._file.seek(0, os.SEEK_END)
+                self._file.write(data)
+                self._segments.setdefault(p, []).append((offset, data.size))
+                self._counts[p] = self._counts.get(p, 0) + (b - a)
+
+    def counts(self) -> dict[int, int]:
+        """Rows per partition (partitions with none left out)."""
+        with self._lock:
+            return dict(sorted(self._counts.items()))
+
+    def fetch(self, partition: int) -> pa.Table:
+        """The rows routed to ``partition`` (empty when none), as often as asked."""
+        return self.reader(partition).read_all()
+
+    def reader(self, partition: int) -> pa.RecordBatchReader:
+        """The rows routed to ``partition`` as a stream read a segment at a time (what one
+        piece of the prepare wrote: the memory of a fetch follows a segment, not the
+        partition); one table unified from the segments when their schemas differ."""
+        with self._lock:
+            if self._file is None:
+                raise RuntimeError(f"the replays prepared under {self.tag!r} were released")
+            self._file.flush()
+            segments = list(self._segments.get(int(partition), ()))
+            schema = self._schema or pa.schema([])
+            uniform = self._uniform
+        if not uniform:
+            tables = [self._read(off, n) for off, n in segments]
+            table = pa.concat_tables(tables, promote_options="permissive")
+            return pa.RecordBatchReader.from_batches(table.schema, table.to_batches())
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            for off, n in segments:
+                yield from self._read(off, n).to_batches()
+
+        return pa.RecordBatchReader.from_batches(schema, batches())
+
+    def _read(self, offset: int, length: int) -> pa.Table:
+        with self._lock:
+            if self._file is None:
+                raise RuntimeError(f"the replays prepared under {self.tag!r} were released")
+            data = os.pread(self._file.fileno(), length, offset)
+        return pa.ipc.open_stream(data).read_all()
+
+    def close(self) -> None:
+        """Free the rows (idempotent)."""
+        with self._lock:
+            f, self._file = self._file, None
+        if f is not None:
+            self._closer()
+            with contextlib.suppress(OSError):  # where an open file cannot be unlinked
+                os.unlink(self.path)

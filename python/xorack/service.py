@@ -164,6 +164,9 @@ _ACTIONS = {
     "expire_all": "time out every pending record; returns the replayed source ids (uint64 LE)",
     "take_ended": "the source ids of attempts that ended without completing since the last call "
     "(failed, timed out, dead-lettered; uint64 LE)",
+    "prepare_replays": "route a source's waiting replays to partitions for a round "
+    '{"source", "partitioner", "tag", "first_ids"}; returns JSON {"counts": {partition: rows}}',
+    "release_replays": 'free the replays prepared for a round {"source", "tag"}',
 }
 
 
@@ -1020,6 +1023,8 @@ class AckerService(flight.FlightServerBase):
                 raise _RequestError(f"unknown ticket op {op!r}: expected one of {_GET_OPS}")
             job = _job_of(context)
             ft = self.ft_of(job)
+            if op == "fetch_replays":
+                return self._fetch(ft, cmd)
             if op == "dead_letters":
                 source = _opt_int(cmd, "source", None)
                 if source is None:
@@ -1034,6 +1039,30 @@ class AckerService(flight.FlightServerBase):
             return flight.RecordBatchStream(table)
 
         return self._guard(_op_name(ticket.ticket, "get"), handle)
+
+    def _fetch(self, ft: Any, cmd: dict[str, Any]) -> flight.FlightDataStream:
+        source = _opt_int(cmd, "source", 0)
+        partition = _opt_int(cmd, "partition", None)
+        if partition is None:
+            raise _RequestError("fetch_replays: the ticket must name a partition")
+        tag = cmd.get("tag")
+        if not isinstance(tag, str):
+            raise _RequestError(f"fetch_replays: 'tag' must be a string, got {tag!r}")
+        if hasattr(ft, "replay_reader"):  # streamed a piece at a time
+            return flight.RecordBatchStream(ft.replay_reader(source, tag, partition))
+        return flight.RecordBatchStream(ft.fetch_replays(source, tag, partition))
+
+    def _prepare(self, ft: Any, body: dict[str, Any]) -> list[pa.Buffer]:
+        source = _opt_int(body, "source", 0)
+        tag, spec, first = body.get("tag"), body.get("partitioner"), body.get("first_ids")
+        if not isinstance(tag, str):
+            raise _RequestError(f"prepare_replays: 'tag' must be a string, got {tag!r}")
+        for name, value in (("partitioner", spec), ("first_ids", first)):
+            if value is not None and not isinstance(value, str):
+                raise _RequestError(f"prepare_replays: {name!r} must be a string, got {value!r}")
+        counts = ft.prepare_replays(source, partitioner=spec, tag=tag, first_ids=first)
+        out = {"counts": {str(p): int(n) for p, n in counts.items()}}
+        return [pa.py_buffer(json.dumps(out).encode())]
 
     def _take(self, ft: Any, source: int | None, partition: int | None) -> pa.Table:
         parts = ft.take_replays(source=source, partition=partition)
@@ -1065,6 +1094,14 @@ class AckerService(flight.FlightServerBase):
             if kind == "stats":
                 stats = self.stats(job)
                 return [pa.py_buffer(json.dumps(stats, default=_json_default).encode())]
+            if kind == "prepare_replays":  # idempotent per (source, tag): no request log
+                return self._prepare(ft, body)
+            if kind == "release_replays":
+                tag = body.get("tag")
+                if tag is not None and not isinstance(tag, str):
+                    raise _RequestError(f"release_replays: 'tag' must be a string, got {tag!r}")
+                ft.release_replays(_opt_int(body, "source", None), tag=tag)
+                return [pa.py_buffer(b"{}")]
             fn = {"rotate": ft.rotate, "expire_all": ft.expire_all, "take_ended": ft.take_ended}[
                 kind
             ]
@@ -1526,6 +1563,44 @@ class AckerClient:
             out[p] = pa.concat_tables([out[p], piece]) if p in out else piece
         return out
 
+    def prepare_replays(
+        self,
+        source: int,
+        partitioner: str | None,
+        tag: str,
+        first_ids: str | None = None,
+    ) -> dict[int, int]:
+        """Route the replays of ``source`` waiting in the acker to partitions for one round
+        (``partitioner``: ``"hash:N"``, ``"forward:N"``, ...; None = the acker's own) and keep
+        them there under ``tag``; returns ``{partition: rows}``. Executors then get their
+        partition's rows with :meth:`fetch_replays`; the rows are freed by the next prepare of
+        the source, :meth:`release_replays` or the acker's close. Retried with the same
+        ``tag``, it answers the same counts. See ``FTLayer.prepare_replays`` (``first_ids``).
+
+        A sharded client forwards it to every shard and adds up the counts per partition.
+        """
+        body = {
+            "source": int(source),
+            "partitioner": partitioner,
+            "tag": str(tag),
+            "first_ids": first_ids,
+        }
+        out = json.loads(self._action("prepare_replays", body))
+        return {int(p): int(n) for p, n in out.get("counts", {}).items()}
+
+    def fetch_replays(self, source: int, tag: str, partition: int) -> pa.Table:
+        """The replays :meth:`prepare_replays` routed to ``partition`` under ``tag`` (the same
+        rows on every call of the round; an empty table when none): payload columns plus
+        ``_ft_src``, ``_ft_rec``, ``_ft_key_hash``, ``_ft_attempt``, ``_ft_origin``,
+        ``_ft_partition``. A sharded client concatenates every shard's."""
+        ticket = {"source": int(source), "tag": str(tag), "partition": int(partition)}
+        return self._get("fetch_replays", ticket)
+
+    def release_replays(self, source: int | None = None, tag: str | None = None) -> None:
+        """Free the replays prepared for ``source`` (every source when None; with ``tag``
+        only those prepared under it)."""
+        self._action("release_replays", {"source": source, "tag": tag})
+
     def dead_letters(self, source: int | None = None) -> pa.Table:
         """The dead-letter table (payload, origin id, attempts, last reason); only source index
         ``source``'s when given (when the sources' payload schemas do not unify)."""
@@ -1556,7 +1631,7 @@ class AckerClient:
         dead-lettered) since the previous call: each id is handed out once."""
         return np.frombuffer(
             self._action("take_ended", {"req": _request_id()}), dtype="<u8"
-        ).astype(np.uint64)
+        ).astype(np.uint64, copy=False)
 
     def ping(self) -> bool:
         """True when the service answers (after retries); ``ServiceError`` otherwise."""

@@ -920,11 +920,42 @@ class Pipeline:
             fields += [StructField(SRC, LongType(), False), StructField(REC, LongType(), False)]
         return StructType(fields)
 
+    def _fetched_replays(self, node: _Node) -> tuple[Any, int]:
+        """A batch replay round's replays of a source, never through the driver: the acker
+        prepares them (routed to the partition the source's partitioning picks, born with
+        their first attempt's ids) and the executors fetch their partition's rows
+        (:mod:`xorack.spark.replays`). The frame's partition ``i`` holds the replays routed to
+        ``i``; None when there are none."""
+        from .replays import ReplayFetcher, replay_partitioning, replays_frame
+
+        assert self._location is not None  # set by run() with FT on
+        # one tag per prepare: a resumed driver (same job, same round numbers) never gets an
+        # earlier driver's round; a retried request re-sends the same tag (same counts)
+        tag = f"p{self.phase}-r{self.round}-{os.urandom(6).hex()}"
+        spec = replay_partitioning(node.keys, node.partitions)
+        counts = self.client.prepare_replays(node.source_index, spec, tag, first_ids=DET)
+        k = sum(counts.values())
+        if not k:
+            return None, 0
+        large = self.spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false")
+        fetcher = ReplayFetcher(
+            location=self._location,
+            source=node.source_index,
+            tag=tag,
+            columns=node.columns,
+            schema=declared_arrow_schema(node.schema, large.lower() == "true"),
+            token=self.token,
+            tls_root_certs=self._tls_root_certs,
+            job=self._job,
+        )
+        return replays_frame(self.spark, node.partitions, fetcher, self._tagged_schema(node)), k
+
     def _replay_frame(self, node: _Node) -> tuple[Any, int]:
-        """The replays of a source waiting in the FT layer as a DataFrame with lineage columns
-        and ``_ft_route``, the route key of the partition the source's partitioning chooses:
-        ``pmod(key hash, n)`` with keys (Spark's ``repartition(n, *keys)``), else the partition
-        the record was first read on."""
+        """The replays of a source waiting in the FT layer, taken by the driver, as a DataFrame
+        with lineage columns and ``_ft_route``, the route key of the partition the source's
+        partitioning chooses: ``pmod(key hash, n)`` with keys (Spark's ``repartition(n,
+        *keys)``), else the partition the record was first read on. Used where fresh rows and
+        replays share a micro-batch (streaming); batch rounds use :meth:`_fetched_replays`."""
         import xorack.hashing as hashing
 
         from ..replay import HashReplayPartitioner
@@ -1097,6 +1128,9 @@ class Pipeline:
 
         tagged = None if fresh is None else self._source_frame(node, node.prepare(fresh))
         replayed, k = (None, 0)
+        if self.ft and replays_wanted and tagged is None and self._on_replays is None:
+            replayed, k = self._fetched_replays(node)  # placed by the acker: no shuffle
+            return (None if replayed is None else _with_pending(replayed)), k
         if self.ft and replays_wanted:
             replayed, k = self._replay_frame(node)
         cols = [F.col(c) for c in (*node.columns, SRC, REC)]
