@@ -1255,6 +1255,7 @@ class Pipeline:
                 ended.append(self.client.take_ended())
                 self._publish(sinks, np.concatenate(ended), report)
                 self._fill(report, self.client.stats())
+                self.client.release_replays()  # a standalone acker frees the last round's
                 self._discount_derived(report, derived_persisted)
             else:
                 for k in TRACKING_COUNTS:
