@@ -47,6 +47,11 @@ class AckTable {
                       std::vector<uint64_t>& done) {
     done.clear();
     const bool unregistered = any_unregistered();
+    // A batch bigger than the table gets room first: the batch is probed in hash order, and an
+    // ordered table much smaller than it, grown part way through, would pack the first
+    // (smallest) hashes into one long run (quadratic). A table already as big as the batch
+    // spreads them: its homes are right.
+    if (n > main_.size()) main_.reserve(main_.size() + n);
     start_batch(keys, n);
     Ahead<Table> ahead(main_, thread_batch_order().items(), n, births);
     for (size_t j = 0; j < n; ++j) {
@@ -141,7 +146,27 @@ class AckTable {
           continue;
         }
       }
-      xor_unregistered(h, x);
+      early_batch_.push_back({h, x});  // applied after the loop, with room made first
+    }
+    if (!early_batch_.empty()) {
+      // (hash order, like the batch: inserting them into a table sized for them keeps runs
+      // short; a table grown part way through would pack them into one long run)
+      // Combined per key first (a key's events that cancel change nothing, as the call's
+      // contract says: an aged entry is not dropped and re-made young by them).
+      std::sort(early_batch_.begin(), early_batch_.end(),
+                [](const auto& a, const auto& b) { return a.first < b.first; });
+      size_t m = 0;
+      for (size_t k = 0; k < early_batch_.size(); ++k) {
+        if (m && early_batch_[m - 1].first == early_batch_[k].first)
+          early_batch_[m - 1].second ^= early_batch_[k].second;
+        else
+          early_batch_[m++] = early_batch_[k];
+      }
+      early_batch_.resize(m);
+      if (m > early_.size()) early_.reserve(early_.size() + m);
+      for (const auto& [h, x] : early_batch_)
+        if (x != 0) xor_unregistered(h, x);
+      early_batch_.clear();
     }
     collect_marked(keys, n, done);
     shrink_all();
@@ -304,7 +329,10 @@ class AckTable {
     completed_.trim(keep);
     thread_batch_order().trim(size_t(1) << 16);
     if (marks_.capacity() * 64 > keep) std::vector<uint64_t>().swap(marks_);
+    if (early_batch_.capacity() > keep) decltype(early_batch_)().swap(early_batch_);
   }
+
+  std::vector<std::pair<uint64_t, uint64_t>> early_batch_;  // a batch's events of unknown ids
 
   bool any_unregistered() const { return early_.size() != 0 || old_.size() != 0; }
 

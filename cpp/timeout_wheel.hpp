@@ -33,6 +33,7 @@ class TimeoutWheel {
   // Starts (or restarts) the timeout of every id.
   void add(const uint64_t* ids, size_t n) {
     const uint16_t d = uint16_t(rotation_ + nb_);
+    if (n > table_.size()) table_.reserve(table_.size() + n);  // see AckTable::register_batch
     thread_batch_order().sort(table_, ids, n);
     Ahead<Table> ahead(table_, thread_batch_order().items(), n);
     for (size_t i = 0; i < n; ++i) {

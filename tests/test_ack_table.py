@@ -370,3 +370,24 @@ def test_expire_unregistered_bounds_the_life_of_early_entries(backend):
     assert registered.tolist() == [True, False]
     assert t.xor([12], [2]).tolist() == []  # back at 0: dropped silently
     assert len(t) == 1
+
+
+@pytest.mark.skipif(not kernels.native_available(), reason=NATIVE_MISSING)
+def test_a_batch_bigger_than_the_table_makes_room_once():
+    """The native table probes a batch in hash order; grown step by step inside one big batch,
+    its first hashes would pack into one long run (a quadratic register). It makes room for the
+    batch first: one growth, whatever the batch size (the wheel alike; early events too, which
+    the property tests compare with the fallback)."""
+    from xorack.acker import TimeoutWheel
+
+    ids = np.arange(1, 200_001, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    table, wheel, early = (
+        AckTable(backend="native"),
+        TimeoutWheel(3, backend="native"),
+        AckTable(backend="native"),
+    )
+    table.register(ids, ids)
+    wheel.add(ids)
+    early.xor(ids, ids)  # all unknown: early events
+    for t in (table, wheel, early):
+        assert t._impl.debug_counters()["grows"] <= 1, t._impl.debug_counters()
