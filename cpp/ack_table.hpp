@@ -47,44 +47,24 @@ class AckTable {
                       std::vector<uint64_t>& done) {
     done.clear();
     const bool unregistered = any_unregistered();
-    // A batch bigger than the table gets room first: the batch is probed in hash order, and an
-    // ordered table much smaller than it, grown part way through, would pack the first
-    // (smallest) hashes into one long run (quadratic). A table already as big as the batch
-    // spreads them: its homes are right.
-    if (n > main_.size()) main_.reserve(main_.size() + n);
     start_batch(keys, n);
-    Ahead<Table> ahead(main_, thread_batch_order().items(), n, births);
+    const auto* items = thread_batch_order().items();
+    // Two passes. The batch is probed in hash order: inserting it into a table grown step by
+    // step on the way would crowd the first (smallest) hashes into one long run (quadratic).
+    // So the first pass settles the keys already registered and lists the others; the table
+    // then makes room for those at once, and the second pass inserts them.
+    absent_.clear();
+    Ahead<Table> ahead(main_, items, n, births);
     for (size_t j = 0; j < n; ++j) {
-      const auto& item = ahead.next(j);
-      const uint64_t h = item.hash;
-      const size_t i = item.pos;
-      uint64_t v = births[i];
-      // One scan: the key's slot, or where it belongs.
-      const size_t s = main_.seek(h);
-      auto* slots = main_.slots();
-      if (slots[s].hash == h) {  // already registered: XOR the birth in again
-        v ^= slots[s].value;
-        if (v == 0) {
-          main_.erase_at(s);
-          mark(i);
-        } else {
-          slots[s].value = v;
-        }
-        continue;
-      }
-      if (unregistered) {
-        size_t e;
-        Table* et = find_unregistered(h, &e);
-        if (et) {  // events came first: the birth joins them
-          v ^= et->slots()[e].value;
-          et->erase_at(e);
-          if (v == 0) {
-            mark(i);
-            continue;
-          }
-        }
-      }
-      main_.insert_at(s, h, v);  // may grow the table: nothing below keeps a slot index
+      const uint64_t h = ahead.next(j).hash;
+      if (main_.slots()[main_.seek(h)].hash == h)
+        register_one(items[j], births, unregistered);
+      else
+        absent_.push_back(uint32_t(j));
+    }
+    if (!absent_.empty()) {
+      main_.reserve(main_.size() + absent_.size());
+      for (uint32_t j : absent_) register_one(items[j], births, unregistered);
     }
     collect_marked(keys, n, done);
     shrink_all();
@@ -163,7 +143,7 @@ class AckTable {
           early_batch_[m++] = early_batch_[k];
       }
       early_batch_.resize(m);
-      if (m > early_.size()) early_.reserve(early_.size() + m);
+      early_.reserve(early_.size() + m);
       for (const auto& [h, x] : early_batch_)
         if (x != 0) xor_unregistered(h, x);
       early_batch_.clear();
@@ -282,6 +262,40 @@ class AckTable {
 
  private:
   // Orders the batch and clears the completion marks.
+  // One key's birth (see register_batch): XORed into its entry, or joined with its early
+  // events, or inserted.
+  template <class Item>
+  void register_one(const Item& item, const uint64_t* births, bool unregistered) {
+    const uint64_t h = item.hash;
+    const size_t i = item.pos;
+    uint64_t v = births[i];
+    const size_t s = main_.seek(h);  // the key's slot, or where it belongs
+    auto* slots = main_.slots();
+    if (slots[s].hash == h) {  // already registered: XOR the birth in again
+      v ^= slots[s].value;
+      if (v == 0) {
+        main_.erase_at(s);
+        mark(i);
+      } else {
+        slots[s].value = v;
+      }
+      return;
+    }
+    if (unregistered) {
+      size_t e;
+      Table* et = find_unregistered(h, &e);
+      if (et) {  // events came first: the birth joins them
+        v ^= et->slots()[e].value;
+        et->erase_at(e);
+        if (v == 0) {
+          mark(i);
+          return;
+        }
+      }
+    }
+    main_.insert_at(s, h, v);  // may grow the table
+  }
+
   void start_batch(const uint64_t* keys, size_t n) {
     thread_batch_order().sort(main_, keys, n);
     marks_.assign((n + 63) / 64, 0);
@@ -330,9 +344,11 @@ class AckTable {
     thread_batch_order().trim(size_t(1) << 16);
     if (marks_.capacity() * 64 > keep) std::vector<uint64_t>().swap(marks_);
     if (early_batch_.capacity() > keep) decltype(early_batch_)().swap(early_batch_);
+    if (absent_.capacity() > keep) std::vector<uint32_t>().swap(absent_);
   }
 
   std::vector<std::pair<uint64_t, uint64_t>> early_batch_;  // a batch's events of unknown ids
+  std::vector<uint32_t> absent_;  // a register batch's keys not registered yet (batch order)
 
   bool any_unregistered() const { return early_.size() != 0 || old_.size() != 0; }
 

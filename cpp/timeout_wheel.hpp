@@ -33,16 +33,31 @@ class TimeoutWheel {
   // Starts (or restarts) the timeout of every id.
   void add(const uint64_t* ids, size_t n) {
     const uint16_t d = uint16_t(rotation_ + nb_);
-    if (n > table_.size()) table_.reserve(table_.size() + n);  // see AckTable::register_batch
     thread_batch_order().sort(table_, ids, n);
-    Ahead<Table> ahead(table_, thread_batch_order().items(), n);
+    const auto* items = thread_batch_order().items();
+    // Two passes, as AckTable::register_batch: restart the ids present, then make room for the
+    // others at once and insert them (a table grown step by step inside a hash-ordered batch
+    // crowds its first hashes into one long run).
+    absent_.clear();
+    Ahead<Table> ahead(table_, items, n);
     for (size_t i = 0; i < n; ++i) {
       const uint64_t h = ahead.next(i).hash;
       const size_t s = table_.seek(h);
       if (table_.slots()[s].hash == h)
         table_.slots()[s].value = d;
       else
-        table_.insert_at(s, h, d);  // may grow the table
+        absent_.push_back(uint32_t(i));
+    }
+    if (!absent_.empty()) {
+      table_.reserve(table_.size() + absent_.size());
+      for (uint32_t i : absent_) {
+        const uint64_t h = items[i].hash;
+        const size_t s = table_.seek(h);
+        if (table_.slots()[s].hash == h)
+          table_.slots()[s].value = d;  // a repeat within the batch
+        else
+          table_.insert_at(s, h, d);
+      }
     }
     trim_scratch();
   }
@@ -99,9 +114,14 @@ class TimeoutWheel {
 
  private:
   // Frees the thread's batch scratch after a batch of more than 64 K ids.
-  void trim_scratch() { thread_batch_order().trim(size_t(1) << 16); }
+  void trim_scratch() {
+    thread_batch_order().trim(size_t(1) << 16);
+    if (absent_.capacity() > std::max<size_t>(size_t(1) << 16, table_.size()))
+      std::vector<uint32_t>().swap(absent_);
+  }
 
   Table table_;
+  std::vector<uint32_t> absent_;  // an add batch's ids not present yet (batch order)
   uint32_t nb_;
   uint32_t rotation_ = 0;
 };
