@@ -252,38 +252,34 @@ class ContentRanks:
         self._counts = np.empty(0, dtype=np.int64)
 
     def __call__(self, h: np.ndarray) -> np.ndarray:
-        # the common case, all rows distinct and new to the task: one sort, one merge
-        s = np.sort(h)
-        if not (s[1:] == s[:-1]).any():
-            if len(self._hashes):
-                at = np.minimum(np.searchsorted(self._hashes, s), len(self._hashes) - 1)
-                seen = self._hashes[at] == s
-            if not len(self._hashes) or not seen.any():
-                hashes = np.concatenate([self._hashes, s])
-                counts = np.concatenate([self._counts, np.ones(len(s), dtype=np.int64)])
-                if len(self._hashes):
-                    order = np.argsort(hashes, kind="stable")  # two sorted runs: a merge
-                    hashes, counts = hashes[order], counts[order]
-                self._hashes, self._counts = hashes, counts
-                return np.zeros(len(h), dtype=np.int64)
-        uniq, inv, cnt = np.unique(h, return_inverse=True, return_counts=True)
-        # rank within this batch, in order of appearance
-        order = np.argsort(inv, kind="stable")
-        starts = np.concatenate(([0], np.cumsum(cnt)[:-1]))
-        within = np.empty(len(h), dtype=np.int64)
-        within[order] = np.arange(len(h)) - np.repeat(starts, cnt)
-        # how many rows of each hash earlier batches of the task had
+        n = len(h)
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
+        order = np.argsort(h, kind="stable")  # one sort: equal hashes keep their input order
+        s = h[order]
+        first = np.empty(n, dtype=bool)
+        first[0] = True
+        np.not_equal(s[1:], s[:-1], out=first[1:])
+        starts = np.flatnonzero(first)
+        uniq = s[starts]
+        counts = np.diff(np.append(starts, n))
+        # rows of each hash in earlier batches of the task
         base = np.zeros(len(uniq), dtype=np.int64)
+        found = np.zeros(len(uniq), dtype=bool)
         if len(self._hashes):
             at = np.minimum(np.searchsorted(self._hashes, uniq), len(self._hashes) - 1)
             found = self._hashes[at] == uniq
             base[found] = self._counts[at[found]]
-        keep = ~np.isin(self._hashes, uniq)
-        hashes = np.concatenate([self._hashes[keep], uniq])
-        counts = np.concatenate([self._counts[keep], base + cnt])
-        order = np.argsort(hashes)
-        self._hashes, self._counts = hashes[order], counts[order]
-        return base[inv] + within
+            self._counts[at[found]] += counts[found]
+        run = np.cumsum(first) - 1
+        ranks = np.empty(n, dtype=np.int64)
+        ranks[order] = base[run] + (np.arange(n) - starts[run])
+        if not found.all():  # new hashes: merge two sorted runs
+            hashes = np.concatenate([self._hashes, uniq[~found]])
+            total = np.concatenate([self._counts, counts[~found]])
+            merge = np.argsort(hashes, kind="stable")
+            self._hashes, self._counts = hashes[merge], total[merge]
+        return ranks
 
 
 def content_ids(
