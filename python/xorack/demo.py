@@ -185,6 +185,17 @@ class DemoConfig:
     plain_failures: bool = False  # raise plain FailRecord (bisected) instead of rows=...
     master: str | None = None  # Spark master URL; None: the embedded local session
     ackers: int = 1  # acker processes (shards); 1: the acker is a thread of the driver
+    combine: str = "auto"  # the count's partial aggregates per chunk: "on", "off", "auto"
+
+    @property
+    def combines(self) -> bool:
+        """Whether the count stages partial aggregates per chunk of 1024 sentences (see
+        ``Pipeline(combine=)``). "auto": when fewer than one sentence per chunk is expected to
+        fail its first attempt (otherwise nearly every chunk would be replayed as collateral)."""
+        if self.combine != "auto":
+            return self.combine == "on"
+        first_round = self.fail_rate + self.poison_rate + self.drop_rate
+        return first_round * 1024 < 1
 
 
 # ---- the pipeline's functions (picklable: module-level or frozen dataclasses) ------------------
@@ -292,6 +303,7 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
             storage=cfg.storage,
             max_attempts=cfg.max_attempts,
             ackers=cfg.ackers,
+            combine=cfg.combines,
         )
         words = p.source(sentences, name="sentences").map_in_pandas(
             SplitWords(cfg.seed, cfg.fail_rate, cfg.poison_rate, vectorized=not cfg.plain_failures),
@@ -364,6 +376,7 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
         out = report.as_dict()
         out["records_generated"] = cfg.records
         out["ackers"] = cfg.ackers
+        out["combine"] = cfg.combines
         out["poisoned"] = len(poison)
         out["dead_lettered_not_poisoned"] = len(dead - poison)
         out["distinct_words"] = len(counts)
@@ -429,6 +442,8 @@ def format_report(r: dict[str, Any]) -> str:
 
     shards = r.get("ackers", 1)
     ackers = f", {shards} acker processes" if shards > 1 else ""
+    if r.get("combine") and r["ft"]:
+        ackers += ", count combined per chunk"
     lines = [
         "xorack demo report",
         f"  FT                     {'on' if r['ft'] else 'off'}  ({r['rounds']} round(s){ackers})",
@@ -565,6 +580,14 @@ def build_parser() -> argparse.ArgumentParser:
         "processes, each owning the source ids that hash to it (a SQLite --storage becomes "
         "one file per shard)",
     )
+    ap.add_argument(
+        "--combine",
+        choices=("auto", "on", "off"),
+        default=d.combine,
+        help="the count stages partial aggregates per chunk of 1024 sentences (on) or every "
+        "word (off); auto: on when fewer than one sentence per chunk fails its first attempt "
+        "(with the default rates, off: a failure replays its chunk-mates)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     return ap
@@ -605,6 +628,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plain_failures=args.plain_failures,
         master=args.master,
         ackers=args.ackers,
+        combine=args.combine,
     )
     t0 = time.perf_counter()
     report = run_demo(cfg, progress=not args.no_progress)
