@@ -281,9 +281,17 @@ def test_a_dead_lettered_record_leaves_nothing_in_any_sink(spark, tmp_path):
     checked.sink(sink, name="words")
     report = p.run()
     poisoned = {i for i in range(200) if "w4" in {f"w{(i * 7 + j) % 11}" for j in range(i % 5)}}
-    assert report.dead_lettered == len(poisoned) > 0
-    assert report.lost == 0
     got = sink.read()
+    letters = p.dead_letters()
+    dead = set(letters.column("id").to_pylist()) if letters is not None else set()
+    # (seen twice, under load only, in ~10 full runs: 16 poisoned lines completed on their
+    # replay instead of failing; the message says which, and whether the sink has their rows)
+    assert report.dead_lettered == len(poisoned) > 0, (
+        report,
+        sorted(poisoned - dead),
+        sorted(set(got["id"]) & (poisoned - dead)),
+    )
+    assert report.lost == 0
     assert not set(got["id"]) & poisoned
     want = Counter(
         (i, f"w{(i * 7 + j) % 11}") for i in range(200) if i not in poisoned for j in range(i % 5)
