@@ -49,18 +49,23 @@ class AckTable {
     const bool unregistered = any_unregistered();
     start_batch(keys, n);
     const auto* items = thread_batch_order().items();
-    // Two passes. The batch is probed in hash order: inserting it into a table grown step by
-    // step on the way would crowd the first (smallest) hashes into one long run (quadratic).
-    // So the first pass settles the keys already registered and lists the others; the table
-    // then makes room for those at once, and the second pass inserts them.
+    // The batch is probed in hash order: inserting it into a table grown step by step on the
+    // way would crowd the first (smallest) hashes into one long run (quadratic). So when the
+    // batch could make the table grow, a first pass settles the keys already registered and
+    // lists the others; the table then makes room for those at once, and a second pass inserts
+    // them. Otherwise (the steady state) one pass.
     absent_.clear();
     Ahead<Table> ahead(main_, items, n, births);
-    for (size_t j = 0; j < n; ++j) {
-      const uint64_t h = ahead.next(j).hash;
-      if (main_.slots()[main_.seek(h)].hash == h)
-        register_one(items[j], births, unregistered);
-      else
-        absent_.push_back(uint32_t(j));
+    if (!main_.may_grow(n)) {  // no growth possible: one pass
+      for (size_t j = 0; j < n; ++j) register_one(ahead.next(j), births, unregistered);
+    } else {
+      for (size_t j = 0; j < n; ++j) {
+        const uint64_t h = ahead.next(j).hash;
+        if (main_.slots()[main_.seek(h)].hash == h)
+          register_one(items[j], births, unregistered);
+        else
+          absent_.push_back(uint32_t(j));
+      }
     }
     if (!absent_.empty()) {
       main_.reserve(main_.size() + absent_.size());

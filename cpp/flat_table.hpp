@@ -172,6 +172,8 @@ class FlatTable {
   const Counters& counters() const { return counters_; }
 
   size_t size() const { return size_; }
+  // Whether n more entries could make the table grow (pass kMaxLoad).
+  bool may_grow(size_t n) const { return size_ + n > max_size_; }
   size_t capacity() const { return cap_; }  // home slots (the array has a few more)
   size_t nbytes() const { return len_ * sizeof(Slot); }
   Slot* slots() { return slots_; }

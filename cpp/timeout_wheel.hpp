@@ -35,18 +35,21 @@ class TimeoutWheel {
     const uint16_t d = uint16_t(rotation_ + nb_);
     thread_batch_order().sort(table_, ids, n);
     const auto* items = thread_batch_order().items();
-    // Two passes, as AckTable::register_batch: restart the ids present, then make room for the
-    // others at once and insert them (a table grown step by step inside a hash-ordered batch
-    // crowds its first hashes into one long run).
+    // As AckTable::register_batch: when the batch could make the table grow, restart the ids
+    // present, then make room for the others at once and insert them (a table grown step by
+    // step inside a hash-ordered batch crowds its first hashes into one long run).
     absent_.clear();
     Ahead<Table> ahead(table_, items, n);
+    const bool may_grow = table_.may_grow(n);  // else one pass: inserts never resize
     for (size_t i = 0; i < n; ++i) {
       const uint64_t h = ahead.next(i).hash;
       const size_t s = table_.seek(h);
       if (table_.slots()[s].hash == h)
         table_.slots()[s].value = d;
-      else
+      else if (may_grow)
         absent_.push_back(uint32_t(i));
+      else
+        table_.insert_at(s, h, d);
     }
     if (!absent_.empty()) {
       table_.reserve(table_.size() + absent_.size());
