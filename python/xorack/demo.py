@@ -195,7 +195,9 @@ class DemoConfig:
         if self.combine != "auto":
             return self.combine == "on"
         first_round = self.fail_rate + self.poison_rate + self.drop_rate
-        return first_round * 1024 < 1
+        from .protocol import CHUNK_BITS  # the records of a chunk (Pipeline's default)
+
+        return first_round * (1 << CHUNK_BITS) < 1
 
 
 # ---- the pipeline's functions (picklable: module-level or frozen dataclasses) ------------------

@@ -221,7 +221,6 @@ class PartialStaging(Staging):
     keys: tuple[str, ...] = ()
     plan: tuple[_Partial, ...] = ()
     output: Any = None  # plain Spark's output schema
-    bits: list[int] = field(default_factory=list)  # chunk bits of each staged round
     tainted: list[Any] = field(default_factory=list)  # per round: DataFrame of CHUNK, or None
 
     def write_partial(self, df: Any, tag: str, bits: int) -> str:
@@ -232,7 +231,6 @@ class PartialStaging(Staging):
         grouped = df.select("*", chunk, staged_event()).groupBy(CHUNK, KEEP, *self.keys)
         grouped.agg(*partials, f.bit_xor(EVT).alias(EVT)).write.mode("overwrite").parquet(path)
         self.paths.append(path)
-        self.bits.append(bits)
         return path
 
     def merged(self, spark: Any) -> Any:
@@ -252,7 +250,6 @@ class PartialStaging(Staging):
 
     def remove(self) -> None:
         super().remove()
-        self.bits.clear()
         self.tainted.clear()
 
 

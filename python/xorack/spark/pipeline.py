@@ -1436,11 +1436,13 @@ class Pipeline:
     def _count_vanished(self, work: _Round, report: RunReport) -> None:
         """Rows the round's transforms removed (after the round's actions ran)."""
         for name, seen_in, seen_out in work.observed:
+            from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
+
             try:
                 rows_in = int(seen_in.get.get("rows") or 0)
                 rows_out = int(seen_out.get.get("rows") or 0)
-            except Exception:  # the plan never ran: Spark's adaptive execution
-                continue  # dropped it as empty (no rows went in), so none vanished
+            except Py4JJavaError:  # the plan never ran: Spark's adaptive execution dropped it
+                continue  # as empty (no rows went in), and PySpark cannot read its metrics
             if rows_out < rows_in:
                 gone = report.vanished_rows
                 gone[name] = gone.get(name, 0) + rows_in - rows_out
