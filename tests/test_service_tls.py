@@ -19,7 +19,11 @@ from xorack import FTLayer, ServiceError
 from xorack.service import AckerClient, AckerService, RetryPolicy
 
 U64 = np.uint64
+# calls expected to be refused give up fast; calls expected to succeed keep a user's budget (a
+# TLS handshake to a service started a moment ago can be refused once on a loaded machine: "tcp
+# handshaker shutdown", which the default policy retries)
 FAST_RETRY = RetryPolicy(attempts=2, initial_backoff=0.01, max_backoff=0.02, call_timeout=5.0)
+SERVING = RetryPolicy(attempts=6, initial_backoff=0.05, max_backoff=0.5, call_timeout=10.0)
 PYTHONPATH = str(Path(__file__).resolve().parents[1] / "python")
 SERVE = (sys.executable, "-m", "xorack", "serve", "--port", "0", "--rotate-interval", "0")
 NO_ADDRESS = "this machine has no non-loopback IPv4 address to bind"
@@ -42,7 +46,7 @@ def test_tls_service_serves_clients_that_trust_its_certificate(ft, tls_files):
         assert svc.location.startswith("grpc+tls://127.0.0.1:")
         assert svc.tls_cert_pem == _roots(tls_files)
         roots = _roots(tls_files)
-        with AckerClient(svc.location, "s3cret", FAST_RETRY, tls_root_certs=roots) as c:
+        with AckerClient(svc.location, "s3cret", SERVING, tls_root_certs=roots) as c:
             births = np.array([7, 8], dtype=U64)
             src = c.persist(pa.record_batch({"w": ["a", "b"]}), births=births)
             assert sorted(c.xor(src, births).tolist()) == sorted(src.tolist())
@@ -98,9 +102,7 @@ def test_every_interface_bind_advertises_the_routable_address(ft, tls_files):
         ft, token="s3cret", host="0.0.0.0", advertise=address, tls_cert=cert, tls_key=key
     ) as svc:
         assert svc.location == f"grpc+tls://{address}:{svc.port}"
-        assert AckerClient(
-            svc.location, "s3cret", FAST_RETRY, tls_root_certs=_roots(tls_files)
-        ).ping()
+        assert AckerClient(svc.location, "s3cret", SERVING, tls_root_certs=_roots(tls_files)).ping()
         with pytest.raises(ServiceError, match="unauthenticated"):
             AckerClient(svc.location, None, FAST_RETRY, tls_root_certs=_roots(tls_files)).ping()
 
@@ -141,7 +143,7 @@ def test_cli_serve_with_tls_on_every_interface(tls_files):
         assert "tls=on" in line
         port = line.split("listening on ")[1].split()[0].rsplit(":", 1)[1]
         location = f"grpc+tls://{own_address()}:{port}"
-        assert AckerClient(location, "t0ken", FAST_RETRY, tls_root_certs=_roots(tls_files)).ping()
+        assert AckerClient(location, "t0ken", SERVING, tls_root_certs=_roots(tls_files)).ping()
         with pytest.raises(ServiceError, match="unauthenticated"):
             AckerClient(location, "wrong", FAST_RETRY, tls_root_certs=_roots(tls_files)).ping()
     finally:
