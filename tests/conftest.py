@@ -24,16 +24,23 @@ def _backend_params() -> list:
     ]
 
 
+#: Groups that run only when ``-m`` names them.
+SEPARATE_GROUPS = ("cluster", "driver_crash")
+
+
 def pytest_collection_modifyitems(config, items):
     """The cluster group (tests/test_cluster.py) needs a Spark JVM of its own (one SparkContext
-    per JVM, and the other tests share a local one): it runs only when ``-m`` names it, in its
-    own pytest process: ``python -m pytest -m cluster``."""
-    if "cluster" in (config.getoption("markexpr") or ""):
-        return
-    cluster = [item for item in items if item.get_closest_marker("cluster") is not None]
-    if cluster:
-        config.hook.pytest_deselected(items=cluster)
-        items[:] = [item for item in items if item.get_closest_marker("cluster") is None]
+    per JVM, and the other tests share a local one); the driver-crash group (tests/test_resume.py)
+    starts two or three driver processes per test, each with its own Spark (~1 min a test). Each
+    runs only when ``-m`` names it: ``python -m pytest -m cluster``, ``-m driver_crash``."""
+    named = config.getoption("markexpr") or ""
+    for group in SEPARATE_GROUPS:
+        if group in named:
+            continue
+        out = [item for item in items if item.get_closest_marker(group) is not None]
+        if out:
+            config.hook.pytest_deselected(items=out)
+            items[:] = [item for item in items if item.get_closest_marker(group) is None]
 
 
 @pytest.fixture(params=_backend_params())

@@ -186,6 +186,7 @@ class DemoConfig:
     master: str | None = None  # Spark master URL; None: the embedded local session
     ackers: int = 1  # acker processes (shards); 1: the acker is a thread of the driver
     combine: str = "auto"  # the count's partial aggregates per chunk: "on", "off", "auto"
+    workdir: str | None = None  # a resumable job's directory (sink, FT storage, staged rows)
 
     @property
     def combines(self) -> bool:
@@ -287,7 +288,15 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
             app_name="xorack-demo",
             shuffle_partitions=cfg.partitions,
         )
-    workdir = tempfile.mkdtemp(prefix="xorack-demo-")
+    resumable = cfg.workdir is not None and cfg.ft
+    if cfg.workdir is not None:  # kept: a second run with the same arguments resumes the job
+        workdir = os.path.abspath(cfg.workdir)
+        os.makedirs(workdir, exist_ok=True)
+    else:
+        workdir = tempfile.mkdtemp(prefix="xorack-demo-")
+    storage = cfg.storage
+    if resumable and storage == "memory":
+        storage = "sqlite:///" + os.path.join(workdir, "ft.db")
     bar = None
     # larger Arrow batches: fewer acker round trips and sink commits (ON and OFF alike); a
     # value the caller set is kept, and an unset one is unset again afterwards
@@ -302,10 +311,12 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
         p = Pipeline(
             spark,
             ft=cfg.ft,
-            storage=cfg.storage,
+            storage=storage,
             max_attempts=cfg.max_attempts,
             ackers=cfg.ackers,
             combine=cfg.combines,
+            resume=resumable,
+            workdir=os.path.join(workdir, "work") if resumable else None,
         )
         words = p.source(sentences, name="sentences").map_in_pandas(
             SplitWords(cfg.seed, cfg.fail_rate, cfg.poison_rate, vectorized=not cfg.plain_failures),
@@ -391,7 +402,8 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
             spark.conf.unset(ARROW_BATCH_CONF)
         if bar is not None:
             bar.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+        if cfg.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def peak_rss_mb(pid: int | str = "self") -> float | None:
@@ -449,7 +461,8 @@ def format_report(r: dict[str, Any]) -> str:
     lines = [
         "xorack demo report",
         f"  FT                     {'on' if r['ft'] else 'off'}  ({r['rounds']} round(s){ackers})",
-        f"  source records         {show(r['source_records'])}",
+        f"  source records         {show(r['source_records'])}"
+        + ("  (a resumed job: counts over all of its runs)" if r.get("resumed") else ""),
         f"  completed              {show(r['completed'])}",
         f"  failed (explicit)      {show(r['failed'])}",
         f"  timed out              {show(r['timed_out'])}",
@@ -590,6 +603,15 @@ def build_parser() -> argparse.ArgumentParser:
         "word (off); auto: on when fewer than one sentence per chunk fails its first attempt "
         "(with the default rates, off: a failure replays its chunk-mates)",
     )
+    ap.add_argument(
+        "--workdir",
+        default=None,
+        metavar="DIR",
+        help="a resumable job in DIR (the word-count sink, the staged rows and, unless "
+        "--storage names another SQLite file, the FT storage DIR/ft.db): a run killed midway "
+        "and started again with the same arguments finishes the job exactly once; a finished "
+        "job prints its report again. Default: a temporary directory, removed at the end",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     return ap
@@ -602,6 +624,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.workdir is not None:
+        if args.ft != "on":
+            parser.error("--workdir makes a resumable job: it needs --ft on")
+        if args.ackers != 1:
+            parser.error("--workdir (a resumable job) needs --ackers 1")
+        if os.path.exists(args.workdir) and not os.path.isdir(args.workdir):
+            parser.error(f"--workdir {args.workdir!r} is a file, not a directory")
     if args.storage != "memory" and args.ft == "on":
         from .sharding import Shard, shard_storage
 
@@ -631,6 +660,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         master=args.master,
         ackers=args.ackers,
         combine=args.combine,
+        workdir=args.workdir,
     )
     t0 = time.perf_counter()
     report = run_demo(cfg, progress=not args.no_progress)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -45,7 +45,7 @@ from .replay import (
     replay_partitioner_from_spec,
 )
 from .sharding import Shard, draw_ids
-from .storage import PayloadSchemaConflict, RecordMeta, Storage, open_storage
+from .storage import PayloadSchemaConflict, RecordMeta, Storage, check_progress, open_storage
 
 __all__ = ["DEFAULT_PARTITIONS", "FTLayer", "FTStats"]
 
@@ -425,6 +425,7 @@ class FTLayer:
         partition: Any = None,
         births: Any = None,
         src_ids: Any = None,
+        progress: tuple[int, int] | None = None,
     ) -> np.ndarray:
         """Persist a batch of source records; returns their new source ids (uint64, row order).
 
@@ -433,6 +434,9 @@ class FTLayer:
         unknown); ``births``: uint64 per row, the records' own ids (``_ft_rec``) registered as
         their birth values (None → 0: the births come as events). ``src_ids``: the source ids,
         when the caller drew them itself (fresh, distinct, nonzero); default: drawn here.
+        ``progress``: ``(partition, end)``, the batch is rows ``[end - n, end)`` of that
+        partition of ``source`` as it is read: noted with the batch, atomically, so a resumed
+        job skips the rows persisted before (see :meth:`job_state`).
         Persisted, registered and timed atomically w.r.t. other calls; on a storage error
         nothing of the batch is kept.
 
@@ -445,6 +449,7 @@ class FTLayer:
         args = check_persist_args(batch, key_hash, source, partition, births, src_ids)
         batch, source, src_ids = args.batch, args.source, args.src_ids
         n = batch.num_rows
+        noted = check_progress(progress, n)
         key_hash = np.zeros(n, np.int32) if args.key_hash is None else args.key_hash
         partition = np.full(n, -1, np.int32) if args.partition is None else args.partition
         births = np.zeros(n, _U64) if args.births is None else args.births
@@ -463,7 +468,8 @@ class FTLayer:
                         "draw fresh ids for new records"
                     )
                 src = src_ids
-            self._store(batch, RecordMeta.new(src, key_hash, source, partition))
+            note = None if noted is None else (source, *noted)
+            self._store(batch, RecordMeta.new(src, key_hash, source, partition), note)
             self._registered += n
             self._stats.persisted += n
             self._unwatch(src)
@@ -916,6 +922,25 @@ class FTLayer:
             ended, self._ended = self._ended, []
         return np.concatenate(ended) if ended else _EMPTY.copy()
 
+    def job_state(
+        self, marks: Mapping[str, str | None] | None = None, clear: Sequence[str] = ()
+    ) -> dict[str, Any]:
+        """What a resumed job needs: set (None: remove) ``marks`` and clear parts of the job
+        state (``"progress"``, ``"ended"``, ``"marks"``) first, in one storage transaction,
+        then answer ``{"progress": {source: {partition: rows}}, "marks": {...}}``. A durable
+        storage keeps them across restarts (a memory one for the life of this layer).
+
+        >>> ft = FTLayer()
+        >>> _ = ft.persist(pa.record_batch({"v": [1, 2]}), partition=3, progress=(3, 2))
+        >>> ft.job_state(marks={"phase0": "done"})
+        {'progress': {0: {3: 2}}, 'marks': {'phase0': 'done'}}
+        """
+        self._check_open()
+        with self._lock:
+            if marks or clear:
+                self._storage.update_job(marks, clear)
+            return {"progress": self._storage.progress(), "marks": self._storage.marks()}
+
     def dead_letters(self, source: int | None = None) -> pa.Table:
         """Records that used up ``max_attempts``: payload + ``_ft_origin``, ``_ft_source``,
         ``_ft_attempts``, ``_ft_reason`` (the last failure's reason); only those of source index
@@ -1086,10 +1111,23 @@ class FTLayer:
             routes.append((source, rows, np.asarray(parts, np.int32), len(mine)))
         return routes, unroutable
 
-    def _store(self, batch: pa.RecordBatch | pa.Table, meta: RecordMeta) -> None:
-        """Persist ``batch`` (chunk by chunk when it is a Table of several): all or nothing."""
+    def _store(
+        self,
+        batch: pa.RecordBatch | pa.Table,
+        meta: RecordMeta,
+        progress: tuple[int, int, int] | None = None,
+    ) -> None:
+        """Persist ``batch`` (chunk by chunk when it is a Table of several): all or nothing.
+        The progress note goes with the last chunk."""
+
+        def put(part: pa.RecordBatch, m: RecordMeta, last: bool) -> None:
+            if progress is not None and last:
+                self._storage.persist(part, m, progress=progress)  # type: ignore[call-arg]
+            else:
+                self._storage.persist(part, m)
+
         if isinstance(batch, pa.RecordBatch):
-            self._storage.persist(batch, meta)
+            put(batch, meta, True)
             return
         stored, start = [], 0
         try:
@@ -1097,7 +1135,7 @@ class FTLayer:
                 rows = np.arange(start, start + part.num_rows)
                 start += part.num_rows
                 if part.num_rows:
-                    self._storage.persist(part, meta.take(rows))
+                    put(part, meta.take(rows), start == batch.num_rows)
                     stored.append(meta.src[rows])
         except BaseException:
             if stored:  # nothing of the batch is kept
@@ -1147,7 +1185,11 @@ class FTLayer:
     # ---------------------------------------------------------------- bookkeeping
 
     def _recover(self) -> None:
-        """Replay every record found in the storage (a previous FT layer did not finish it)."""
+        """Replay every record found in the storage (a previous FT layer did not finish it);
+        hand out the attempts the storage says ended before (``take_ended``) with theirs."""
+        before = self._storage.ended()
+        if len(before):
+            self._ended.append(before)
         for meta in self._storage.iter_pending():
             self._registered += len(meta)
             self._stats.recovered += len(meta)

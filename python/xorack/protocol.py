@@ -4,7 +4,7 @@ its client (``AckerClient``) both speak. Plain constants over pyarrow: no Flight
 
 >>> from xorack.protocol import Op, PROTOCOL_VERSION, XOR_SCHEMA
 >>> Op.XOR.value, Op("expire_all").rpc, PROTOCOL_VERSION
-('xor', 'action', 2)
+('xor', 'action', 3)
 >>> XOR_SCHEMA.names
 ['_ft_src', '_ft_xor']
 
@@ -20,6 +20,11 @@ Replays without the driver: ``prepare_replays`` (an action, body ``{"source", "p
 (``{"counts": {partition: rows}}``); executors then get one partition's rows each with a
 ``fetch_replays`` ticket ``{"op", "source", "tag", "partition"}`` (the replay table's columns);
 ``release_replays`` (``{"source", "tag"}``) frees them once the round is over.
+
+Resume after a driver crash: a persist command may carry ``"progress": [partition, end]`` (the
+batch is rows ``[end - n, end)`` of that source partition, noted atomically with the batch);
+``job_state`` (an action, body ``{"marks"?: {key: value or null}, "clear"?: [...]}``) updates
+and answers the job's durable state ``{"progress": {source: {partition: rows}}, "marks": {}}``.
 """
 
 from __future__ import annotations
@@ -51,8 +56,9 @@ __all__ = [
 
 #: Bumped when a change would make an older client or service misread a call. Clients send it
 #: in ``PROTOCOL_HEADER``; a service refuses a version it does not speak (absent: version 1).
-PROTOCOL_VERSION = 2  # 2: held completions, chunk events and release (an acker of version 1
-# would complete what a version-2 client asks it to hold)
+PROTOCOL_VERSION = 3  # 2: held completions, chunk events and release (an acker of version 1
+# would complete what a version-2 client asks it to hold); 3: persist's progress note and the
+# job_state action (resume after a driver crash: an older acker would drop the notes silently)
 
 
 class Op(str, Enum):
@@ -73,6 +79,7 @@ class Op(str, Enum):
     PREPARE_REPLAYS = "prepare_replays"
     FETCH_REPLAYS = "fetch_replays"
     RELEASE_REPLAYS = "release_replays"
+    JOB_STATE = "job_state"
 
     @property
     def rpc(self) -> str:
@@ -102,6 +109,7 @@ _RPC = {
     Op.PREPARE_REPLAYS: "action",
     Op.FETCH_REPLAYS: "get",
     Op.RELEASE_REPLAYS: "action",
+    Op.JOB_STATE: "action",
 }
 
 #: HTTP/2 header carrying the token ("authorization: Bearer <token>").

@@ -21,7 +21,8 @@ names the expected schema):
 =============  ==========  =============================================================
 operation      Flight RPC  request → response
 =============  ==========  =============================================================
-persist        DoPut       command ``{"op": "persist", "source", "partition", "req"}``;
+persist        DoPut       command ``{"op": "persist", "source", "partition", "req",
+                           "progress"?}``;
                            stream = payload columns + optional ``_ft_key_hash int32``,
                            ``_ft_rec uint64`` (birth values), ``_ft_partition int32``,
                            ``_ft_src uint64`` (source ids the caller drew itself)
@@ -40,6 +41,7 @@ dead_letters   DoGet       ticket ``{"op": "dead_letters", "source": k?}`` → t
 ping, stats    DoAction    body ``{}`` → ``b"pong"`` / JSON of ``FTLayer.stats()`` + service
 rotate,        DoAction    body ``{"req"}`` → expired / replayed source ids (raw uint64 LE)
 expire_all
+job_state      DoAction    body ``{"marks"?, "clear"?}`` → JSON ``{"progress", "marks"}``
 =============  ==========  =============================================================
 
 Every call carries its job in the header ``x-xorack-job`` (absent: ``"default"``; see
@@ -92,7 +94,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -167,6 +169,8 @@ _ACTIONS = {
     "prepare_replays": "route a source's waiting replays to partitions for a round "
     '{"source", "partitioner", "tag", "first_ids"}; returns JSON {"counts": {partition: rows}}',
     "release_replays": 'free the replays prepared for a round {"source", "tag"}',
+    "job_state": 'update and read the job\'s resume state {"marks"?, "clear"?}; returns JSON '
+    '{"progress": {source: {partition: rows}}, "marks": {key: value}}',
 }
 
 
@@ -1003,6 +1007,14 @@ class AckerService(flight.FlightServerBase):
             if name in names and table.column(name).null_count:
                 raise _RequestError(f"persist: column {name} must not contain nulls")
         batch = table.select(payload_cols)  # chunk by chunk, never copied into one
+        progress = cmd.get("progress")
+        if progress is not None and not (
+            isinstance(progress, list)
+            and len(progress) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in progress)
+        ):
+            raise _RequestError(f"persist: 'progress' must be [partition, end], got {progress!r}")
+        extra = {} if progress is None else {"progress": tuple(progress)}
         ids = ft.persist(
             batch,
             key_hash=key_hash,
@@ -1010,6 +1022,7 @@ class AckerService(flight.FlightServerBase):
             partition=partition,
             births=births,
             src_ids=src_ids,
+            **extra,
         )
         return np.asarray(ids, dtype=np.uint64)
 
@@ -1096,6 +1109,14 @@ class AckerService(flight.FlightServerBase):
                 return [pa.py_buffer(json.dumps(stats, default=_json_default).encode())]
             if kind == "prepare_replays":  # idempotent per (source, tag): no request log
                 return self._prepare(ft, body)
+            if kind == "job_state":  # marks are set, not toggled: a retry changes nothing more
+                marks, clear = body.get("marks"), body.get("clear", [])
+                if marks is not None and not isinstance(marks, dict):
+                    raise _RequestError(f"job_state: 'marks' must be an object, got {marks!r}")
+                if not isinstance(clear, list):
+                    raise _RequestError(f"job_state: 'clear' must be a list, got {clear!r}")
+                state = ft.job_state(marks=marks, clear=clear)
+                return [pa.py_buffer(json.dumps(state).encode())]
             if kind == "release_replays":
                 tag = body.get("tag")
                 if tag is not None and not isinstance(tag, str):
@@ -1476,17 +1497,20 @@ class AckerClient:
         partition: Any = None,
         births: Any = None,
         src_ids: Any = None,
+        progress: tuple[int, int] | None = None,
     ) -> np.ndarray:
         """Persist ``batch`` (payload only) in the FT layer; returns its source ids (uint64).
 
         ``key_hash`` (int32 per row), ``births`` (uint64 per row: each record's first
         ``_ft_rec``), ``partition`` (one int, or int32 per row) and ``src_ids`` (uint64 per
         row, distinct and nonzero, when the caller draws the ids itself; else the acker draws
-        them) are optional.
+        them) are optional; so is ``progress`` (``(partition, end)``: see ``FTLayer.persist``).
         """
         from .ftlayer import check_persist_args  # the FT layer's own checks, before the wire
+        from .storage import check_progress
 
         a = check_persist_args(batch, key_hash, source, partition, births, src_ids)
+        noted = check_progress(progress, a.batch.num_rows)
         if a.batch.num_rows == 0:
             return _EMPTY_IDS
         wire = a.batch if isinstance(a.batch, pa.Table) else pa.Table.from_batches([a.batch])
@@ -1499,7 +1523,24 @@ class AckerClient:
             if values is not None:
                 wire = wire.append_column(column, pa.array(values, kind))
         cmd: dict[str, Any] = {"source": a.source, "req": _request_id()}
+        if noted is not None:
+            cmd["progress"] = list(noted)
         return self._put("persist", cmd, wire)
+
+    def job_state(
+        self, marks: dict[str, str | None] | None = None, clear: Sequence[str] = ()
+    ) -> dict[str, Any]:
+        """The job's resume state (``FTLayer.job_state``), after setting ``marks`` and clearing
+        ``clear``: ``{"progress": {source: {partition: rows}}, "marks": {key: value}}``."""
+        body: dict[str, Any] = {"clear": list(clear)}
+        if marks:
+            body["marks"] = dict(marks)
+        out = json.loads(self._action("job_state", body))
+        progress = {
+            int(s): {int(p): int(n) for p, n in parts.items()}
+            for s, parts in out.get("progress", {}).items()
+        }
+        return {"progress": progress, "marks": dict(out.get("marks", {}))}
 
     def xor(self, src_ids: Any, values: Any, hold: bool = False, chunk_bits: int = 0) -> np.ndarray:
         """Apply XOR events ``(src, value)``; returns the source ids completed by this call

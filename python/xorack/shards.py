@@ -232,10 +232,16 @@ class ShardedAckerClient:
         partition: Any = None,
         births: Any = None,
         src_ids: Any = None,
+        progress: tuple[int, int] | None = None,
     ) -> np.ndarray:
         """Persist ``batch``: each row on the shard its source id belongs to (ids drawn here
-        when not given); returns the source ids in row order (see ``AckerClient.persist``)."""
+        when not given); returns the source ids in row order (see ``AckerClient.persist``).
+        ``progress`` is refused: a batch split over shards is not persisted atomically, so a
+        sharded acker cannot resume a job (see :meth:`job_state`)."""
         from .ftlayer import check_persist_args
+
+        if progress is not None:
+            self.job_state()
 
         a = check_persist_args(batch, key_hash, source, partition, births, src_ids)
         n = a.batch.num_rows
@@ -361,6 +367,13 @@ class ShardedAckerClient:
     def dead_letters(self, source: int | None = None) -> pa.Table:
         """Every shard's dead letters, concatenated."""
         return self.broadcast_tables("dead_letters", source)
+
+    def job_state(self, marks: Any = None, clear: Any = ()) -> dict[str, Any]:
+        """Not served: resuming a job needs its batches persisted atomically, in one acker."""
+        raise ValueError(
+            "a sharded acker cannot resume a job after a driver crash (a batch split over "
+            "shards is not persisted atomically): use one acker (ackers=1) with resume"
+        )
 
     def stats(self) -> dict[str, Any]:
         """The shards' stats merged (:func:`merge_stats`); ``service.shards`` lists each

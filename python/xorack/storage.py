@@ -43,7 +43,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,6 +157,8 @@ class Storage(ABC):
     def __new__(cls, *args: Any, **kwargs: Any) -> Storage:
         self = super().__new__(cls)
         self.quarantine_notes = []
+        self._job_progress: dict[tuple[int, int], int] = {}
+        self._job_marks: dict[str, str] = {}
         return self
 
     @abstractmethod
@@ -208,6 +210,51 @@ class Storage(ABC):
     def __len__(self) -> int:
         """Number of stored (pending) records."""
 
+    # ---- a job's resume state: kept across restarts by a durable storage, in memory here
+
+    def _note_progress(self, progress: tuple[int, int, int] | None) -> None:
+        if progress is not None:
+            source, part, end = progress
+            key = (int(source), int(part))
+            self._job_progress[key] = max(self._job_progress.get(key, 0), int(end))
+
+    def progress(self) -> dict[int, dict[int, int]]:
+        """``{source: {partition: rows}}``: how many rows of each source partition were
+        persisted with a ``progress`` note (the first ``rows`` rows of the partition, in the
+        order it is read). A resumed job skips them when it reads the source again."""
+        out: dict[int, dict[int, int]] = {}
+        for (source, part), rows in self._job_progress.items():
+            out.setdefault(source, {})[part] = rows
+        return out
+
+    def ended(self) -> np.ndarray:
+        """The source ids of attempts that ended without completing (replayed or
+        dead-lettered), as far as this storage keeps them: a durable storage keeps every one
+        until :meth:`update_job` clears them, so that a resumed job still leaves their rows
+        out; a memory storage keeps none (its job cannot outlive the process)."""
+        return np.empty(0, dtype=np.uint64)
+
+    def marks(self) -> dict[str, str]:
+        """The job's marks (``update_job``): what a resumed job needs to know of the runs
+        before it (phases done, sinks published, the final report)."""
+        return dict(self._job_marks)
+
+    def update_job(
+        self, marks: Mapping[str, str | None] | None = None, clear: Sequence[str] = ()
+    ) -> None:
+        """Set (None: remove) marks, and clear parts of the job state (``"progress"``,
+        ``"ended"``, ``"marks"``), in one transaction of a durable storage."""
+        _check_job_update(marks, clear)
+        if "progress" in clear:
+            self._job_progress.clear()
+        if "marks" in clear:
+            self._job_marks.clear()
+        for k, v in (marks or {}).items():
+            if v is None:
+                self._job_marks.pop(k, None)
+            else:
+                self._job_marks[k] = v
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the medium. Stored records stay (for a durable storage)."""
 
@@ -220,6 +267,33 @@ class Storage(ABC):
 
 # --------------------------------------------------------------------------------------------
 # Helpers shared by both storages
+
+_JOB_PARTS = ("progress", "ended", "marks")
+
+
+def _check_job_update(marks: Mapping[str, str | None] | None, clear: Sequence[str]) -> None:
+    if isinstance(clear, str) or not all(c in _JOB_PARTS for c in clear):
+        raise ValueError(f"clear: a list of {list(_JOB_PARTS)}, got {clear!r}")
+    for k, v in (marks or {}).items():
+        if not isinstance(k, str) or not (v is None or isinstance(v, str)):
+            raise TypeError(f"marks: str keys and str (or None) values, got {k!r}: {v!r}")
+
+
+def check_progress(progress: Any, rows: int) -> tuple[int, int] | None:
+    """``progress`` of a persist: None, or ``(partition, end)`` — the batch is rows
+    ``[end - rows, end)`` of source partition ``partition`` (both non-negative ints)."""
+    if progress is None:
+        return None
+    try:
+        part, end = progress
+    except (TypeError, ValueError):
+        raise TypeError(f"progress must be (partition, end) or None, got {progress!r}") from None
+    for name, v in (("partition", part), ("end", end)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise ValueError(f"progress {name} must be a non-negative int, got {v!r}")
+    if end < rows:
+        raise ValueError(f"progress end {end} is before the batch's {rows} rows end")
+    return int(part), int(end)
 
 
 def _dead_letter_table(payload: pa.Table, meta: RecordMeta, reason: str) -> pa.Table:
@@ -590,12 +664,15 @@ class MemoryStorage(Storage):
     def __len__(self) -> int:
         return len(self._loc)
 
-    def persist(self, batch: pa.RecordBatch, meta: RecordMeta) -> None:
+    def persist(
+        self, batch: pa.RecordBatch, meta: RecordMeta, progress: tuple[int, int, int] | None = None
+    ) -> None:
         n = len(meta)
         _check_batch(batch, n)
         if n == 0:
             return
         with self._lock:
+            self._note_progress(progress)
             no = self._next_chunk
             self._next_chunk += 1
             self._chunks[no] = _Chunk(batch, meta)
@@ -730,6 +807,10 @@ CREATE TABLE IF NOT EXISTS dead_letters (id INTEGER PRIMARY KEY, payload BLOB NO
 CREATE TABLE IF NOT EXISTS quarantine (
     id INTEGER PRIMARY KEY, what TEXT NOT NULL, reason TEXT NOT NULL,
     payload BLOB, meta BLOB, records TEXT);
+CREATE TABLE IF NOT EXISTS progress (
+    source INTEGER NOT NULL, part INTEGER NOT NULL, rows INTEGER NOT NULL,
+    PRIMARY KEY (source, part)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ended (src INTEGER PRIMARY KEY);
 """
 #: The columns each table must have (a file with other tables of these names is not ours).
 _TABLES = {
@@ -738,7 +819,10 @@ _TABLES = {
     "records": ["src", "loc", "attempt"],
     "dead_letters": ["id", "payload"],
     "quarantine": ["id", "what", "reason", "payload", "meta", "records"],
+    "progress": ["source", "part", "rows"],
+    "ended": ["src"],
 }
+_MARK = "mark:"  # the job's marks live in xorack_meta under this prefix
 _META_TYPES = [("key_hash", pa.int32()), ("source", pa.int32()), ("partition", pa.int32())]
 _META_TYPES.append(("origin", pa.uint64()))
 _KEPT_TYPE = ("row", pa.uint32())  # the 5th metadata column of a compacted batch
@@ -1059,7 +1143,9 @@ class SQLiteStorage(Storage):
         ids = np.sort(src_ids.view(np.int64)).tolist()
         self._con.executemany("INSERT OR IGNORE INTO temp.ids VALUES (?)", zip(ids))
 
-    def persist(self, batch: pa.RecordBatch, meta: RecordMeta) -> None:
+    def persist(
+        self, batch: pa.RecordBatch, meta: RecordMeta, progress: tuple[int, int, int] | None = None
+    ) -> None:
         n = len(meta)
         _check_batch(batch, n)
         if n == 0:
@@ -1067,6 +1153,12 @@ class SQLiteStorage(Storage):
         meta_batch = _meta_batch(meta)
 
         def run() -> int:
+            if progress is not None:  # in the persist's transaction: both or neither
+                self._con.execute(
+                    "INSERT INTO progress VALUES (?, ?, ?) ON CONFLICT (source, part) "
+                    "DO UPDATE SET rows = max(rows, excluded.rows)",
+                    tuple(int(v) for v in progress),
+                )
             no = self._next_batch
             self._con.execute(
                 "INSERT INTO batches VALUES (?, ?, ?)",
@@ -1213,6 +1305,7 @@ class SQLiteStorage(Storage):
             )
             if cur.rowcount != len(old_ids):
                 raise _Abort("renew: some old_ids are not stored")
+            self._note_ended(old_ids)
 
         try:
             self._transaction("renew", run)
@@ -1295,6 +1388,7 @@ class SQLiteStorage(Storage):
                 self._con.execute(
                     "INSERT INTO dead_letters (payload) VALUES (?)", (_ipc_bytes(table),)
                 )
+            self._note_ended(meta.src)
             return self._remove(meta.src)
 
         self._count -= self._transaction("dead_letter", run)
@@ -1325,6 +1419,60 @@ class SQLiteStorage(Storage):
             return tables
 
         return _dead_letters_of(self._transaction("dead_letters", run), source)
+
+    # ---- the job's resume state, durable
+
+    def _note_ended(self, src_ids: np.ndarray) -> None:
+        ids = np.sort(np.asarray(src_ids, dtype=np.uint64).view(np.int64)).tolist()
+        self._con.executemany("INSERT OR IGNORE INTO ended VALUES (?)", zip(ids))
+
+    def progress(self) -> dict[int, dict[int, int]]:
+        rows = self._transaction(
+            "reading progress",
+            lambda: self._con.execute("SELECT source, part, rows FROM progress").fetchall(),
+        )
+        out: dict[int, dict[int, int]] = {}
+        for source, part, n in rows:
+            out.setdefault(int(source), {})[int(part)] = int(n)
+        return out
+
+    def ended(self) -> np.ndarray:
+        rows = self._transaction(
+            "reading ended attempts",
+            lambda: self._con.execute("SELECT src FROM ended").fetchall(),
+        )
+        return np.array(rows, dtype=np.int64).reshape(-1).view(np.uint64)
+
+    def marks(self) -> dict[str, str]:
+        rows = self._transaction(
+            "reading marks",
+            lambda: self._con.execute(
+                "SELECT key, value FROM xorack_meta WHERE key LIKE 'mark:%'"
+            ).fetchall(),
+        )
+        return {k[len(_MARK) :]: v for k, v in rows}
+
+    def update_job(
+        self, marks: Mapping[str, str | None] | None = None, clear: Sequence[str] = ()
+    ) -> None:
+        _check_job_update(marks, clear)
+
+        def run() -> None:
+            if "progress" in clear:
+                self._con.execute("DELETE FROM progress")
+            if "ended" in clear:
+                self._con.execute("DELETE FROM ended")
+            if "marks" in clear:
+                self._con.execute("DELETE FROM xorack_meta WHERE key LIKE 'mark:%'")
+            for k, v in (marks or {}).items():
+                if v is None:
+                    self._con.execute("DELETE FROM xorack_meta WHERE key = ?", (_MARK + k,))
+                else:
+                    self._con.execute(
+                        "INSERT OR REPLACE INTO xorack_meta VALUES (?, ?)", (_MARK + k, v)
+                    )
+
+        self._transaction("updating the job state", run)
 
     def __del__(self) -> None:  # an unclosed, unreferenced storage gives its file back
         owner, self._owner = getattr(self, "_owner", None), None

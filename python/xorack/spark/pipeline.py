@@ -23,6 +23,7 @@ With ``ft=False`` the same Spark plan is built without tagging, service or extra
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from collections.abc import Callable
@@ -124,6 +125,9 @@ class RunReport:
     # live rows an untracked transform removed, by transform: their records timed out (use
     # filter/where to drop rows on purpose: those are acked)
     vanished_rows: dict[str, int] = field(default_factory=dict)
+    # the run continued a job an earlier driver left unfinished (Pipeline(resume=True)): the
+    # record counts are the whole job's; failed/timed_out/replayed/orphans this run's
+    resumed: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         """The report as a dict whose first keys are :data:`REPORT_KEYS`, in that order."""
@@ -497,6 +501,29 @@ class GroupedTracked:
         return self.agg(F.count("*").alias("count"))
 
 
+def _check_resumable(ft: bool, storage: Any, service: Any, ackers: int, workdir: Any) -> None:
+    """``resume=True`` needs what outlives the driver: a SQLite storage and a work directory,
+    in an acker the driver embeds (one: a batch persisted across shards is not atomic)."""
+    from ..storage import SQLiteStorage, storage_path
+
+    why = None
+    if not ft:
+        why = "with ft=False nothing is tracked"
+    elif service is not None:
+        why = "it needs the embedded acker (service=None): a standalone one keeps its own storage"
+    elif ackers != 1:
+        why = "a sharded acker does not persist a batch atomically: use ackers=1"
+    elif not (
+        isinstance(storage, SQLiteStorage)
+        or (isinstance(storage, (str, os.PathLike)) and storage_path(storage) is not None)
+    ):
+        why = f"storage {storage!r} does not outlive the driver: give storage='sqlite:///path'"
+    elif workdir is None:
+        why = "give workdir= (staged rows of barriers and native sinks must outlive the driver)"
+    if why is not None:
+        raise ValueError(f"resume=True: {why}")
+
+
 class Pipeline:
     """Sources, tracked stages and sinks, run with record-level guaranteed processing.
 
@@ -527,6 +554,14 @@ class Pipeline:
     ids that hash to it, with its own storage (a SQLite file per shard, ``NAME.shard0ofN.db``),
     stopped with the run.
 
+    ``resume=True`` makes the job resumable after a driver crash (README: "Resuming after a
+    driver crash"): its state lives in ``storage`` (a SQLite file) and ``workdir`` (staged barrier
+    rows), and a later ``run()`` of the same pipeline with the same two continues where the
+    crashed one stopped — rows persisted before are not read again, records the crash left
+    pending are replayed, sinks end exactly-once. A job that finished answers its report
+    again; start a new job with a new storage and workdir. Needs the embedded acker with
+    ``ackers=1``.
+
     >>> # p = Pipeline(spark, ft=True, storage="memory", max_attempts=5)
     """
 
@@ -550,6 +585,7 @@ class Pipeline:
         combine: bool = True,
         chunk_records: int = 1 << CHUNK_BITS,
         ackers: int = 1,
+        resume: bool = False,
     ) -> None:
         from pyspark.sql.types import StructType  # noqa: F401 - fail early without pyspark
 
@@ -569,6 +605,11 @@ class Pipeline:
                 "ackers=N runs N acker processes, each opening its own storage: give a storage "
                 f"spec ('memory' or a SQLite path), not a {type(storage).__name__} object"
             )
+        if resume:
+            _check_resumable(ft, storage, service, ackers, workdir)
+        self.resume = bool(resume)
+        self._resume_skip: dict[int, dict[int, int]] = {}  # source -> partition -> rows
+        self._run_tag = ""  # staging tags of a resumable run: unique per run
         self.ackers = ackers
         self.spark = spark
         self.ft = bool(ft)
@@ -1126,7 +1167,14 @@ class Pipeline:
         partitions, or both (then one shuffle on the route key places every row)."""
         from pyspark.sql import functions as F
 
-        tagged = None if fresh is None else self._source_frame(node, node.prepare(fresh))
+        tagged = None
+        if fresh is not None:
+            prepared = node.prepare(fresh)
+            if self.resume and (node.repartition or node.derived is not None):
+                # a shuffle's (or a barrier's) output order within a partition varies from run
+                # to run: a resumed job skips a prefix of each partition, so fix the order
+                prepared = prepared.sortWithinPartitions(*node.columns)
+            tagged = self._source_frame(node, prepared)
         replayed, k = (None, 0)
         if self.ft and replays_wanted and tagged is None and self._on_replays is None:
             replayed, k = self._fetched_replays(node)  # placed by the acker: no shuffle
@@ -1161,6 +1209,8 @@ class Pipeline:
             id_salt=self.id_salt,
             batch=self.round,
             chunk_bits=self._chunk_bits,
+            progress=self.resume,
+            skip=tuple(sorted(self._resume_skip.get(node.source_index, {}).items())),
         )
         from pyspark.sql import functions as F
 
@@ -1239,16 +1289,33 @@ class Pipeline:
         workdir = self._open_staging() if self.ft else None
         ended: list[np.ndarray] = []
         derived_persisted = 0
+        finished = not self.resume  # a resumable job keeps its staged rows until it finishes
         try:
             if self.ft:
                 self._location = self._start_service()
+            done_phases: set[int] = set()
+            if self.resume:
+                state = self.client.job_state()
+                marks = state["marks"]
+                if "report" in marks:  # the job finished in an earlier run
+                    finished = True
+                    return RunReport(**{**json.loads(marks["report"]), "resumed": True})
+                report.resumed = bool(state["progress"] or marks)
+                self._resume_skip = state["progress"]
+                done_phases = {int(k[len("phase") :]) for k in marks if k.startswith("phase")}
+                before = self.client.take_ended()  # earlier runs' ended attempts, and the
+                ended.append(before)  # attempts the crash left pending (replayed now)
+                self._adopt_staged(before)
             phases = 1 + max((n.phase for n in self._nodes), default=0) if self.ft else 1
             for phase in range(phases):
                 self.phase = phase
                 if phase > 0:
                     persisted_before = int(self.client.stats().get("persisted", 0))
                     self._open_phase(phase, np.concatenate(ended) if ended else None)
-                self._run_phase(phase, report, ended, on_round)
+                if phase not in done_phases:
+                    self._run_phase(phase, report, ended, on_round)
+                    if self.resume and not self.client.stats().get("pending", 0):
+                        self.client.job_state(marks={f"phase{phase}": "done"})
                 if phase > 0:
                     derived_persisted += self._derived_persisted(phase, persisted_before)
             if self.ft:
@@ -1257,12 +1324,20 @@ class Pipeline:
                 self._fill(report, self.client.stats())
                 self.client.release_replays()  # a standalone acker frees the last round's
                 self._discount_derived(report, derived_persisted)
+                if self.resume:
+                    self._fill_job(report)
+                    if not report.lost:
+                        report.wall_seconds = round(time.perf_counter() - start, 3)
+                        done = json.dumps(report.as_dict())
+                        self.client.job_state(marks={"report": done}, clear=["ended"])
+                        finished = True
             else:
                 for k in TRACKING_COUNTS:
                     setattr(report, k, None)
         finally:
             sc.setLocalProperty(ROUND_PROPERTY, None)
             self.round = self.phase = 0
+            self._resume_skip = {}
             for node in self._sources:
                 if node.derived is not None:
                     node.df = None
@@ -1270,7 +1345,7 @@ class Pipeline:
                 self._dead_letters = self._safe_dead_letters()
             self._stop_service()
             self._location = None
-            if workdir is not None:
+            if workdir is not None and finished:
                 self._close_staging(workdir)
         report.wall_seconds = round(time.perf_counter() - start, 3)
         return report
@@ -1311,7 +1386,7 @@ class Pipeline:
             if not self.ft:
                 break
             bits = self._chunk_bits
-            tag = f"p{phase}-r{round_no}"
+            tag = f"{self._run_tag}p{phase:03d}-r{round_no:03d}"  # name order = write order
             paths, partial = [], []
             for st, df in work.staged:
                 if isinstance(st, PartialStaging):
@@ -1364,7 +1439,12 @@ class Pipeline:
 
         if self.workdir is not None:
             os.makedirs(self.workdir, exist_ok=True)
-        workdir = tempfile.mkdtemp(prefix="xorack-run-", dir=self.workdir)
+        if self.resume:  # one place for every run of the job; tags unique per run
+            assert self.workdir is not None  # checked by __init__
+            workdir = os.path.join(self.workdir, "staging")
+            self._run_tag = f"{time.time_ns():020d}-"
+        else:
+            workdir = tempfile.mkdtemp(prefix="xorack-run-", dir=self.workdir)
         self._partial_phases = set()
         for node in self._nodes:
             if node.kind == "barrier":
@@ -1390,8 +1470,58 @@ class Pipeline:
             elif node.kind == "sink" and getattr(node.sink, "native", False):
                 root = node.sink.staging_dir
                 node.staging = [Staging(root, node.schema)]
-                node.staging[0].remove()  # what an interrupted earlier run left
+                if not self.resume:
+                    node.staging[0].remove()  # what an interrupted earlier run left
         return workdir
+
+    def _adopt_staged(self, ended: np.ndarray) -> None:
+        """A resumed job: the rows earlier runs staged (complete writes only, in the order they
+        were written) join this run's; a partial write of a crashed run is deleted (its
+        attempts did not ack, so they are replayed). The partial aggregates of the chunks of
+        ``ended`` (attempts that ended, or that the crash left pending) are left out."""
+        import shutil
+
+        chunks = None
+        bits = self.chunk_records.bit_length() - 1
+        for node in self._nodes:
+            for st in node.staging:
+                if not os.path.isdir(st.root):
+                    continue
+                for name in sorted(os.listdir(st.root)):
+                    path = os.path.join(st.root, name)
+                    if not os.path.isdir(path) or name.startswith(("_", ".")):
+                        continue
+                    if not os.path.exists(os.path.join(path, "_SUCCESS")):
+                        shutil.rmtree(path, ignore_errors=True)
+                        continue
+                    st.paths.append(path)
+                    if isinstance(st, PartialStaging):
+                        if chunks is None:
+                            chunks = ids_frame(self.spark, ended >> np.uint64(bits), column=CHUNK)
+                        st.tainted.append(chunks)
+
+    def _fill_job(self, report: RunReport) -> None:
+        """A resumable job's counts, over all of its runs: the records are the rows persisted
+        (the progress notes), the dead-lettered ones are in the dead-letter table, the pending
+        ones in the storage; every other record completed (a record leaves the storage only
+        completed or dead-lettered)."""
+        progress = self.client.job_state()["progress"]
+        derived = {n.source_index for n in self._sources if n.derived is not None}
+        rows = {True: 0, False: 0}
+        for source, parts in progress.items():
+            rows[source in derived] += sum(parts.values())
+        dead = {True: 0, False: 0}
+        table = self._safe_dead_letters()
+        if table is not None and table.num_rows and "_ft_source" in table.schema.names:
+            sources = table.column("_ft_source").to_numpy(zero_copy_only=False)
+            dead[True] = int(np.isin(sources, list(derived)).sum())
+            dead[False] = len(sources) - dead[True]
+        lost = report.lost or 0
+        report.source_records = rows[False]
+        report.dead_lettered = dead[False]
+        report.completed = rows[False] - dead[False] - lost
+        report.derived_records = rows[True]
+        report.derived_dead_lettered = dead[True]
 
     def _close_staging(self, workdir: str) -> None:
         import shutil
@@ -1489,15 +1619,21 @@ class Pipeline:
         without completing. Either way a sink holds what the completed attempts wrote, and a
         dead-lettered record leaves nothing."""
         ended_df = None
+        published = self.client.job_state()["marks"] if self.resume else {}
         for node in sinks:
             if getattr(node.sink, "native", False):
                 parent = node.parents[0]
+                if f"published:{node.name}" in published:  # by an earlier run of the job
+                    report.sink_rows[node.name] = node.sink.read(self.spark).count()
+                    continue
                 if self._direct(parent):  # a barrier's output, written as Spark computes it
                     node.sink.write(parent.df.select(*node.columns))
                 else:
                     if ended_df is None and len(ended):
                         ended_df = ids_frame(self.spark, ended)
                     node.sink.write(node.staging[0].rows(self.spark, ended_df))
+                if self.resume:
+                    self.client.job_state(marks={f"published:{node.name}": "1"})
                 report.sink_rows[node.name] = node.sink.read(self.spark).count()
                 node.staging[0].remove()
             elif hasattr(node.sink, "retract"):
@@ -1525,6 +1661,11 @@ class Pipeline:
         """
         from .streaming import StreamingRun
 
+        if self.resume:
+            raise ValueError(
+                "resume=True resumes batch runs (run()); a streaming query is not resumable by "
+                "xorack yet: restart it from its Spark checkpoint with resume=False"
+            )
         return StreamingRun(self, timeout, trigger_seconds, checkpoint_location, available_now)
 
     def _sink_nodes(self) -> list[_Node]:

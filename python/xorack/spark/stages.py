@@ -325,7 +325,10 @@ def chunked_ids(n: int, bits: int) -> np.ndarray:
 class SourceTagger:
     """``mapInArrow`` function of a tracked source: tag, hash keys, persist, then emit.
 
-    Yields the input columns followed by ``_ft_src`` and ``_ft_rec``.
+    Yields the input columns followed by ``_ft_src`` and ``_ft_rec``. A resumed job
+    (``progress``) notes with every persist where the batch ends in its partition, and skips
+    the first ``skip[partition]`` rows of a partition: an earlier run persisted them (their ids
+    are still drawn, so that the ids of the rows after them are those of the earlier run).
     """
 
     name: str
@@ -339,12 +342,16 @@ class SourceTagger:
     tls_root_certs: bytes | None = None  # PEM the executors trust for a grpc+tls:// acker
     job: str | None = None  # the pipeline run's namespace on the acker
     chunk_bits: int = 0  # > 0: source ids drawn in aligned blocks (chunks) of 2**chunk_bits
+    progress: bool = False  # note each persist's end row in its partition (a resumable job)
+    skip: tuple[tuple[int, int], ...] = ()  # (partition, rows an earlier run persisted)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from .. import acker, hashing
 
         client = _client(self.location, self.token, self.tls_root_certs, self.job)
         ranks = ContentRanks()
+        skip = dict(self.skip)
+        offset = 0  # rows of the partition read so far (this task reads one partition)
         salt = (_salt(f"source:{self.name}") ^ self.id_salt) & 0x7FFF_FFFF_FFFF_FFFF
         for batch in batches:
             n = batch.num_rows
@@ -365,6 +372,12 @@ class SourceTagger:
                 rec = content_ids(batch, ranks, self.batch, self.source, partition, salt)
             else:
                 rec = acker.new_ids(n)
+            offset += n
+            done = min(n, max(0, skip.get(partition, 0) - (offset - n)))
+            if done:  # persisted by an earlier run of the job
+                if done == n:
+                    continue
+                batch, rec, n = batch.slice(done), rec[done:], n - done
             key_hash = None
             if self.keys:
                 key_hash = hashing.murmur3_hash([batch.column(k) for k in self.keys])
@@ -378,6 +391,7 @@ class SourceTagger:
                 partition=partition,
                 births=rec,
                 src_ids=chunked_ids(n, self.chunk_bits) if self.chunk_bits else None,
+                **({"progress": (partition, offset)} if self.progress else {}),
             )
             src = np.asarray(src, dtype=np.uint64)
             yield batch.append_column(SRC, pa.array(i64(src), pa.int64())).append_column(
