@@ -153,12 +153,14 @@ class Storage(ABC):
 
     quarantined: int = 0
     quarantine_notes: list[str]
+    _job_progress: dict[tuple[int, int], int]  # the job state of a storage that is not durable
+    _job_marks: dict[str, str]
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Storage:
         self = super().__new__(cls)
         self.quarantine_notes = []
-        self._job_progress: dict[tuple[int, int], int] = {}
-        self._job_marks: dict[str, str] = {}
+        self._job_progress = {}
+        self._job_marks = {}
         return self
 
     @abstractmethod
