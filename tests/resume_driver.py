@@ -25,7 +25,8 @@ the SQLite sink and the words in the Parquet sink.
 The streaming variant: the sentences are JSON files (four, written on the first run), read
 one file per micro-batch with a Spark checkpoint under WORKDIR; split, drop stop words, every
 word into a SQLite sink. CRASH ``batch`` kills the driver from the split stage in micro-batch
-2. A restart uses the same checkpoint and FT storage, with ``trigger(availableNow=True)``.
+2. A restart uses the same checkpoint, FT storage and ``resume=True``, with
+``trigger(availableNow=True)``.
 """
 
 from __future__ import annotations
@@ -176,14 +177,20 @@ def main_stream() -> None:
     stream = (
         spark.readStream.schema("sid long, text string").option("maxFilesPerTrigger", 1).json(inbox)
     )
-    p = Pipeline(spark, storage="sqlite:///" + os.path.join(workdir, "ft.db"), max_attempts=3)
+    p = Pipeline(
+        spark,
+        storage="sqlite:///" + os.path.join(workdir, "ft.db"),
+        workdir=os.path.join(workdir, "work"),
+        max_attempts=3,
+        resume=True,
+    )
     words = p.source(stream, name="sentences").map_in_pandas(
         split, "sid long, word string", name="split"
     )
     sink = SQLiteSink(os.path.join(workdir, "words.db"), "words")
     words.where(~words_col().isin(STOP)).sink(sink, name="words")
     run = p.start_stream(
-        timeout=5.0,
+        timeout=120.0,  # no timeout on a loaded machine: the drain at the end expires the rest
         checkpoint_location=os.path.join(workdir, "checkpoint"),
         available_now=True,
     )
@@ -195,9 +202,11 @@ def main_stream() -> None:
         else []
     )
     stored = sink.read()
+    reasons = letters.column("_ft_reason").to_pylist() if letters is not None else []
     out = {
         "report": report.as_dict(),
         "dead": dead,
+        "reasons": sorted(set(reasons)),
         "words": sorted([int(a), b] for a, b in zip(stored["sid"], stored["word"], strict=True)),
     }
     print(json.dumps(out))

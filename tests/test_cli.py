@@ -50,6 +50,12 @@ def run_xorack(no_spark_path: str, *argv: str, cwd: Path | None = None):
 
 BAD_OPTIONS = [
     (["demo", "--records", "0"], "argument --records: must be >= 1, got 0"),
+    (
+        ["demo", "--workdir", "w", "--ft", "off"],
+        "--workdir makes a resumable job: it needs --ft on",
+    ),
+    (["demo", "--workdir", "w", "--ackers", "2"], "--workdir (a resumable job) needs --ackers 1"),
+    (["demo", "--workdir", "setup.cfg"], "--workdir 'setup.cfg' is a file, not a directory"),
     (["demo", "--partitions", "-2"], "argument --partitions: must be >= 1"),
     (["demo", "--max-attempts", "0"], "argument --max-attempts: must be >= 1"),
     (["demo", "--records", "many"], "argument --records: not an integer"),

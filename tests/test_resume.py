@@ -157,19 +157,6 @@ def test_resume_needs_what_outlives_the_driver(spark, tmp_path, kwargs, match):
         Pipeline(spark, resume=True, **{**args, **kwargs})
 
 
-@pytest.mark.spark
-def test_a_streaming_query_refuses_resume(spark, tmp_path):
-    from xorack.spark import Pipeline, SQLiteSink
-
-    p = Pipeline(
-        spark, storage=f"sqlite:///{tmp_path / 'ft.db'}", workdir=str(tmp_path), resume=True
-    )
-    stream = spark.readStream.format("rate").option("rowsPerSecond", 1).load()
-    p.source(stream, name="ticks").sink(SQLiteSink(str(tmp_path / "s.db")), name="s")
-    with pytest.raises(ValueError, match="resumes batch runs"):
-        p.start_stream()
-
-
 # ---- a real driver killed and resumed --------------------------------------------------------
 
 RECORDS = 600
@@ -245,15 +232,19 @@ def test_a_driver_killed_midway_is_resumed_exactly_once(tmp_path, crash):
 
 @pytest.mark.driver_crash
 def test_a_streaming_driver_killed_midway_restarts_from_its_checkpoint_exactly_once(tmp_path):
-    """Not resume=True: Spark re-runs the micro-batch the crash cut short (same batch id, same
-    rows, so the same record ids), the FT storage replays the records it left pending, and
-    the idempotent sink absorbs what both bring twice."""
+    """Spark re-runs the micro-batch the crash cut short (same batch id, same rows); the rows
+    its first run persisted are skipped there, the FT storage replays the records the crash
+    left pending, and the sink ends with every row once."""
     code, _, err = _run_driver(tmp_path, "batch", stream=True)
     assert code == -signal.SIGKILL, f"the driver was to be killed:\n{err[-3000:]}"
     code, out, err = _run_driver(tmp_path, None, stream=True)
     assert code == 0, err[-3000:]
     result = json.loads(out.strip().splitlines()[-1])
     dead, _, words = _expected()
-    assert result["report"]["lost"] == 0
-    assert set(result["dead"]) == dead
+    report = result["report"]
+    assert report["resumed"] is True
+    assert report["lost"] == 0
+    assert report["source_records"] == RECORDS
+    assert report["completed"] + report["dead_lettered"] == RECORDS
+    assert sorted(result["dead"]) == sorted(dead)  # each poisoned sentence once
     assert result["words"] == words  # every word of every live sentence once, nothing else

@@ -1661,11 +1661,6 @@ class Pipeline:
         """
         from .streaming import StreamingRun
 
-        if self.resume:
-            raise ValueError(
-                "resume=True resumes batch runs (run()); a streaming query is not resumable by "
-                "xorack yet: restart it from its Spark checkpoint with resume=False"
-            )
         return StreamingRun(self, timeout, trigger_seconds, checkpoint_location, available_now)
 
     def _sink_nodes(self) -> list[_Node]:

@@ -343,7 +343,7 @@ class SourceTagger:
     job: str | None = None  # the pipeline run's namespace on the acker
     chunk_bits: int = 0  # > 0: source ids drawn in aligned blocks (chunks) of 2**chunk_bits
     progress: bool = False  # note each persist's end row in its partition (a resumable job)
-    skip: tuple[tuple[int, int], ...] = ()  # (partition, rows an earlier run persisted)
+    skip: tuple[tuple[int, int], ...] = ()  # ((batch << 16) | partition, rows persisted before)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from .. import acker, hashing
@@ -373,7 +373,15 @@ class SourceTagger:
             else:
                 rec = acker.new_ids(n)
             offset += n
-            done = min(n, max(0, skip.get(partition, 0) - (offset - n)))
+            # a resumed job's progress is kept per (micro-batch, partition): batch runs read
+            # their input in micro-batch 0
+            key = (self.batch << 16) | partition
+            if self.progress and partition >= 1 << 16:
+                raise StageSchemaError(
+                    f"source {self.name!r}: a resumable job (resume=True) reads at most 65536 "
+                    f"partitions per source, got partition {partition}: repartition it"
+                )
+            done = min(n, max(0, skip.get(key, 0) - (offset - n)))
             if done:  # persisted by an earlier run of the job
                 if done == n:
                     continue
@@ -391,7 +399,7 @@ class SourceTagger:
                 partition=partition,
                 births=rec,
                 src_ids=chunked_ids(n, self.chunk_bits) if self.chunk_bits else None,
-                **({"progress": (partition, offset)} if self.progress else {}),
+                **({"progress": (key, offset)} if self.progress else {}),
             )
             src = np.asarray(src, dtype=np.uint64)
             yield batch.append_column(SRC, pa.array(i64(src), pa.int64())).append_column(

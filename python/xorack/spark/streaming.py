@@ -97,6 +97,11 @@ class StreamingRun:
         if self.ft:
             pipeline._location = pipeline._start_service()
         try:
+            if pipeline.resume:  # restarted from its checkpoint: Spark re-runs the micro-batch
+                # the crash cut short; the rows its earlier run persisted are skipped (their
+                # records are replayed by the FT layer, or completed)
+                pipeline._resume_skip = pipeline.client.job_state()["progress"]
+                self.report.resumed = bool(pipeline._resume_skip)
             if self.ft:
                 ft = pipeline._ft_layer
                 num_buckets = getattr(ft, "num_buckets", 3)
@@ -116,6 +121,7 @@ class StreamingRun:
             self.query = writer.start()
         except BaseException:
             pipeline._on_replays = None
+            pipeline._resume_skip = {}
             pipeline._stop_service()
             pipeline._location = None
             raise
@@ -224,6 +230,7 @@ class StreamingRun:
             p.spark.sparkContext.setLocalProperty(ROUND_PROPERTY, None)
             p.spark.sparkContext.setLocalProperty(ATTEMPTS_PROPERTY, None)
             p._on_replays = None
+            p._resume_skip = {}
             p.round = 0
             p._stop_service()
             p._location = None
@@ -258,6 +265,8 @@ class StreamingRun:
                 rows = self.report.sink_rows
                 rows[node.name] = rows.get(node.name, 0) - gone
         p._fill(self.report, p.client.stats())
+        if p.resume:
+            p._fill_job(self.report)  # the counts of the whole job, over its restarts
         p._dead_letters = p._safe_dead_letters()
 
 
