@@ -221,6 +221,8 @@ def test_a_driver_killed_midway_is_resumed_exactly_once(tmp_path, crash):
     assert result["count_rows"] == len(counts)
     assert result["labels_ok"]
     assert result["words"] == words
+    if crash != "round":  # once is enough (each run starts a Spark of its own)
+        return
     # a third run: the job is finished, nothing runs again
     code, out, err = _run_driver(tmp_path, None)
     assert code == 0, err[-3000:]
