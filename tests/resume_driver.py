@@ -106,7 +106,9 @@ def main() -> None:
         workdir=os.path.join(workdir, "work"),
         max_attempts=3,
         resume=True,
-        combine=False,
+        # RESUME_COMBINE=1: the count stages partial aggregates per chunk of 16 sentences
+        combine=os.environ.get("RESUME_COMBINE") == "1",
+        chunk_records=16,
     )
     words = p.source(sentences, name="sentences").map_in_pandas(
         split, "sid long, word string", name="split"

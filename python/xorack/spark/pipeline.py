@@ -1299,13 +1299,20 @@ class Pipeline:
                 marks = state["marks"]
                 if "report" in marks:  # the job finished in an earlier run
                     finished = True
-                    return RunReport(**{**json.loads(marks["report"]), "resumed": True})
+                    known = {f.name for f in dataclasses.fields(RunReport)}
+                    kept = {k: v for k, v in json.loads(marks["report"]).items() if k in known}
+                    return RunReport(**{**kept, "resumed": True})
                 report.resumed = bool(state["progress"] or marks)
                 self._resume_skip = state["progress"]
                 done_phases = {int(k[len("phase") :]) for k in marks if k.startswith("phase")}
                 before = self.client.take_ended()  # earlier runs' ended attempts, and the
                 ended.append(before)  # attempts the crash left pending (replayed now)
-                self._adopt_staged(before)
+                if report.resumed:
+                    self._adopt_staged(before)
+                else:  # a new job: what another job left in the staging places is not ours
+                    for node in self._nodes:
+                        for st in node.staging:
+                            st.remove()
             phases = 1 + max((n.phase for n in self._nodes), default=0) if self.ft else 1
             for phase in range(phases):
                 self.phase = phase
