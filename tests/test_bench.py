@@ -64,3 +64,18 @@ def test_missing_demo_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch) ->
 def test_bad_sizes_are_rejected() -> None:
     with pytest.raises(SystemExit):
         bench.build_parser().parse_args(["--sizes", "lots"])
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_demo_run_in_a_process_of_its_own_reports_its_driver_peak_rss() -> None:
+    report = bench.Report(machine={}, config={"argv": "", "quick": False, "repeat": 1})
+    cfg = bench.BenchConfig(demo_sizes=[1200], repeat=1, demo_process_from=1000)
+    bench.part_demo(cfg, report)
+    (row,) = report.demo
+    assert row.lost == 0
+    assert row.results_match is True
+    assert row.note.startswith("a process per run")
+    assert row.rss_on_mb > 0
+    assert row.rss_off_mb > 0
+    assert "driver RSS off / on MiB" in bench.render_markdown(report)

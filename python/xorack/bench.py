@@ -67,7 +67,10 @@ class BenchConfig:
     memory_size: int = 1_000_000  # pending source records for the memory comparison
     partition_keys: int = 2_000_000
     num_partitions: int = 200
-    demo_sizes: list[int] = field(default_factory=lambda: [20_000, 100_000])
+    demo_sizes: list[int] = field(default_factory=lambda: [100_000, 1_000_000, 10_000_000])
+    # demo runs of at least this many records each run in a process of their own, on 8
+    # partitions (`xorack demo --partitions 8`): the report gets each run's peak driver RSS
+    demo_process_from: int = 1_000_000
     recovery_records: int = 100_000
     wordcount_lines: int = 1_000_000  # part 6: the wordcount job with native operations
     fail_rates: list[float] = field(default_factory=lambda: [0.001, 0.01])
@@ -185,6 +188,10 @@ class DemoResult:
     lost: int | None
     results_match: bool | None
     note: str = ""
+    # a run in a process of its own: the largest peak RSS of the driver's Python process (the
+    # embedded acker and its storage live there) over the FT OFF / FT ON runs, MiB
+    rss_off_mb: float | None = None
+    rss_on_mb: float | None = None
 
 
 @dataclass
@@ -699,6 +706,32 @@ def run_demo(records: int, ft: bool, fail_rate: float = 0.0, seed: int = 0) -> d
     return out
 
 
+def run_demo_process(records: int, ft: bool, seed: int = 0, partitions: int = 8) -> dict[str, Any]:
+    """Runs ``xorack demo`` in a process of its own (no failures injected); returns its
+    ``--json`` report, whose ``driver_peak_rss_mb`` is then that run's own peak and whose
+    ``wall_seconds`` leaves out Spark's start."""
+    import subprocess
+
+    argv = [
+        sys.executable, "-m", "xorack", "demo",
+        "--records", str(records),
+        "--partitions", str(partitions),
+        "--ft", "on" if ft else "off",
+        "--fail-rate", "0", "--poison-rate", "0", "--drop-rate", "0",
+        "--seed", str(seed),
+        "--json", "--no-progress",
+    ]  # fmt: skip
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    out = _last_json(proc.stdout)
+    if out is None:
+        raise RuntimeError(
+            f"xorack demo --records {records} printed no JSON (exit {proc.returncode}): "
+            f"{proc.stderr.strip().splitlines()[-1:]}"
+        )
+    return out
+
+
 def _demo_via_main(demo: Any, records: int, ft: bool, fail_rate: float, seed: int) -> dict:
     main = getattr(demo, "main", None)
     if main is None:
@@ -746,12 +779,22 @@ def part_demo(cfg: BenchConfig, report: Report) -> dict[tuple[int, bool], list[f
         off: list[float] = []
         lost = 0
         match = True
+        alone = n >= cfg.demo_process_from
+        rss: dict[bool, list[float]] = {False: [], True: []}
         try:
-            run_demo(min(n, 1000), ft=True, seed=cfg.seed)  # warm-up: JVM, workers, imports
+            if not alone:
+                run_demo(min(n, 1000), ft=True, seed=cfg.seed)  # warm-up: JVM, workers, imports
             spent = 0.0
             for i in range(max(1, cfg.repeat)):
-                r_off = run_demo(n, ft=False, seed=cfg.seed + i)
-                r_on = run_demo(n, ft=True, seed=cfg.seed + i)
+                if alone:
+                    r_off = run_demo_process(n, ft=False, seed=cfg.seed + i)
+                    r_on = run_demo_process(n, ft=True, seed=cfg.seed + i)
+                    for ft, r in ((False, r_off), (True, r_on)):
+                        if r.get("driver_peak_rss_mb") is not None:
+                            rss[ft].append(float(r["driver_peak_rss_mb"]))
+                else:
+                    r_off = run_demo(n, ft=False, seed=cfg.seed + i)
+                    r_on = run_demo(n, ft=True, seed=cfg.seed + i)
                 off.append(float(r_off["wall_seconds"]))
                 on.append(float(r_on["wall_seconds"]))
                 lost += int(r_on["lost"])
@@ -768,7 +811,12 @@ def part_demo(cfg: BenchConfig, report: Report) -> dict[tuple[int, bool], list[f
             report.demo.append(DemoResult(n, None, None, None, None, None, _err(exc)))
             continue
         ratios = [a / b for a, b in zip(on, off, strict=True)]
-        report.demo.append(DemoResult(n, Stat.of(on), Stat.of(off), Stat.of(ratios), lost, match))
+        result = DemoResult(n, Stat.of(on), Stat.of(off), Stat.of(ratios), lost, match)
+        if alone:
+            result.note = "a process per run, 8 partitions"
+            result.rss_off_mb = max(rss[False]) if rss[False] else None
+            result.rss_on_mb = max(rss[True]) if rss[True] else None
+        report.demo.append(result)
         walls[(n, True)] = on
         walls[(n, False)] = off
     return walls
@@ -1198,14 +1246,20 @@ def render_markdown(report: Report) -> str:
         lines += [
             "## 4. Demo pipeline, FT ON vs OFF (target ratio ≤ 1.15)",
             "",
-            "| records | FT off s | FT on s | ON ÷ OFF | lost | results match | note |",
-            "| ---: | --- | --- | --- | ---: | --- | --- |",
+            "| records | FT off s | FT on s | ON ÷ OFF | driver RSS off / on MiB | lost "
+            "| results match | note |",
+            "| ---: | --- | --- | --- | --- | ---: | --- | --- |",
         ]
+
+        def mib(v: float | None) -> str:
+            return "—" if v is None else f"{v:.0f}"
+
         for d in report.demo:
             lines.append(
                 f"| {d.records:,} | {d.ft_off_s.fmt() if d.ft_off_s else '—'} | "
                 f"{d.ft_on_s.fmt() if d.ft_on_s else '—'} | "
                 f"{d.ratio.fmt() if d.ratio else '—'} | "
+                f"{mib(d.rss_off_mb)} / {mib(d.rss_on_mb)} | "
                 f"{d.lost if d.lost is not None else '—'} | "
                 f"{d.results_match if d.results_match is not None else '—'} | {d.note} |"
             )
@@ -1429,7 +1483,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--demo-sizes",
         type=_parse_sizes,
-        help="demo records for part 4 (default 20000,100000; --quick 2000,10000)",
+        help="demo records for part 4 (default 100000,1000000,10000000; --quick 2000,10000); "
+        "sizes from 1000000 run each demo in a process of its own (8 partitions), which gives "
+        "the driver's peak RSS per run",
     )
     p.add_argument(
         "--recovery-records",
