@@ -22,6 +22,7 @@ With ``ft=False`` the same Spark plan is built without tagging, service or extra
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -1331,6 +1332,10 @@ class Pipeline:
                 self._fill(report, self.client.stats())
                 self.client.release_replays()  # a standalone acker frees the last round's
                 self._discount_derived(report, derived_persisted)
+                if not self.resume and self.ackers == 1:
+                    with contextlib.suppress(ValueError):  # a sharded standalone acker
+                        # a durable storage keeps ended attempts for a resumed job: not needed
+                        self.client.job_state(clear=["ended"])
                 if self.resume:
                     self._fill_job(report)
                     if not report.lost:
