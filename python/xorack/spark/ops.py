@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .lineage import KEEP, LINEAGE, POS, drop_where, fan_out, ghost_payload
+from .lineage import KEEP, LINEAGE, POS, children_xor, drop_where, fan_out, ghost_payload
 
 GENERATORS = {
     # name: (outer, with position, inline)
@@ -187,6 +187,7 @@ class Select:
 
         f = _f()
         keep = f.col(KEEP)
+        salt = salt_of(self.name)
         t = df.select(gen.argument.alias("_ft_arg")).schema["_ft_arg"].dataType
         is_map = isinstance(t, MapType)
         if gen.inline and not (isinstance(t, ArrayType) and isinstance(t.elementType, StructType)):
@@ -217,6 +218,7 @@ class Select:
             *[c.alias(f"_ft_b{i}") for i, c in enumerate(before)],
             exploded,
             *[c.alias(f"_ft_a{i}") for i, c in enumerate(after)],
+            children_xor(salt, f.size(f.when(keep, gen.argument))).alias("_ft_all"),
             *LINEAGE,
         )
         generated = [f.col(POS).alias(names[0])] if gen.with_position else []
@@ -232,7 +234,7 @@ class Select:
             generated += [f.col(e).alias(a) for e, a in zip(elements, rest, strict=True)]
         ordinal = f.col(POS)
         is_child = keep & (ordinal.isNotNull() | f.lit(gen.outer))
-        lineage = fan_out(salt_of(self.name), ordinal, is_child)
+        lineage = fan_out(salt, ordinal, is_child, siblings=f.col("_ft_all"))
         out = step.select(
             *[f.col(f"_ft_b{i}").alias(n) for i, n in enumerate(names_before)],
             *generated,
@@ -412,11 +414,14 @@ class LookupJoin:
 
         rank = Window.partitionBy(*keys).orderBy(f.xxhash64(*[f.col(c) for c in right]))
         lk = self.other.withColumn(POS, f.row_number().over(rank) - 1)
+        lk = lk.withColumn("_ft_n", f.count(f.lit(1)).over(Window.partitionBy(*keys)))
         lk = f.broadcast(lk) if _has_broadcast_hint(self.other) else lk
+        salt = salt_of(self.name)
         j = df.join(lk, on=keys, how="left")
+        j = j.withColumn("_ft_all", children_xor(salt, f.col("_ft_n")))  # a projection first
         matched = f.col(POS).isNotNull()
         is_child = keep & matched if self.how == "inner" else keep
-        lineage = fan_out(salt_of(self.name), f.col(POS), is_child)
+        lineage = fan_out(salt, f.col(POS), is_child, siblings=f.col("_ft_all"))
         order = [
             *keys,
             *[c for c in payload if c not in keys],
