@@ -21,11 +21,6 @@
 #include <time.h>
 #endif
 
-#if defined(__GNUC__) && !defined(__clang__)
-#define XORACK_NO_MEMMOVE __attribute__((optimize("no-tree-loop-distribute-patterns")))
-#else
-#define XORACK_NO_MEMMOVE
-#endif
 
 namespace xorack {
 
@@ -214,11 +209,18 @@ class FlatTable {
   // Inserts hash h (absent) at slot i = seek(h): the entries from i to the end of the run move
   // one slot on. May grow the table (every slot index taken before is then stale; seek again).
   void insert_at(size_t i, uint64_t h, V value) {
+    // One pass that carries the displaced entry on until an empty slot takes it (a scan for
+    // the end of the run, then a move, costs a second loop and its mispredicted exit).
+    Slot carry;
+    carry.hash = h;
+    carry.value = value;
     size_t e = i;
-    while (slots_[e].hash != kEmpty) ++e;
-    move_up(i, e);
-    slots_[i].hash = h;
-    slots_[i].value = value;
+    for (;; ++e) {
+      const Slot next = slots_[e];
+      slots_[e] = carry;
+      if (next.hash == kEmpty) break;
+      carry = next;
+    }
     ++size_;
     // The last slot always stays empty (it ends every scan): grow once a run reaches the one
     // before it, or once the load passes kMaxLoad.
@@ -235,8 +237,11 @@ class FlatTable {
   // first entry at its home (every later entry of the run has its home after that one).
   void erase_at(size_t i) {
     size_t j = i + 1;
-    while (slots_[j].hash != kEmpty && home(slots_[j].hash) < j) ++j;
-    move_down(i, j);
+    for (;; ++j) {  // moves each displaced entry back as it is met: one loop
+      const Slot next = slots_[j];
+      if (next.hash == kEmpty || home(next.hash) >= j) break;
+      slots_[j - 1] = next;
+    }
     slots_[j - 1].hash = kEmpty;  // the value of an empty slot is never read
     --size_;
   }
@@ -265,21 +270,31 @@ class FlatTable {
   template <class Dead>
   size_t erase_if(Dead dead, uint64_t* out) {
     Slot sink;  // where a dead entry or an empty slot is "put back"
-    size_t n_out = 0, w = 0, run = 0;
-    for (size_t j = 0; j < len_; ++j) {
-      const Slot e = slots_[j];
-      const bool empty = e.hash == kEmpty;
-      const bool gone = empty | dead(e.value);
-      slots_[j].hash = kEmpty;
+    Slot* const slots = slots_;  // locals: the stores below could alias the members
+    const size_t len = len_, cap = cap_;
+    const uintptr_t sink_addr = reinterpret_cast<uintptr_t>(&sink);
+    size_t n_out = 0, w = 0, run = 0, long_runs = 0;
+    for (size_t j = 0; j < len; ++j) {
+      const Slot e = slots[j];
+      const size_t empty = e.hash == kEmpty;
+      const size_t keep = size_t(!dead(e.value)) & (empty ^ 1);
+      slots[j].hash = kEmpty;
       out[n_out] = e.hash;  // turned into keys below, in a loop of its own
-      n_out += gone & !empty;
-      const size_t t = std::max(w, home(e.hash));
-      *(gone ? &sink : &slots_[t]) = e;
-      w = gone ? w : t + 1;
-      run = empty ? 0 : run + 1;
-      counters_.long_runs += run == 65;
+      n_out += (keep ^ 1) & (empty ^ 1);
+      const size_t h = size_t((unsigned __int128)e.hash * cap >> 64);
+      const size_t t = w > h ? w : h;
+      // The store's address and w picked by masks, not by a branch (the compiler turns a ?:
+      // on `keep` into one, which mispredicts on every third entry).
+      const uintptr_t mask = uintptr_t(0) - keep;
+      Slot* const dst = reinterpret_cast<Slot*>(
+          (reinterpret_cast<uintptr_t>(slots + t) & mask) | (sink_addr & ~mask));
+      *dst = e;
+      w += (t + 1 - w) & mask;
+      run = (run + 1) & (empty - 1);
+      long_runs += run == 65;
     }
     for (size_t k = 0; k < n_out; ++k) out[k] = key_of(out[k]);
+    counters_.long_runs += long_runs;
     size_ -= n_out;
     return n_out;
   }
@@ -319,15 +334,6 @@ class FlatTable {
   }
 
  private:
-  // slots [i, e) one slot up / (i, j) one slot down, by hand: a run moves a few slots, less than
-  // the call into memmove costs (and GCC would turn these loops into that call).
-  XORACK_NO_MEMMOVE void move_up(size_t i, size_t e) {
-    for (size_t k = e; k > i; --k) slots_[k] = slots_[k - 1];
-  }
-  XORACK_NO_MEMMOVE void move_down(size_t i, size_t j) {
-    for (size_t k = i; k + 1 < j; ++k) slots_[k] = slots_[k + 1];
-  }
-
   // Spare slots after the `cap` home slots: runs near the end spill into them (they never wrap
   // around). At the loads kept, a run longer than this is so rare that growing then is free.
   static size_t spare(size_t cap) { return std::min<size_t>(std::max<size_t>(cap / 8, 8), 1024); }
