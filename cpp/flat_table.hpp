@@ -125,7 +125,8 @@ inline void* alloc_zeroed(size_t bytes) { return alloc_filled(bytes, 0); }
 // - resizing and bulk removal (erase_if) are one sequential pass: each entry goes to
 //   max(its home, the slot after the entry placed before it), no probing.
 // The layout depends only on the set of entries, never on the order they came in.
-// Grows above kMaxLoad, shrinks below kMinLoad, to kTargetLoad in both cases.
+// Grows above its max load, shrinks below kMinLoad, to its target load in both cases (the loads
+// are per table: see Loads).
 template <class V>
 class FlatTable {
  public:
@@ -140,20 +141,28 @@ class FlatTable {
 
   static constexpr uint64_t kEmpty = ~uint64_t(0);
   static constexpr size_t npos = ~size_t(0);
-  // Loads. The ordered layout makes probing cheap (no hashing, early misses) and resizes one
-  // sequential pass, so the table runs fuller than the Robin Hood table it replaced ([0.6, 0.85]):
-  // memory per pending id is a target too (<= 32 B for AckTable + TimeoutWheel; at 1 M pending
-  // grown in 64 K batches the load is 0.82: 19.4 + 12.1 B, against 21.3 + 13.4 before). What a
-  // high load costs is the shift of an insertion (to the end of its run) and of an erasure: churn
-  // CPU time was about the same as the old table's at its lower load (loaded machine, 16-20 M
-  // events/s both). A growth step of 0.87 / 0.75 means more (cheap) resizes while filling.
+  // Default loads. The ordered layout makes probing cheap (no hashing, early misses) and resizes
+  // one sequential pass, so the table runs fuller than the Robin Hood table it replaced
+  // ([0.6, 0.85]). What a high load costs is the shift of an insertion (to the end of its run)
+  // and of an erasure. AckTable's registered ids and TimeoutWheel use loads of their own (see
+  // there): memory per pending id is a target too.
   static constexpr double kMaxLoad = 0.87;
   static constexpr double kTargetLoad = 0.75;  // after a resize
   static constexpr double kMinLoad = 0.2;
+  // A table's loads: grow past `max`, to `target` (also after a shrink). Right after a resize
+  // the load is `target`, so slot bytes / target is what an entry costs at worst: the figure
+  // that the memory target (<= 32 B per pending id, AckTable + TimeoutWheel) must hold at every
+  // size, not only where a benchmark happens to stop growing.
+  struct Loads {
+    double max = kMaxLoad, target = kTargetLoad;
+  };
   static constexpr size_t kMinCapacity = 16;
   static constexpr size_t kMaxCapacity = (size_t(1) << 32) - 2048;  // indices fit in uint32
 
-  FlatTable() : seed_(process_seed()), zero_hash_(hash_key(0, seed_)) { allocate(kMinCapacity); }
+  explicit FlatTable(Loads loads = Loads{})
+      : loads_(loads), seed_(process_seed()), zero_hash_(hash_key(0, seed_)) {
+    allocate(kMinCapacity);
+  }
   ~FlatTable() { std::free(slots_); }
   FlatTable(const FlatTable&) = delete;
   FlatTable& operator=(const FlatTable&) = delete;
@@ -167,7 +176,7 @@ class FlatTable {
   const Counters& counters() const { return counters_; }
 
   size_t size() const { return size_; }
-  // Whether n more entries could make the table grow (pass kMaxLoad).
+  // Whether n more entries could make the table grow (pass the max load).
   bool may_grow(size_t n) const { return size_ + n > max_size_; }
   size_t capacity() const { return cap_; }  // home slots (the array has a few more)
   size_t nbytes() const { return len_ * sizeof(Slot); }
@@ -223,10 +232,10 @@ class FlatTable {
     }
     ++size_;
     // The last slot always stays empty (it ends every scan): grow once a run reaches the one
-    // before it, or once the load passes kMaxLoad.
+    // before it, or once the load passes the max load.
     if (size_ > max_size_) {
       ++counters_.grows;
-      rehash(size_t(double(size_) / kTargetLoad) + 1);
+      rehash(size_t(double(size_) / loads_.target) + 1);
     } else if (e >= len_ - 2) {
       ++counters_.tail_grows;
       rehash(cap_ + cap_ / 8 + 8);
@@ -262,7 +271,7 @@ class FlatTable {
   }
 
   // Removes every entry for which dead(value) is true, writing its key to out (room for size()
-  // keys); returns how many. One forward pass: each survivor moves back to max(its home, the
+  // + 1 keys: each slot is written one past the last key kept); returns how many. One forward pass: each survivor moves back to max(its home, the
   // slot after the survivor before it), which keeps the layout ordered and valid (an empty slot
   // needs no special case: the entries after it have their homes after it). Branch-free per
   // slot, empty or not: when one entry in three expires and a third of the slots are empty, a
@@ -299,10 +308,10 @@ class FlatTable {
     return n_out;
   }
 
-  // Makes room for `total` entries without passing kMaxLoad (may move every entry).
+  // Makes room for `total` entries without passing the max load (may move every entry).
   void reserve(size_t total) {
     if (total > max_size_) {
-      rehash(size_t(double(total) / kTargetLoad) + 1);
+      rehash(size_t(double(total) / loads_.target) + 1);
       ++counters_.grows;
     }
   }
@@ -310,13 +319,14 @@ class FlatTable {
   // Gives memory back once the table is mostly empty (may move every entry).
   void maybe_shrink() {
     if (cap_ > kMinCapacity && double(size_) < kMinLoad * double(cap_)) {
-      rehash(size_t(double(size_) / kTargetLoad) + 1);
+      rehash(size_t(double(size_) / loads_.target) + 1);
       ++counters_.shrinks;
     }
   }
 
   void swap(FlatTable& o) noexcept {
     std::swap(slots_, o.slots_);
+    std::swap(loads_, o.loads_);
     std::swap(cap_, o.cap_);
     std::swap(len_, o.len_);
     std::swap(size_, o.size_);
@@ -345,7 +355,7 @@ class FlatTable {
     slots_ = static_cast<Slot*>(alloc_filled(len * sizeof(Slot), 0xFF));  // all kEmpty
     cap_ = cap;
     len_ = len;
-    max_size_ = size_t(kMaxLoad * double(cap));
+    max_size_ = size_t(loads_.max * double(cap));
   }
 
   // Moves every entry into a new array of new_cap home slots, in one pass (the old array is in
@@ -354,7 +364,7 @@ class FlatTable {
   void rehash(size_t new_cap) {
     Slot* const old = slots_;
     const size_t old_cap = cap_, old_len = len_, old_max = max_size_;
-    new_cap = std::max(new_cap, size_t(double(size_) / kMaxLoad) + 1);
+    new_cap = std::max(new_cap, size_t(double(size_) / loads_.max) + 1);
     for (;;) {
       allocate(new_cap);  // on failure the old array is untouched (strong guarantee)
       size_t w = 0, placed = 0;
@@ -377,6 +387,7 @@ class FlatTable {
     std::free(old);
   }
 
+  Loads loads_;
   Slot* slots_ = nullptr;
   size_t cap_ = 0;       // home slots
   size_t len_ = 0;       // slots in the array: cap_ + spare(cap_), the last one always empty
