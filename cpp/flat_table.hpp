@@ -195,11 +195,16 @@ class FlatTable {
   // The slot where a probe for hash h starts.
   size_t home(uint64_t h) const { return size_t((unsigned __int128)h * cap_ >> 64); }
   void prefetch(size_t i) const { prefetch_line(slots_ + i); }
-  // Prefetches slot i and the cache line after it: an insertion or erasure at i usually walks
-  // on into the next line, and a miss there would otherwise be taken serially.
+  // Prefetches the 256 bytes from slot i: an insertion or erasure at i walks on to the end of
+  // its run (at loads of 0.8-0.87, often past the next line), and a miss there would otherwise
+  // be taken serially. Four lines against two, with kPrefetchDistance 32 against 16: churn
+  // +7 %, wheel add + rotate +6 % (means of 16 interleaved C++ harness runs each, 1 M pending,
+  // 64 K batches, loaded 2-core machine; neither change alone gained).
   void prefetch_run(size_t i) const {
     prefetch_line(slots_ + i);
     prefetch_line(reinterpret_cast<const char*>(slots_ + i) + 64);
+    prefetch_line(reinterpret_cast<const char*>(slots_ + i) + 128);
+    prefetch_line(reinterpret_cast<const char*>(slots_ + i) + 192);
   }
 
   // Where hash h is or belongs: the first slot from its home whose hash is >= h (an empty slot
@@ -485,8 +490,8 @@ class BatchIndex {
 };
 
 // How many prefetches run ahead of the probes in batch loops: enough in-flight misses to cover
-// DRAM latency (~100 ns) at a few ns per operation, few enough to stay within the L1 fill buffers.
-constexpr size_t kPrefetchDistance = 16;
+// DRAM latency (~100 ns) at a few ns per operation (see FlatTable::prefetch_run for the figures).
+constexpr size_t kPrefetchDistance = 32;
 
 // A batch's keys in table order: (hash, input position) pairs in a stable counting sort by the
 // top bits of the hash (homes rise with the hash), so that a batch walks the table upwards
