@@ -276,11 +276,12 @@ class FlatTable {
   }
 
   // Removes every entry for which dead(value) is true, writing its key to out (room for size()
-  // + 1 keys: each slot is written one past the last key kept); returns how many. One forward pass: each survivor moves back to max(its home, the
-  // slot after the survivor before it), which keeps the layout ordered and valid (an empty slot
-  // needs no special case: the entries after it have their homes after it). Branch-free per
-  // slot, empty or not: when one entry in three expires and a third of the slots are empty, a
-  // branch on either mispredicts so often that it costs more than the pass.
+  // + 1 keys: every slot writes one past the last key kept); returns how many. One forward
+  // pass: each survivor moves back to max(its home, the slot after the survivor before it),
+  // which keeps the layout ordered and valid (an empty slot needs no special case: the entries
+  // after it have their homes after it). Branch-free per slot, empty or not: when one entry in
+  // three expires and a third of the slots are empty, a branch on either mispredicts so often
+  // that it costs more than the pass.
   template <class Dead>
   size_t erase_if(Dead dead, uint64_t* out) {
     Slot sink;  // where a dead entry or an empty slot is "put back"
