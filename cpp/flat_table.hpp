@@ -21,11 +21,6 @@
 #include <time.h>
 #endif
 
-#if defined(__GNUC__) && !defined(__clang__)
-#define XORACK_NO_MEMMOVE __attribute__((optimize("no-tree-loop-distribute-patterns")))
-#else
-#define XORACK_NO_MEMMOVE
-#endif
 
 namespace xorack {
 
@@ -130,7 +125,8 @@ inline void* alloc_zeroed(size_t bytes) { return alloc_filled(bytes, 0); }
 // - resizing and bulk removal (erase_if) are one sequential pass: each entry goes to
 //   max(its home, the slot after the entry placed before it), no probing.
 // The layout depends only on the set of entries, never on the order they came in.
-// Grows above kMaxLoad, shrinks below kMinLoad, to kTargetLoad in both cases.
+// Grows above its max load, shrinks below kMinLoad, to its target load in both cases (the loads
+// are per table: see Loads).
 template <class V>
 class FlatTable {
  public:
@@ -145,20 +141,28 @@ class FlatTable {
 
   static constexpr uint64_t kEmpty = ~uint64_t(0);
   static constexpr size_t npos = ~size_t(0);
-  // Loads. The ordered layout makes probing cheap (no hashing, early misses) and resizes one
-  // sequential pass, so the table runs fuller than the Robin Hood table it replaced ([0.6, 0.85]):
-  // memory per pending id is a target too (<= 32 B for AckTable + TimeoutWheel; at 1 M pending
-  // grown in 64 K batches the load is 0.82: 19.4 + 12.1 B, against 21.3 + 13.4 before). What a
-  // high load costs is the shift of an insertion (to the end of its run) and of an erasure: churn
-  // CPU time was about the same as the old table's at its lower load (loaded machine, 16-20 M
-  // events/s both). A growth step of 0.87 / 0.75 means more (cheap) resizes while filling.
+  // Default loads. The ordered layout makes probing cheap (no hashing, early misses) and resizes
+  // one sequential pass, so the table runs fuller than the Robin Hood table it replaced
+  // ([0.6, 0.85]). What a high load costs is the shift of an insertion (to the end of its run)
+  // and of an erasure. AckTable's registered ids and TimeoutWheel use loads of their own (see
+  // there): memory per pending id is a target too.
   static constexpr double kMaxLoad = 0.87;
   static constexpr double kTargetLoad = 0.75;  // after a resize
   static constexpr double kMinLoad = 0.2;
+  // A table's loads: grow past `max`, to `target` (also after a shrink). Right after a resize
+  // the load is `target`, so slot bytes / target is what an entry costs at worst: the figure
+  // that the memory target (<= 32 B per pending id, AckTable + TimeoutWheel) must hold at every
+  // size, not only where a benchmark happens to stop growing.
+  struct Loads {
+    double max = kMaxLoad, target = kTargetLoad;
+  };
   static constexpr size_t kMinCapacity = 16;
   static constexpr size_t kMaxCapacity = (size_t(1) << 32) - 2048;  // indices fit in uint32
 
-  FlatTable() : seed_(process_seed()), zero_hash_(hash_key(0, seed_)) { allocate(kMinCapacity); }
+  explicit FlatTable(Loads loads = Loads{})
+      : loads_(loads), seed_(process_seed()), zero_hash_(hash_key(0, seed_)) {
+    allocate(kMinCapacity);
+  }
   ~FlatTable() { std::free(slots_); }
   FlatTable(const FlatTable&) = delete;
   FlatTable& operator=(const FlatTable&) = delete;
@@ -172,7 +176,7 @@ class FlatTable {
   const Counters& counters() const { return counters_; }
 
   size_t size() const { return size_; }
-  // Whether n more entries could make the table grow (pass kMaxLoad).
+  // Whether n more entries could make the table grow (pass the max load).
   bool may_grow(size_t n) const { return size_ + n > max_size_; }
   size_t capacity() const { return cap_; }  // home slots (the array has a few more)
   size_t nbytes() const { return len_ * sizeof(Slot); }
@@ -191,11 +195,16 @@ class FlatTable {
   // The slot where a probe for hash h starts.
   size_t home(uint64_t h) const { return size_t((unsigned __int128)h * cap_ >> 64); }
   void prefetch(size_t i) const { prefetch_line(slots_ + i); }
-  // Prefetches slot i and the cache line after it: an insertion or erasure at i usually walks
-  // on into the next line, and a miss there would otherwise be taken serially.
+  // Prefetches the 256 bytes from slot i: an insertion or erasure at i walks on to the end of
+  // its run (at loads of 0.8-0.87, often past the next line), and a miss there would otherwise
+  // be taken serially. Four lines against two, with kPrefetchDistance 32 against 16: churn
+  // +7 %, wheel add + rotate +6 % (means of 16 interleaved C++ harness runs each, 1 M pending,
+  // 64 K batches, loaded 2-core machine; neither change alone gained).
   void prefetch_run(size_t i) const {
     prefetch_line(slots_ + i);
     prefetch_line(reinterpret_cast<const char*>(slots_ + i) + 64);
+    prefetch_line(reinterpret_cast<const char*>(slots_ + i) + 128);
+    prefetch_line(reinterpret_cast<const char*>(slots_ + i) + 192);
   }
 
   // Where hash h is or belongs: the first slot from its home whose hash is >= h (an empty slot
@@ -214,17 +223,24 @@ class FlatTable {
   // Inserts hash h (absent) at slot i = seek(h): the entries from i to the end of the run move
   // one slot on. May grow the table (every slot index taken before is then stale; seek again).
   void insert_at(size_t i, uint64_t h, V value) {
+    // One pass that carries the displaced entry on until an empty slot takes it (a scan for
+    // the end of the run, then a move, costs a second loop and its mispredicted exit).
+    Slot carry;
+    carry.hash = h;
+    carry.value = value;
     size_t e = i;
-    while (slots_[e].hash != kEmpty) ++e;
-    move_up(i, e);
-    slots_[i].hash = h;
-    slots_[i].value = value;
+    for (;; ++e) {
+      const Slot next = slots_[e];
+      slots_[e] = carry;
+      if (next.hash == kEmpty) break;
+      carry = next;
+    }
     ++size_;
     // The last slot always stays empty (it ends every scan): grow once a run reaches the one
-    // before it, or once the load passes kMaxLoad.
+    // before it, or once the load passes the max load.
     if (size_ > max_size_) {
       ++counters_.grows;
-      rehash(size_t(double(size_) / kTargetLoad) + 1);
+      rehash(size_t(double(size_) / loads_.target) + 1);
     } else if (e >= len_ - 2) {
       ++counters_.tail_grows;
       rehash(cap_ + cap_ / 8 + 8);
@@ -235,8 +251,11 @@ class FlatTable {
   // first entry at its home (every later entry of the run has its home after that one).
   void erase_at(size_t i) {
     size_t j = i + 1;
-    while (slots_[j].hash != kEmpty && home(slots_[j].hash) < j) ++j;
-    move_down(i, j);
+    for (;; ++j) {  // moves each displaced entry back as it is met: one loop
+      const Slot next = slots_[j];
+      if (next.hash == kEmpty || home(next.hash) >= j) break;
+      slots_[j - 1] = next;
+    }
     slots_[j - 1].hash = kEmpty;  // the value of an empty slot is never read
     --size_;
   }
@@ -257,37 +276,48 @@ class FlatTable {
   }
 
   // Removes every entry for which dead(value) is true, writing its key to out (room for size()
-  // keys); returns how many. One forward pass: each survivor moves back to max(its home, the
-  // slot after the survivor before it), which keeps the layout ordered and valid (an empty slot
-  // needs no special case: the entries after it have their homes after it). Branch-free per
-  // slot, empty or not: when one entry in three expires and a third of the slots are empty, a
-  // branch on either mispredicts so often that it costs more than the pass.
+  // + 1 keys: every slot writes one past the last key kept); returns how many. One forward
+  // pass: each survivor moves back to max(its home, the slot after the survivor before it),
+  // which keeps the layout ordered and valid (an empty slot needs no special case: the entries
+  // after it have their homes after it). Branch-free per slot, empty or not: when one entry in
+  // three expires and a third of the slots are empty, a branch on either mispredicts so often
+  // that it costs more than the pass.
   template <class Dead>
   size_t erase_if(Dead dead, uint64_t* out) {
     Slot sink;  // where a dead entry or an empty slot is "put back"
-    size_t n_out = 0, w = 0, run = 0;
-    for (size_t j = 0; j < len_; ++j) {
-      const Slot e = slots_[j];
-      const bool empty = e.hash == kEmpty;
-      const bool gone = empty | dead(e.value);
-      slots_[j].hash = kEmpty;
+    Slot* const slots = slots_;  // locals: the stores below could alias the members
+    const size_t len = len_, cap = cap_;
+    const uintptr_t sink_addr = reinterpret_cast<uintptr_t>(&sink);
+    size_t n_out = 0, w = 0, run = 0, long_runs = 0;
+    for (size_t j = 0; j < len; ++j) {
+      const Slot e = slots[j];
+      const size_t empty = e.hash == kEmpty;
+      const size_t keep = size_t(!dead(e.value)) & (empty ^ 1);
+      slots[j].hash = kEmpty;
       out[n_out] = e.hash;  // turned into keys below, in a loop of its own
-      n_out += gone & !empty;
-      const size_t t = std::max(w, home(e.hash));
-      *(gone ? &sink : &slots_[t]) = e;
-      w = gone ? w : t + 1;
-      run = empty ? 0 : run + 1;
-      counters_.long_runs += run == 65;
+      n_out += (keep ^ 1) & (empty ^ 1);
+      const size_t h = size_t((unsigned __int128)e.hash * cap >> 64);
+      const size_t t = w > h ? w : h;
+      // The store's address and w picked by masks, not by a branch (the compiler turns a ?:
+      // on `keep` into one, which mispredicts on every third entry).
+      const uintptr_t mask = uintptr_t(0) - keep;
+      Slot* const dst = reinterpret_cast<Slot*>(
+          (reinterpret_cast<uintptr_t>(slots + t) & mask) | (sink_addr & ~mask));
+      *dst = e;
+      w += (t + 1 - w) & mask;
+      run = (run + 1) & (empty - 1);
+      long_runs += run == 65;
     }
     for (size_t k = 0; k < n_out; ++k) out[k] = key_of(out[k]);
+    counters_.long_runs += long_runs;
     size_ -= n_out;
     return n_out;
   }
 
-  // Makes room for `total` entries without passing kMaxLoad (may move every entry).
+  // Makes room for `total` entries without passing the max load (may move every entry).
   void reserve(size_t total) {
     if (total > max_size_) {
-      rehash(size_t(double(total) / kTargetLoad) + 1);
+      rehash(size_t(double(total) / loads_.target) + 1);
       ++counters_.grows;
     }
   }
@@ -295,13 +325,14 @@ class FlatTable {
   // Gives memory back once the table is mostly empty (may move every entry).
   void maybe_shrink() {
     if (cap_ > kMinCapacity && double(size_) < kMinLoad * double(cap_)) {
-      rehash(size_t(double(size_) / kTargetLoad) + 1);
+      rehash(size_t(double(size_) / loads_.target) + 1);
       ++counters_.shrinks;
     }
   }
 
   void swap(FlatTable& o) noexcept {
     std::swap(slots_, o.slots_);
+    std::swap(loads_, o.loads_);
     std::swap(cap_, o.cap_);
     std::swap(len_, o.len_);
     std::swap(size_, o.size_);
@@ -319,15 +350,6 @@ class FlatTable {
   }
 
  private:
-  // slots [i, e) one slot up / (i, j) one slot down, by hand: a run moves a few slots, less than
-  // the call into memmove costs (and GCC would turn these loops into that call).
-  XORACK_NO_MEMMOVE void move_up(size_t i, size_t e) {
-    for (size_t k = e; k > i; --k) slots_[k] = slots_[k - 1];
-  }
-  XORACK_NO_MEMMOVE void move_down(size_t i, size_t j) {
-    for (size_t k = i; k + 1 < j; ++k) slots_[k] = slots_[k + 1];
-  }
-
   // Spare slots after the `cap` home slots: runs near the end spill into them (they never wrap
   // around). At the loads kept, a run longer than this is so rare that growing then is free.
   static size_t spare(size_t cap) { return std::min<size_t>(std::max<size_t>(cap / 8, 8), 1024); }
@@ -339,7 +361,7 @@ class FlatTable {
     slots_ = static_cast<Slot*>(alloc_filled(len * sizeof(Slot), 0xFF));  // all kEmpty
     cap_ = cap;
     len_ = len;
-    max_size_ = size_t(kMaxLoad * double(cap));
+    max_size_ = size_t(loads_.max * double(cap));
   }
 
   // Moves every entry into a new array of new_cap home slots, in one pass (the old array is in
@@ -348,7 +370,7 @@ class FlatTable {
   void rehash(size_t new_cap) {
     Slot* const old = slots_;
     const size_t old_cap = cap_, old_len = len_, old_max = max_size_;
-    new_cap = std::max(new_cap, size_t(double(size_) / kMaxLoad) + 1);
+    new_cap = std::max(new_cap, size_t(double(size_) / loads_.max) + 1);
     for (;;) {
       allocate(new_cap);  // on failure the old array is untouched (strong guarantee)
       size_t w = 0, placed = 0;
@@ -371,6 +393,7 @@ class FlatTable {
     std::free(old);
   }
 
+  Loads loads_;
   Slot* slots_ = nullptr;
   size_t cap_ = 0;       // home slots
   size_t len_ = 0;       // slots in the array: cap_ + spare(cap_), the last one always empty
@@ -468,8 +491,8 @@ class BatchIndex {
 };
 
 // How many prefetches run ahead of the probes in batch loops: enough in-flight misses to cover
-// DRAM latency (~100 ns) at a few ns per operation, few enough to stay within the L1 fill buffers.
-constexpr size_t kPrefetchDistance = 16;
+// DRAM latency (~100 ns) at a few ns per operation (see FlatTable::prefetch_run for the figures).
+constexpr size_t kPrefetchDistance = 32;
 
 // A batch's keys in table order: (hash, input position) pairs in a stable counting sort by the
 // top bits of the hash (homes rise with the hash), so that a batch walks the table upwards
