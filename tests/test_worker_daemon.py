@@ -30,16 +30,18 @@ def test_nothing_is_dropped_when_pyspark_exists_only_zipped(tmp_path):
 
 def test_workers_run_the_installed_pyspark_with_xorack_already_imported(spark):
     def worker_view(rows):  # a closure: pickled by value (the workers cannot import tests/)
+        import gc
         import sys
 
         import pyspark
 
         for _ in rows:
             pass
-        yield (pyspark.__file__, "xorack.spark.stages" in sys.modules)
+        yield (pyspark.__file__, "xorack.spark.stages" in sys.modules, gc.get_freeze_count() > 0)
 
     seen = set(spark.sparkContext.parallelize(range(4), 2).mapPartitions(worker_view).collect())
     assert len(seen) == 1, seen
-    pyspark_file, preloaded = seen.pop()
+    pyspark_file, preloaded, frozen = seen.pop()
     assert ".zip" + os.sep not in pyspark_file, pyspark_file
     assert preloaded  # inherited from the daemon: no import when a task unpickles a stage
+    assert frozen  # the per-task gc.collect() skips the daemon's objects

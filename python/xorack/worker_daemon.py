@@ -10,12 +10,14 @@ with FT ON (the tagger and a stage run in two workers per task, the event sender
 * every task's ``setup_spark_files`` calls ``importlib.invalidate_caches()``, which re-reads the
   zip's central directory (about 0.1 s per call under load);
 
-and each worker then imports numpy, pandas, pyarrow and xorack itself (0.8 s more).
+and each worker then imports numpy, pandas, pyarrow and xorack itself (0.8 s more), whose
+objects the ``gc.collect()`` pyspark runs after every task then traverses again and again.
 
 This module, set as ``spark.python.daemon.module`` (``get_or_create_session`` does it), drops
 those two zips from the daemon's path when they belong to the pyspark installed on this
 interpreter (the same code, unzipped, with bytecode), imports what every xorack worker needs
-once, and runs pyspark's own daemon: forked workers inherit the imported modules. Any other
+once, freezes those objects out of the garbage collector's reach (``gc.freeze``), and runs
+pyspark's own daemon: forked workers inherit the imported modules. Any other
 setup (a zip from another Spark, no pip pyspark) is left as Spark made it.
 
 Must stay importable without importing pyspark (the path is fixed before pyspark loads):
@@ -28,6 +30,7 @@ Must stay importable without importing pyspark (the path is fixed before pyspark
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -73,6 +76,11 @@ def prepare() -> None:
     import pyspark.worker  # noqa: F401
 
     import xorack.spark.stages  # noqa: F401  (numpy, pandas, pyarrow, the kernels)
+
+    # the daemon's objects go to the permanent generation: the gc.collect() a worker runs after
+    # every task (pyspark.daemon) skips them (about 50 ms a task under load otherwise), and no
+    # collection writes to, hence copies, the pages a forked worker shares with the daemon
+    gc.freeze()
 
 
 def main() -> None:
