@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import xorack
-from xorack.spark.stages import ContentRanks, call_bisecting, content_ids
+from xorack.spark.stages import ContentRanks, _ordinals, call_bisecting, content_ids, with_lineage
 
 
 def _ids(batch: pa.RecordBatch, ranks: ContentRanks | None = None) -> np.ndarray:
@@ -131,3 +131,35 @@ def test_content_ranks_count_the_earlier_rows_of_the_same_hash(batches):
             want.append(seen[v])
             seen[v] += 1
         assert ranks(h).tolist() == want
+
+
+@given(st.lists(st.integers(0, 6), max_size=40), st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_output_ordinals_rank_siblings_in_output_order(parents, in_order):
+    """Each output's rank among the outputs of its parent, whether the outputs come in input
+    order (the one-pass path) or not (the sorted path)."""
+    parent = np.array(sorted(parents) if in_order else parents, dtype=np.int64)
+    seen: Counter = Counter()
+    expected = []
+    for p in parent.tolist():
+        expected.append(seen[p])
+        seen[p] += 1
+    assert _ordinals(parent).tolist() == expected
+    assert _ordinals(parent).dtype == np.uint64
+
+
+def test_lineage_columns_are_added_without_touching_the_functions_frame():
+    frame = pd.DataFrame(
+        {"w": ["a", "b", "c"], "n": pd.array([1, None, 3], dtype="Int64"), "_ft_rec": [1, 2, 3]},
+        index=[5, 5, 9],
+    )
+    before = frame.copy()
+    src = np.array([7, 7, 8], dtype=np.uint64)
+    rec = np.array([2**63 + 1, 4, 5], dtype=np.uint64)
+    out = with_lineage(frame.iloc[[2, 0]], ["w", "n"], src[:2], rec[:2])
+    assert list(out.columns) == ["w", "n", "_ft_src", "_ft_rec"]
+    assert out.index.tolist() == [0, 1]
+    assert out["w"].tolist() == ["c", "a"]
+    assert out["n"].dtype == "Int64"
+    assert out["_ft_rec"].to_numpy().view(np.uint64).tolist() == [2**63 + 1, 4]
+    pd.testing.assert_frame_equal(frame, before)

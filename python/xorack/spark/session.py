@@ -6,6 +6,8 @@ import os
 import sys
 from typing import Any
 
+from ..worker_daemon import ENV_SWITCH as WORKER_DAEMON_SWITCH
+
 
 def get_or_create_session(
     master: str = "local[2,2]",
@@ -21,7 +23,9 @@ def get_or_create_session(
     (each executor gets 512m unless ``extra_conf`` sets ``spark.executor.memory``: it must stay
     below the worker's 1024 MB); on a real cluster (``spark://``, ``yarn``, ``k8s://``) the
     driver is not pinned to 127.0.0.1 and the executors need xorack installed in the same
-    Python.
+    Python. Python workers start from :mod:`xorack.worker_daemon` (pyspark from the installed
+    package rather than Spark's bundled zip, the workers' modules imported once before the
+    daemon forks); ``XORACK_WORKER_DAEMON=0`` starts them as plain Spark does.
 
     >>> spark = get_or_create_session()  # doctest: +SKIP
     """
@@ -44,6 +48,8 @@ def get_or_create_session(
         )
     if master.startswith("local-cluster"):
         builder = builder.config("spark.executor.memory", "512m")
+    if os.environ.get(WORKER_DAEMON_SWITCH, "1") != "0":  # see xorack.worker_daemon
+        builder = builder.config("spark.python.daemon.module", "xorack.worker_daemon")
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, str(value))
     session = builder.getOrCreate()

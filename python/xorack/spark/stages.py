@@ -196,18 +196,54 @@ def _salt(name: str) -> int:
 
 
 def _ordinals(parent: np.ndarray) -> np.ndarray:
-    """For each output row, its rank among the outputs of the same parent (in output order)."""
+    """For each output row, its rank among the outputs of the same parent (in output order).
+
+    Outputs in input order (a filter, an explode: ``parent`` non-decreasing, the common case)
+    are ranked in one pass; any other order is sorted first (stably: the same ranks).
+
+    >>> _ordinals(np.array([0, 0, 2, 2, 2])).tolist(), _ordinals(np.array([1, 0, 1])).tolist()
+    ([0, 1, 0, 1, 2], [0, 0, 1])
+    """
     n = len(parent)
     if n == 0:
         return np.empty(0, dtype=np.uint64)
-    order = np.argsort(parent, kind="stable")
-    sp = parent[order]
-    starts = np.ones(n, dtype=bool)
-    starts[1:] = sp[1:] != sp[:-1]
-    group_start = np.maximum.accumulate(np.where(starts, np.arange(n), 0))
-    ranks = np.empty(n, dtype=np.uint64)
-    ranks[order] = np.arange(n) - group_start
-    return ranks
+    in_order = bool((parent[1:] >= parent[:-1]).all())
+    order = None if in_order else np.argsort(parent, kind="stable")
+    sp = parent if order is None else parent[order]
+    starts = np.empty(n, dtype=bool)
+    starts[0] = True
+    np.not_equal(sp[1:], sp[:-1], out=starts[1:])
+    at = np.arange(n, dtype=np.int64)
+    group_start = np.maximum.accumulate(np.where(starts, at, 0))
+    ranks = (at - group_start).astype(np.uint64)
+    if order is None:
+        return ranks
+    out = np.empty(n, dtype=np.uint64)
+    out[order] = ranks
+    return out
+
+
+def with_lineage(
+    frame: pd.DataFrame, columns: Sequence[str], src: np.ndarray, rec: np.ndarray
+) -> pd.DataFrame:
+    """A new frame: the ``columns`` of ``frame`` (sharing its arrays: no copy of the payload)
+    followed by ``_ft_src`` and ``_ft_rec`` (``uint64`` ids as Spark ``bigint``), with a fresh
+    0..n-1 index whatever ``frame``'s index is.
+
+    >>> f = pd.DataFrame({"w": ["a", "b"], "x": [1, 2]}, index=[7, 9])
+    >>> with_lineage(f, ["w"], np.array([5, 5], np.uint64), np.array([1, 2], np.uint64))
+       w  _ft_src  _ft_rec
+    0  a        5        1
+    1  b        5        2
+    """
+    data: dict[str, Any] = {}
+    for c in columns:
+        col = frame[c]  # numpy columns as ndarrays (an object NumpyExtensionArray is re-checked)
+        extension = isinstance(col.dtype, pd.api.extensions.ExtensionDtype)
+        data[c] = col.array if extension else col.to_numpy(copy=False)
+    data[SRC] = i64(src)
+    data[REC] = i64(rec)
+    return pd.DataFrame(data, copy=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -713,13 +749,16 @@ class StageRunner:
             if done is not None:
                 yield done
 
-    def _select(self, out: pd.DataFrame, lineage: bool) -> pd.DataFrame:
+    def _check_columns(self, out: pd.DataFrame) -> None:
         missing = [c for c in self.columns if c not in out.columns]
         if missing:
             raise StageSchemaError(
                 f"stage {self.name!r}: the function's output lacks declared column(s) {missing} "
                 f"(it returned {list(out.columns)})"
             )
+
+    def _select(self, out: pd.DataFrame, lineage: bool) -> pd.DataFrame:
+        self._check_columns(out)
         cols = list(self.columns) + ([SRC, REC] if lineage else [])
         return out[cols] if list(out.columns) != cols else out
 
@@ -751,14 +790,19 @@ class StageRunner:
         frames, failures = call_bisecting(self.fn, pdf, self.name, self.bisect)
         _count(self.tally, f"stage {self.name!r}", in_src, failures)
         frames = [f for f in frames if len(f.columns)]
-        out = pd.concat(frames, ignore_index=True) if frames else pdf.iloc[0:0]
+        # one frame (the usual case) is used as it is: rows are taken by position below
+        if len(frames) > 1:
+            out = pd.concat(frames, ignore_index=True)
+        else:
+            out = frames[0] if frames else pdf.iloc[0:0]
         if REC not in out.columns:
             raise LineageError(
                 f"stage {self.name!r}: the function's output has no {REC!r} column: output rows "
                 f"must keep the {REC} of the input row they come from (filter / explode / merge "
                 f"on the input frame keep it)"
             )
-        out = self._select(out, lineage=True) if len(out) else out.iloc[0:0]
+        if len(out):
+            self._check_columns(out)
         try:
             parent = np.asarray(acker.parent_index(in_rec, u64(out[REC])), dtype=np.int64)
         except (TypeError, ValueError) as exc:  # LineageError included; TypeError: bad dtype
@@ -768,13 +812,10 @@ class StageRunner:
             self.name, in_src, in_rec, parent, failures, client, self.deterministic
         )
         if kept is not None:
-            out = out.iloc[kept].reset_index(drop=True)
+            out = out.iloc[kept]
         if not len(out):
             return None
-        out = out.copy()
-        out[SRC] = i64(np.asarray(out_src, dtype=np.uint64))
-        out[REC] = i64(np.asarray(out_rec, dtype=np.uint64))
-        return out
+        return with_lineage(out, self.columns, out_src, out_rec)
 
 
 @dataclass(frozen=True)
