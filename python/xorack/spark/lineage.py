@@ -17,13 +17,16 @@ The rules (each an expression over one row, so Spark evaluates them in generated
 * 1→1 (select, withColumn, a semi-join match): the row keeps its id; nothing to send;
 * 1→0 (filter, an unmatched inner join, an empty generator): ``ev ^= rec``, ``keep = false``;
 * 1→n (a generator, a join with several matches): child ``i`` of ``n`` gets the id
-  ``c_i = xxhash64(salt, rec, i)``; child 0 carries the parent's ack, the parent's pending
-  event and the ids of *all* the children: ``ev_0 = ev ^ rec ^ c_0 ^ ... ^ c_(n-1)``, the other
-  children nothing. As with Storm's anchored emit, the parent's ack and its children's ids
-  reach the acker in one event: the children of one parent land in different batches and
-  tasks, and were each child to carry its own id, the other children's acks could arrive
-  first and bring the checksum to zero while a child was still on its way (a record completed
-  with a row not processed yet — seen when a failing row's task ran last).
+  ``c_i = xxhash64(salt, rec, i)``. Child 0 carries the parent's ack, the parent's pending
+  event, its own id and its next sibling's; every other child carries its next sibling's id
+  (``c_(i+1)``, none for the last): ``ev_0 = ev ^ rec ^ c_0 ^ c_1``, ``ev_i = c_(i+1)``. A
+  child's id thus enters the checksum no later than the event that replaces its parent's
+  ack (child 0's) or its elder sibling's ack, so the checksum stays nonzero while any child is
+  on its way: the children of one parent land in different batches and tasks, and were each
+  child to carry only its own id, the other children's acks could arrive first and bring the
+  checksum to zero with one child still unprocessed (a record completed with a row not
+  processed yet, whose failure then came too late — seen when a failing row's task ran last).
+  Each output row costs two hashes, in Spark's generated code.
 
 A ghost stays a ghost (``keep`` is never set back) and owes nothing more; it is copied by a
 later generator or join at most as "child 0", which carries its event once.
@@ -86,28 +89,14 @@ def _child_id(salt: int, rec: Any, ordinal: Any) -> Any:
     return f.xxhash64(f.lit(salt), rec, f.coalesce(ordinal.cast("int"), f.lit(-1)))
 
 
-def children_xor(salt: int, count: Any) -> Any:
-    """The XOR of the ids of a parent's ``count`` children (ordinals ``0 .. count - 1``; 0 when
-    ``count`` is null or < 1). Select it in a projection *before* :func:`fan_out`'s: the
-    column name inside its lambda would resolve to fan_out's own ``_ft_rec`` (Spark's lateral
-    column aliases) if both were in one projection."""
-    f = F()
-    every = f.aggregate(
-        f.sequence(f.lit(0), (count - 1).cast("int")),
-        f.lit(0).cast("long"),
-        lambda acc, i: acc.bitwiseXOR(f.xxhash64(f.lit(salt), f.col(REC), i)),
-    )
-    return f.when(count > 0, every).otherwise(f.lit(0).cast("long"))
-
-
 def fan_out(
-    salt: int, ordinal: Any, is_child: Any, same_id: bool = False, siblings: Any = None
+    salt: int, ordinal: Any, is_child: Any, same_id: bool = False, count: Any = None
 ) -> list[Any]:
     """The lineage columns of the outputs of a 1→n operator (a generator, a join).
 
     ``ordinal`` (int, null for a parent that produced no match/element) tells each output row
-    its rank among its parent's outputs; ``siblings``: :func:`children_xor` of the parent's
-    number of outputs (a null ordinal is one output of its own, as an outer generator or a left
+    its rank among its parent's outputs, ``count`` how many outputs the parent has (ordinals
+    ``0 .. count - 1``; a null ordinal is an output of its own, as an outer generator or a left
     join give); ``is_child``: the row is a real output (false: a ghost, or a removed parent).
     ``same_id``: outputs are 1→1 and keep their parent's id (a semi or anti join)."""
     f = F()
@@ -118,16 +107,17 @@ def fan_out(
         ev = f.when(first, f.col(EV).bitwiseXOR(f.when(keep & ~is_child, rec).otherwise(0)))
         ev = ev.otherwise(0)
     else:
-        if siblings is None:
-            raise ValueError("fan_out: a 1→n operator must give the XOR of a parent's children")
+        if count is None:
+            raise ValueError("fan_out: a 1→n operator must say how many outputs a parent has")
         child_id = _child_id(salt, rec, ordinal)
-        children = f.when(ordinal.isNull(), child_id).otherwise(siblings)
-        # child 0 carries the parent's pending event, the parent's ack (it was alive) and the
-        # ids of all its siblings (they reach the acker with the ack that they replace)
+        after = (ordinal + 1).cast("int")
+        sibling = f.when(after < count, _child_id(salt, rec, after)).otherwise(f.lit(0))
+        # child 0: the parent's pending event and ack (it was alive) and its own id; every
+        # child: its next sibling's id (see the module's doc)
         inherited = f.col(EV).bitwiseXOR(f.when(keep, rec).otherwise(0))
-        ev = f.when(
-            first, inherited.bitwiseXOR(f.when(is_child, children).otherwise(f.lit(0)))
-        ).otherwise(f.lit(0))
+        head = inherited.bitwiseXOR(f.when(is_child, child_id).otherwise(f.lit(0)))
+        ev = f.when(first, head).otherwise(f.lit(0))
+        ev = ev.bitwiseXOR(f.when(is_child, sibling).otherwise(f.lit(0)))
     return [
         f.col(SRC),
         f.when(is_child, child_id).otherwise(rec).alias(REC),
@@ -178,7 +168,6 @@ __all__ = [
     "POS",
     "REC",
     "SRC",
-    "children_xor",
     "drop_where",
     "fan_out",
     "ghost_payload",

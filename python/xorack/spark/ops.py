@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .lineage import KEEP, LINEAGE, POS, children_xor, drop_where, fan_out, ghost_payload
+from .lineage import KEEP, LINEAGE, POS, drop_where, fan_out, ghost_payload
 
 GENERATORS = {
     # name: (outer, with position, inline)
@@ -209,16 +209,23 @@ class Select:
                 f"column(s) {natural}"
             )
         # a ghost generates nothing new: its array is null, posexplode_outer keeps it as one row
-        exploded = f.posexplode_outer(f.when(keep, gen.argument)).alias(POS, *elements)
+        # (the argument is computed once: the generator and the children's count read it)
+        exploded = f.posexplode_outer(f.col("_ft_arg")).alias(POS, *elements)
         before = [as_column(c) for c in cols[:at]]
         after = [as_column(c) for c in cols[at + 1 :]]
         names_before = df.select(*before).columns if before else []
         names_after = df.select(*after).columns if after else []
         step = df.select(
             *[c.alias(f"_ft_b{i}") for i, c in enumerate(before)],
-            exploded,
+            f.when(keep, gen.argument).alias("_ft_arg"),
             *[c.alias(f"_ft_a{i}") for i, c in enumerate(after)],
-            children_xor(salt, f.size(f.when(keep, gen.argument))).alias("_ft_all"),
+            *LINEAGE,
+        )
+        step = step.select(
+            *[f"_ft_b{i}" for i in range(len(before))],
+            exploded,
+            *[f"_ft_a{i}" for i in range(len(after))],
+            f.size(f.col("_ft_arg")).alias("_ft_n"),  # the parent's children
             *LINEAGE,
         )
         generated = [f.col(POS).alias(names[0])] if gen.with_position else []
@@ -234,7 +241,7 @@ class Select:
             generated += [f.col(e).alias(a) for e, a in zip(elements, rest, strict=True)]
         ordinal = f.col(POS)
         is_child = keep & (ordinal.isNotNull() | f.lit(gen.outer))
-        lineage = fan_out(salt, ordinal, is_child, siblings=f.col("_ft_all"))
+        lineage = fan_out(salt, ordinal, is_child, count=f.col("_ft_n"))
         out = step.select(
             *[f.col(f"_ft_b{i}").alias(n) for i, n in enumerate(names_before)],
             *generated,
@@ -418,10 +425,9 @@ class LookupJoin:
         lk = f.broadcast(lk) if _has_broadcast_hint(self.other) else lk
         salt = salt_of(self.name)
         j = df.join(lk, on=keys, how="left")
-        j = j.withColumn("_ft_all", children_xor(salt, f.col("_ft_n")))  # a projection first
         matched = f.col(POS).isNotNull()
         is_child = keep & matched if self.how == "inner" else keep
-        lineage = fan_out(salt, f.col(POS), is_child, siblings=f.col("_ft_all"))
+        lineage = fan_out(salt, f.col(POS), is_child, count=f.col("_ft_n"))
         order = [
             *keys,
             *[c for c in payload if c not in keys],
