@@ -59,6 +59,23 @@ def kill(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+def resumable(spark, workdir: str, **options):
+    """The job's pipeline: its FT storage and staging under ``workdir``, resumable."""
+    from xorack.spark import Pipeline
+
+    storage = "sqlite:///" + os.path.join(workdir, "ft.db")
+    work = os.path.join(workdir, "work")
+    return Pipeline(
+        spark,
+        storage=storage,
+        workdir=work,
+        max_attempts=3,
+        resume=True,
+        chunk_records=16,
+        **options,
+    )
+
+
 def main() -> None:
     workdir, records = sys.argv[1], int(sys.argv[2])
     crash = sys.argv[3] if len(sys.argv) > 3 else "none"
@@ -67,7 +84,7 @@ def main() -> None:
     from pyspark.sql import functions as F
 
     from xorack import FailRecord
-    from xorack.spark import ParquetSink, Pipeline, SQLiteSink, current_round
+    from xorack.spark import ParquetSink, SQLiteSink, current_round
     from xorack.spark.session import get_or_create_session
 
     spark = get_or_create_session(app_name="xorack-resume-test", shuffle_partitions=4)
@@ -100,16 +117,8 @@ def main() -> None:
         return pdf.assign(label=pdf["word"].str.upper())
 
     sentences = spark.range(records, numPartitions=4).mapInPandas(generate, "sid long, text string")
-    p = Pipeline(
-        spark,
-        storage="sqlite:///" + os.path.join(workdir, "ft.db"),
-        workdir=os.path.join(workdir, "work"),
-        max_attempts=3,
-        resume=True,
-        # RESUME_COMBINE=1: the count stages partial aggregates per chunk of 16 sentences
-        combine=os.environ.get("RESUME_COMBINE") == "1",
-        chunk_records=16,
-    )
+    # RESUME_COMBINE=1: the count stages partial aggregates per chunk of 16 sentences
+    p = resumable(spark, workdir, combine=os.environ.get("RESUME_COMBINE") == "1")
     words = p.source(sentences, name="sentences").map_in_pandas(
         split, "sid long, word string", name="split"
     )
@@ -150,8 +159,10 @@ def main_stream() -> None:
     crash = sys.argv[4] if len(sys.argv) > 4 else "none"
     me = os.getpid()
 
+    from pyspark.sql import functions as F
+
     from xorack import FailRecord
-    from xorack.spark import Pipeline, SQLiteSink, current_attempt, current_round
+    from xorack.spark import SQLiteSink, current_attempt, current_round
     from xorack.spark.session import get_or_create_session
 
     inbox = os.path.join(workdir, "inbox")
@@ -179,18 +190,12 @@ def main_stream() -> None:
     stream = (
         spark.readStream.schema("sid long, text string").option("maxFilesPerTrigger", 1).json(inbox)
     )
-    p = Pipeline(
-        spark,
-        storage="sqlite:///" + os.path.join(workdir, "ft.db"),
-        workdir=os.path.join(workdir, "work"),
-        max_attempts=3,
-        resume=True,
-    )
+    p = resumable(spark, workdir)
     words = p.source(stream, name="sentences").map_in_pandas(
         split, "sid long, word string", name="split"
     )
     sink = SQLiteSink(os.path.join(workdir, "words.db"), "words")
-    words.where(~words_col().isin(STOP)).sink(sink, name="words")
+    words.where(~F.col("word").isin(STOP)).sink(sink, name="words")
     run = p.start_stream(
         timeout=120.0,  # no timeout on a loaded machine: the drain at the end expires the rest
         checkpoint_location=os.path.join(workdir, "checkpoint"),
@@ -213,12 +218,6 @@ def main_stream() -> None:
     }
     print(json.dumps(out))
     spark.stop()
-
-
-def words_col():
-    from pyspark.sql import functions as F
-
-    return F.col("word")
 
 
 if __name__ == "__main__":
