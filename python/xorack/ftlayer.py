@@ -95,10 +95,13 @@ class FTStats:
     neither completed nor dead-lettered, including ``replays_waiting``, the replays not yet
     handed out by ``take_replays``; ``held``, the completions held until ``release``);
     ``collateral`` (held or chunked records replayed because another record of their chunk did
-    not complete: no attempt used up); ``rotations``; completion latency percentiles in seconds
-    of the layer's clock (None before any completion; every record persisted or replayed in a
-    call of fewer than 1024 records is timed, of bigger calls a fixed 1 in 16, so big batches
-    cost nothing).
+    not complete: no attempt used up); ``duplicates`` (second copies of a source record — same
+    first id, persisted twice by a retried Spark task or a persist retried against a restarted
+    shard — that waited for the same replay round as the first: completed there instead of
+    replayed, and counted in ``completed`` too); ``rotations``; completion latency percentiles
+    in seconds of the layer's clock (None before any completion; every record persisted or
+    replayed in a call of fewer than 1024 records is timed, of bigger calls a fixed 1 in 16,
+    so big batches cost nothing).
 
     >>> FTStats().as_dict()["pending"]
     0
@@ -119,6 +122,7 @@ class FTStats:
     replays_waiting: int = 0
     held: int = 0
     collateral: int = 0
+    duplicates: int = 0
     rotations: int = 0
     latency_p50: float | None = None
     latency_p90: float | None = None
@@ -805,8 +809,8 @@ class FTLayer:
                 payload, meta = self._storage.fetch(w.src[now])
             rows = now[np.isin(w.src[now], meta.src)]
             if len(rows):
-                self._prepare_rows(prepared, w, rows, payload, meta, router, first_ids, seen)
-                taken.append(w.src[rows])
+                kept = self._prepare_rows(prepared, w, rows, payload, meta, router, first_ids, seen)
+                taken.append(w.src[rows[kept]])
         return np.concatenate(taken) if taken else _EMPTY.copy()
 
     def _prepare_rows(
@@ -819,10 +823,15 @@ class FTLayer:
         router: ReplayPartitioner | None,
         first_ids: str | None,
         seen: list[np.ndarray],
-    ) -> None:
+    ) -> np.ndarray:
         """Rows of one chunk (``payload``/``meta`` row-aligned with ``rows``); ``seen`` gets
-        the first ids given out."""
+        the first ids given out. Returns the mask of ``rows`` handed out: with ``first_ids``,
+        a second copy of a record whose first id this round already gave out (the same source
+        record persisted twice: a Spark task retry, or a persist retried against a restarted
+        shard that had recovered the first copy) is not replayed but completes as a duplicate,
+        so the round processes each source record once."""
         src, rec = w.src[rows], w.rec[rows]
+        kept = np.ones(len(rows), dtype=bool)
         if router is None:
             parts = w.partition[rows]
         else:
@@ -845,10 +854,19 @@ class FTLayer:
             det = det.view(_U64)
             first = np.zeros(len(det), dtype=bool)
             first[np.unique(det, return_index=True)[1]] = True  # ids unique within a round
-            first &= det != 0
             for given in seen:  # sorted pieces: no big array rebuilt per chunk
                 at = np.minimum(np.searchsorted(given, det), len(given) - 1)
                 first &= given[at] != det
+            kept = first | (det == 0)  # 0: no first id, nothing to compare
+            first &= det != 0
+            if not kept.all():
+                dup = ~kept  # registered with their fresh id as birth: acking it completes them
+                done = self._table.xor(src[dup], rec[dup])
+                self._complete(done)
+                self._stats.duplicates += len(done)
+                src, rec, det, first = src[kept], rec[kept], det[kept], first[kept]
+                rows, parts = rows[kept], parts[kept]
+                payload, meta = payload.filter(pa.array(kept)), meta.take(np.flatnonzero(kept))
             fix = first & (rec != det)
             if fix.any():
                 # move the replay's checksum from its fresh id to its first one: its outputs
@@ -871,6 +889,7 @@ class FTLayer:
         ):
             table = table.append_column(name, pa.array(values, typ))
         prepared.add(table, parts)
+        return kept
 
     def fetch_replays(self, source: int, tag: str, partition: int) -> pa.Table:
         """The rows :meth:`prepare_replays` routed to ``partition`` under ``tag`` (empty when
