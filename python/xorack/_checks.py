@@ -66,6 +66,20 @@ def same_length(**arrays: np.ndarray) -> int:
     return next(iter(lengths.values()), 0)
 
 
+def count_distinct(a: np.ndarray) -> int:
+    """How many distinct values a 1-D array holds, by one sort. (numpy 2's ``np.unique`` of
+    a plain array takes a hash-based path that measured 12-13 ms per 64 K uint64 ids here,
+    where a stable sort takes 3 ms, and 0.2 ms on ids drawn in sequential blocks.)
+
+    >>> count_distinct(np.array([3, 1, 3, 2], np.uint64)), count_distinct(np.array([], np.int64))
+    (3, 0)
+    """
+    if len(a) < 2:
+        return len(a)
+    s = np.sort(a, kind="stable")
+    return int(np.count_nonzero(s[1:] != s[:-1])) + 1
+
+
 def positive_int(x: Any, name: str) -> int:
     """``x`` as a Python int > 0 (bools and floats rejected)."""
     if isinstance(x, bool) or not isinstance(x, (int, np.integer)):

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ._checks import as_u64, exact_ints, positive_int, same_length
+from ._checks import as_u64, count_distinct, exact_ints, positive_int, same_length
 from .acker import AckTable, TimeoutWheel, new_ids
 from .clock import Clock, MonotonicClock
 from .replay import (
@@ -301,7 +301,7 @@ def check_persist_args(
     if src_ids is not None:
         src_ids = _ids(src_ids, "src_ids")
         same_length(batch=np.empty(n), src_ids=src_ids)
-        if len(np.unique(src_ids)) != n:
+        if count_distinct(src_ids) != n:
             raise ValueError("src_ids must be distinct")
     return PersistArgs(batch, source, kh, part, births, src_ids)
 
@@ -567,7 +567,7 @@ class FTLayer:
         """Chunk events (see :meth:`xor`): returns the ids held."""
         if not len(chunks):
             return _EMPTY.copy()
-        if len(np.unique(chunks)) != len(chunks):
+        if count_distinct(chunks) != len(chunks):
             raise ValueError("chunk events: each chunk's event must come once (reduce them first)")
         if int(chunks.max()) >> (64 - bits):
             raise ValueError(f"chunk ids must be below 2**{64 - bits} with chunk_bits={bits}")
@@ -994,7 +994,7 @@ class FTLayer:
         total = 0
         for queue in self._waiting.values():
             if queue and copies:
-                total += len(np.unique(np.concatenate([q.src for q in queue])))
+                total += count_distinct(np.concatenate([q.src for q in queue]))
             elif queue:
                 total += sum(len(q.src) for q in queue)
         return total

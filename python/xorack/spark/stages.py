@@ -33,6 +33,7 @@ import pandas as pd
 import pyarrow as pa
 from numpy.typing import ArrayLike
 
+from .._checks import count_distinct
 from ..errors import FailRecord, LineageError, XorackError
 from .lineage import EV, KEEP, REC, SRC, settle
 
@@ -644,10 +645,10 @@ def _count(
         return
     from .guard import SEEN, reason_key
 
-    counts = {(where, SEEN): len(np.unique(src))}
+    counts = {(where, SEEN): count_distinct(src)}
     for pos, reason in failures:
         key = (where, reason_key(reason))
-        counts[key] = counts.get(key, 0) + len(np.unique(src[pos]))
+        counts[key] = counts.get(key, 0) + count_distinct(src[pos])
     tally.add(counts)
 
 
@@ -778,7 +779,7 @@ class StageRunner:
         pdf = pdf.reset_index(drop=True)
         in_src = u64(pdf[SRC])
         in_rec = u64(pdf[REC])
-        if self.single_record_groups and len(np.unique(in_src)) > 1:
+        if self.single_record_groups and count_distinct(in_src) > 1:
             raise StageSchemaError(
                 f"apply_in_pandas {self.name!r}: a group holds rows of "
                 f"{len(np.unique(in_src))} source records; a grouped function over several "
