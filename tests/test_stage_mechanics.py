@@ -163,3 +163,16 @@ def test_lineage_columns_are_added_without_touching_the_functions_frame():
     assert out["n"].dtype == "Int64"
     assert out["_ft_rec"].to_numpy().view(np.uint64).tolist() == [2**63 + 1, 4]
     pd.testing.assert_frame_equal(frame, before)
+
+
+@given(st.lists(st.lists(st.integers(1, 40), max_size=60), max_size=6))
+def test_content_ranks_count_the_earlier_rows_of_each_hash_across_batches(batches):
+    # a naive count per hash over the task's rows, batch after batch
+    ranks, seen = ContentRanks(), Counter()
+    for values in batches:
+        h = np.array(values, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)  # spread out
+        expected = []
+        for v in h.tolist():
+            expected.append(seen[v])
+            seen[v] += 1
+        assert ranks(h).tolist() == expected

@@ -311,11 +311,16 @@ class ContentRanks:
         run = np.cumsum(first) - 1
         ranks = np.empty(n, dtype=np.int64)
         ranks[order] = base[run] + (np.arange(n) - starts[run])
-        if not found.all():  # new hashes: merge two sorted runs
-            hashes = np.concatenate([self._hashes, uniq[~found]])
-            total = np.concatenate([self._counts, counts[~found]])
-            merge = np.argsort(hashes, kind="stable")
-            self._hashes, self._counts = hashes[merge], total[merge]
+        if not found.all():  # new hashes (sorted): inserted into the sorted ones, no re-sort
+            add, more = uniq[~found], counts[~found]
+            at = np.searchsorted(self._hashes, add) + np.arange(len(add))  # their new places
+            old = np.ones(len(self._hashes) + len(add), dtype=bool)
+            old[at] = False
+            hashes = np.empty(len(old), dtype=np.uint64)
+            total = np.empty(len(old), dtype=np.int64)
+            hashes[at], hashes[old] = add, self._hashes
+            total[at], total[old] = more, self._counts
+            self._hashes, self._counts = hashes, total
         return ranks
 
 
