@@ -98,6 +98,7 @@ def _run_both(spark, tmp_path, build, exclude=POISON, require_rows=True, combine
     plain.run()
     got, want = _rows(sink.read(spark)), _rows(spark.read.parquet(str(tmp_path / "plain")))
     assert got == want
+    assert report.sink_rows["out"] == sum(got.values())  # counted while written
     assert sum(want.values()) > 0 or not require_rows
     return report
 

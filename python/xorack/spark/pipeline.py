@@ -1639,14 +1639,16 @@ class Pipeline:
                     report.sink_rows[node.name] = node.sink.read(self.spark).count()
                     continue
                 if self._direct(parent):  # a barrier's output, written as Spark computes it
-                    node.sink.write(parent.df.select(*node.columns))
+                    rows = node.sink.write(parent.df.select(*node.columns))
                 else:
                     if ended_df is None and len(ended):
                         ended_df = ids_frame(self.spark, ended)
-                    node.sink.write(node.staging[0].rows(self.spark, ended_df))
+                    rows = node.sink.write(node.staging[0].rows(self.spark, ended_df))
                 if self.resume:
                     self.client.job_state(marks={f"published:{node.name}": "1"})
-                report.sink_rows[node.name] = node.sink.read(self.spark).count()
+                if rows is None:  # a sink that cannot count what it wrote
+                    rows = node.sink.read(self.spark).count()
+                report.sink_rows[node.name] = int(rows)
                 node.staging[0].remove()
             elif hasattr(node.sink, "retract"):
                 gone = int(node.sink.retract(ended))

@@ -68,7 +68,12 @@ class NativeSink(Protocol):
 
     def create(self, columns: list[str]) -> None: ...
 
-    def write(self, df: Any) -> None: ...
+    def write(self, df: Any) -> int | None:
+        """Write the rows; how many were written, or None when the sink cannot tell (the
+        pipeline then counts what :meth:`read` returns)."""
+        ...
+
+    def read(self, spark: Any) -> Any: ...
 
 
 def _quote(name: str) -> str:
@@ -314,9 +319,15 @@ class ParquetSink:
     def create(self, columns: list[str]) -> None:
         """Nothing to create ahead (Spark creates the directory)."""
 
-    def write(self, df: Any) -> None:
-        """Write the final rows (a DataFrame of payload columns)."""
-        df.write.mode(self.mode).parquet(self.path)
+    def write(self, df: Any) -> int:
+        """Write the final rows (a DataFrame of payload columns); returns how many, counted by
+        Spark while it writes them (an observed metric: no second job reads them back)."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        seen = Observation()
+        df.observe(seen, F.count(F.lit(1)).alias("rows")).write.mode(self.mode).parquet(self.path)
+        return int(seen.get["rows"])
 
     def read(self, spark: Any) -> Any:
         """The sink's rows as a DataFrame."""
