@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from xorack._checks import count_distinct
+from xorack._checks import count_distinct, sorted_distinct
 
 _IDS = st.lists(st.integers(0, 2**64 - 1), max_size=300)
 
@@ -17,3 +17,4 @@ def test_count_distinct_is_numpys_unique_count(values, repeats):
     ids = np.array(values + values[:repeats] + sorted(values)[:repeats], dtype=np.uint64)
     assert count_distinct(ids) == len(np.unique(ids))
     assert count_distinct(ids.view(np.int64)) == len(np.unique(ids))
+    assert sorted_distinct(ids).tolist() == np.unique(ids).tolist()

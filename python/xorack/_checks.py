@@ -80,6 +80,22 @@ def count_distinct(a: np.ndarray) -> int:
     return int(np.count_nonzero(s[1:] != s[:-1])) + 1
 
 
+def sorted_distinct(a: np.ndarray) -> np.ndarray:
+    """The distinct values of a 1-D array, ascending (``np.unique(a)`` by one stable sort; see
+    :func:`count_distinct`).
+
+    >>> sorted_distinct(np.array([3, 1, 3, 2], np.uint64)).tolist()
+    [1, 2, 3]
+    """
+    s = np.sort(a, kind="stable")
+    if len(s) < 2:
+        return s
+    keep = np.empty(len(s), dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
 def positive_int(x: Any, name: str) -> int:
     """``x`` as a Python int > 0 (bools and floats rejected)."""
     if isinstance(x, bool) or not isinstance(x, (int, np.integer)):

@@ -33,7 +33,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ._checks import as_u64, count_distinct, exact_ints, positive_int, same_length
+from ._checks import (
+    as_u64,
+    count_distinct,
+    exact_ints,
+    positive_int,
+    same_length,
+    sorted_distinct,
+)
 from .acker import AckTable, TimeoutWheel, new_ids
 from .clock import Clock, MonotonicClock
 from .replay import (
@@ -537,7 +544,7 @@ class FTLayer:
         """
         self._check_open()
         bits = _chunk_bits(chunk_bits)
-        tainted = np.unique(_ids(chunks if chunks is not None else [], "chunks"))
+        tainted = sorted_distinct(_ids(chunks if chunks is not None else [], "chunks"))
         with self._lock:
             self._retry_deletes()
             held, self._held = (np.concatenate(self._held) if self._held else _EMPTY), []

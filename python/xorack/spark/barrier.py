@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from .._checks import sorted_distinct
 from .lineage import EVT, KEEP, SRC, staged_event
 
 CHUNK = "_ft_chunk"
@@ -348,7 +349,7 @@ def ids_frame(spark: Any, ids: np.ndarray, column: str = SRC) -> Any:
     """A one-column DataFrame (``column`` bigint) of uint64 ids, or None when there are none."""
     if not len(ids):
         return None
-    values = np.unique(np.ascontiguousarray(ids, dtype=np.uint64)).view(np.int64)
+    values = sorted_distinct(np.ascontiguousarray(ids, dtype=np.uint64)).view(np.int64)
     return spark.createDataFrame(pa.table({column: pa.array(values, pa.int64())}))
 
 

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from .._checks import sorted_distinct
 from ..errors import ServiceError
 from ..protocol import CHUNK_BITS
 from . import ops
@@ -1436,7 +1437,9 @@ class Pipeline:
         are tainted, their held records replayed as collateral; their partial rows are left out
         of the merge. Returns every attempt of the round that ended without completing."""
         bits = self._chunk_bits if partial else 0
-        tainted = np.unique(ended_now >> np.uint64(bits)) if partial else np.empty(0, np.uint64)
+        tainted = (
+            sorted_distinct(ended_now >> np.uint64(bits)) if partial else np.empty(0, np.uint64)
+        )
         self.client.release(tainted, bits)
         collateral = self.client.take_ended()
         if partial:
