@@ -207,6 +207,29 @@ def test_a_location_in_the_wrong_order_is_refused():
 # ---- a shard killed and restarted ------------------------------------------------------------
 
 
+def test_a_restart_is_counted_once_its_process_is_there(monkeypatch):
+    # the restart count is what callers wait on: when it moves, pids and location are the new
+    # process's (a slow start is made slower here, so a count moved first would be seen)
+    import xorack.shards as shards
+
+    spawn = shards._ShardProcess.spawn
+
+    def slow_spawn(self):
+        time.sleep(0.5)
+        spawn(self)
+
+    with ShardedAcker(2, serve_args=SHARD_ARGS) as acker:
+        monkeypatch.setattr(shards._ShardProcess, "spawn", slow_spawn)
+        killed = acker.pids[1]
+        os.kill(killed, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while acker.restarts[1] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert acker.restarts == [0, 1]
+        assert acker.pids[1] != killed
+        assert AckerClient.get(acker.location).ping()
+
+
 def test_a_killed_shard_restarts_on_its_storage_and_replays_its_unfinished_records(tmp_path):
     storage = f"sqlite:///{tmp_path / 'ft.db'}"
     with ShardedAcker(2, storage=storage, serve_args=SHARD_ARGS) as acker:

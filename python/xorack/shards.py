@@ -639,7 +639,6 @@ class ShardedAcker:
                         code,
                         p.tail(),
                     )
-                    p.restarts += 1
                     with contextlib.suppress(OSError, ValueError):
                         if p.proc.stdout is not None:
                             p.proc.stdout.close()
@@ -650,6 +649,8 @@ class ShardedAcker:
                         p.wait_listening(time.monotonic() + START_TIMEOUT)
                     except Exception as exc:  # tried again at the next look
                         log.error("xorack acker shard %s failed to restart: %s", p.shard, exc)
+                    finally:  # counted once the attempt is over: pids and location are its
+                        p.restarts += 1
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop every shard (a clean shutdown: durable storage closed), then forget them.
