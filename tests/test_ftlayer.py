@@ -267,6 +267,28 @@ def test_caller_src_ids_must_be_distinct(make_ft):
     assert ft.xor([7], [1]).tolist() == [7]
 
 
+def test_an_idempotent_persist_keeps_a_pending_record_once(make_ft):
+    # a retried Spark task persists its rows again under the same (derived) source ids
+    ft = make_ft()
+    assert ft.persist(batch(1, 2, 3), src_ids=[11, 12, 13], births=[5, 6, 7]).tolist() == [
+        11,
+        12,
+        13,
+    ]
+    again = ft.persist(batch(2, 3, 4), src_ids=[12, 13, 14], births=[6, 7, 8], idempotent=True)
+    assert again.tolist() == [12, 13, 14]  # every row's id, the kept ones too
+    s = ft.stats()
+    assert (s.persisted, s.repeats, ft.pending) == (4, 2, 4)
+    assert ft.persist(batch(2), src_ids=[12], births=[6], idempotent=True).tolist() == [12]
+    assert ft.stats().repeats == 3
+    with pytest.raises(ValueError, match="already pending"):  # without the flag: refused
+        ft.persist(batch(4), src_ids=[14], births=[8])
+    # each record completes once, with its one birth
+    assert sorted(ft.xor([11, 12, 13, 14], [5, 6, 7, 8]).tolist()) == [11, 12, 13, 14]
+    assert ft.pending == 0
+    assert ft.stats().completed == 4
+
+
 # ---------------------------------------------------------------- replay routing
 
 KEY_HASHES = np.array([0, 1, -1, 7, 2**31 - 1, -(2**31), 123456789, -987654321], np.int32)

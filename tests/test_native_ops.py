@@ -187,6 +187,46 @@ def test_combined_aggregate_equals_plain_spark_under_failures(spark, tmp_path, c
         assert report.collateral_replays == 0
 
 
+def _dies_once(marker: str):
+    """A stage whose Python worker (partition 0) dies on the first attempt of round 0, after
+    creating ``marker``: Spark retries the whole task, tagger included, so the task's source
+    rows are persisted a second time."""
+
+    def stage(pdf: pd.DataFrame) -> pd.DataFrame:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        first = current_round() == 0 and ctx.partitionId() == 0 and ctx.attemptNumber() == 0
+        if first and "_ft_src" in pdf.columns:
+            open(marker, "w").close()
+            os._exit(13)
+        return pdf
+
+    return stage
+
+
+@pytest.mark.parametrize("combine", [True, False])
+def test_a_retried_source_task_counts_each_record_once_in_an_aggregate(spark, tmp_path, combine):
+    """The retried task persists its rows again, under the source ids its dead attempt used
+    (derived from the rows): the acker keeps one record each, the retried task's rows ack it.
+    (With a second copy per record, the dead attempt's copies timed out and were replayed
+    while the retried task's completed: the aggregate counted those records twice.)"""
+    p = Pipeline(spark, combine=combine)
+    src = p.source(_events(spark), name="events")
+    marker = tmp_path / "died"
+    dying = src.map_in_pandas(_dies_once(str(marker)), src.schema, name="die")
+    sink = ParquetSink(str(tmp_path / "out"))
+    _combining_aggregate(dying).sink(sink, name="out")
+    report = p.run()
+    assert marker.exists(), "the worker did not die: nothing was retried"
+    assert report.lost == 0
+    assert report.dead_lettered == 0
+    assert report.source_records == report.completed == 200
+    assert report.repeats > 0  # the retried task's rows, kept once
+    assert report.timed_out == 0  # nothing was left waiting for the dead attempt's rows
+    assert _rows(sink.read(spark)) == _rows(_combining_aggregate(_events(spark)))
+
+
 def _lose_first_round(frames):
     """Untracked ``mapInPandas``: drops the words of ids % 7 == 3 on their first round (rows
     lost, never acked)."""

@@ -249,6 +249,12 @@ def test_ft_layer_errors_reach_the_client_as_service_errors(client):
     with pytest.raises(ServiceError, match=r"rejected persist: .*already pending"):
         client.persist(words(1), src_ids=ids)
     assert client.ping()
+    # a retried task's persist (idempotent) is kept once
+    before = client.stats()["repeats"]
+    assert client.persist(words(1), src_ids=ids, idempotent=True).tolist() == ids.tolist()
+    assert client.stats()["repeats"] == before + 1
+    with pytest.raises(ValueError, match="idempotent: give the src_ids"):
+        client.persist(words(1), idempotent=True)
     # What the client can check itself (the FT layer's own argument checks) never goes out.
     with pytest.raises(ValueError, match="source must be in"):
         client.persist(words(1), source=-1)

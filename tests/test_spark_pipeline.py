@@ -193,27 +193,32 @@ def test_unreachable_service_is_a_clear_error(spark, tmp_path):
         p.run()
 
 
-def _die_once(pdf: pd.DataFrame) -> pd.DataFrame:
-    from pyspark import TaskContext
+def _dies_once(marker: str):
+    def split(pdf: pd.DataFrame) -> pd.DataFrame:
+        from pyspark import TaskContext
 
-    ctx = TaskContext.get()
-    if current_round() == 0 and ctx.partitionId() == 0 and ctx.attemptNumber() == 0:
-        os._exit(13)  # the Python worker dies mid-task; Spark retries the task
-    return _split(pdf)
+        ctx = TaskContext.get()
+        if current_round() == 0 and ctx.partitionId() == 0 and ctx.attemptNumber() == 0:
+            open(marker, "w").close()
+            os._exit(13)  # the Python worker dies mid-task; Spark retries the task
+        return _split(pdf)
+
+    return split
 
 
 def test_a_python_worker_dying_once_loses_nothing(spark, tmp_path):
-    p, sink = _word_pipeline(spark, tmp_path, split=_die_once)
+    marker = tmp_path / "died"
+    p, sink = _word_pipeline(spark, tmp_path, split=_dies_once(str(marker)))
     report = p.run()
+    assert marker.exists(), "the worker did not die: nothing was retried"
     assert report.lost == 0
     assert report.dead_lettered == 0
-    # the retried task persisted its source rows again: the first copies time out and are
-    # replayed; deterministic ids make the sink absorb what was delivered twice
-    assert report.completed == report.source_records
-    # the worker really died: the retried task persisted its rows a second time, and the
-    # copies of the dead attempt never completed (they timed out and were replayed)
-    assert report.source_records > N
-    assert report.timed_out > 0
+    # the retried task persisted its source rows again under the source ids the dead attempt
+    # used (derived from the rows): one record each, acked by the retried task's rows, so
+    # nothing waited for the dead attempt's rows to time out
+    assert report.completed == report.source_records == N
+    assert report.repeats > 0
+    assert report.timed_out == 0
     assert _counts(sink) == _expected()
 
 

@@ -105,7 +105,9 @@ class FTStats:
     not complete: no attempt used up); ``duplicates`` (second copies of a source record — same
     first id, persisted twice by a retried Spark task or a persist retried against a restarted
     shard — that waited for the same replay round as the first: completed there instead of
-    replayed, and counted in ``completed`` too); ``rotations``; completion latency percentiles
+    replayed, and counted in ``completed`` too); ``repeats`` (rows of an ``idempotent``
+    persist whose record was already pending: a retried Spark task's rows, kept once);
+    ``rotations``; completion latency percentiles
     in seconds of the layer's clock (None before any completion; every record persisted or
     replayed in a call of fewer than 1024 records is timed, of bigger calls a fixed 1 in 16,
     so big batches cost nothing).
@@ -130,6 +132,7 @@ class FTStats:
     held: int = 0
     collateral: int = 0
     duplicates: int = 0
+    repeats: int = 0
     rotations: int = 0
     latency_p50: float | None = None
     latency_p90: float | None = None
@@ -437,6 +440,7 @@ class FTLayer:
         births: Any = None,
         src_ids: Any = None,
         progress: tuple[int, int] | None = None,
+        idempotent: bool = False,
     ) -> np.ndarray:
         """Persist a batch of source records; returns their new source ids (uint64, row order).
 
@@ -447,7 +451,11 @@ class FTLayer:
         when the caller drew them itself (fresh, distinct, nonzero); default: drawn here.
         ``progress``: ``(partition, end)``, the batch is rows ``[end - n, end)`` of that
         partition of ``source`` as it is read: noted with the batch, atomically, so a resumed
-        job skips the rows persisted before (see :meth:`job_state`).
+        job skips the rows persisted before (see :meth:`job_state`). ``idempotent`` (with
+        ``src_ids`` derived from the records themselves, as a deterministic source tagger
+        does): a row whose source id is already pending is the same record persisted again by
+        a retried Spark task, and is left as it is (counted in ``stats().repeats``) instead of
+        refused; the retried task's rows then ack the one record.
         Persisted, registered and timed atomically w.r.t. other calls; on a storage error
         nothing of the batch is kept.
 
@@ -473,12 +481,21 @@ class FTLayer:
             else:
                 self._check_owned(src_ids)
                 taken = self._storage.lookup(src_ids).src
-                if len(taken):
+                if len(taken) and idempotent:  # a retried task's copy: keep the one record
+                    self._stats.repeats += len(taken)
+                    new = ~np.isin(src_ids, taken)
+                    if not new.any():
+                        return src_ids
+                    batch, n = batch.filter(pa.array(new)), int(new.sum())
+                    key_hash, partition, births = key_hash[new], partition[new], births[new]
+                    src = src_ids[new]
+                elif len(taken):
                     raise ValueError(
                         f"src_ids: {len(taken)} id(s) are already pending (e.g. {int(taken[0])}): "
                         "draw fresh ids for new records"
                     )
-                src = src_ids
+                else:
+                    src = src_ids
             note = None if noted is None else (source, *noted)
             self._store(batch, RecordMeta.new(src, key_hash, source, partition), note)
             self._registered += n
@@ -489,7 +506,7 @@ class FTLayer:
             done = self._table.register(src, births)
             if len(done):
                 self._complete(done)
-        return src
+        return src if src_ids is None else src_ids
 
     def xor(self, src_ids: Any, values: Any, hold: bool = False, chunk_bits: int = 0) -> np.ndarray:
         """Apply XOR events ``(src_ids[i], values[i])``; returns the source ids completed by them

@@ -56,9 +56,10 @@ __all__ = [
 
 #: Bumped when a change would make an older client or service misread a call. Clients send it
 #: in ``PROTOCOL_HEADER``; a service refuses a version it does not speak (absent: version 1).
-PROTOCOL_VERSION = 3  # 2: held completions, chunk events and release (an acker of version 1
+PROTOCOL_VERSION = 4  # 2: held completions, chunk events and release (an acker of version 1
 # would complete what a version-2 client asks it to hold); 3: persist's progress note and the
-# job_state action (resume after a driver crash: an older acker would drop the notes silently)
+# job_state action (resume after a driver crash: an older acker would drop the notes silently);
+# 4: persist's idempotent flag (an older acker would refuse a retried task's persist)
 
 
 class Op(str, Enum):

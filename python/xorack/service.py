@@ -1014,7 +1014,12 @@ class AckerService(flight.FlightServerBase):
             and all(isinstance(v, int) and not isinstance(v, bool) for v in progress)
         ):
             raise _RequestError(f"persist: 'progress' must be [partition, end], got {progress!r}")
-        extra = {} if progress is None else {"progress": tuple(progress)}
+        extra: dict[str, Any] = {} if progress is None else {"progress": tuple(progress)}
+        idempotent = cmd.get("idempotent", False)
+        if not isinstance(idempotent, bool):
+            raise _RequestError(f"persist: 'idempotent' must be true or false, got {idempotent!r}")
+        if idempotent:
+            extra["idempotent"] = True
         ids = ft.persist(
             batch,
             key_hash=key_hash,
@@ -1498,13 +1503,16 @@ class AckerClient:
         births: Any = None,
         src_ids: Any = None,
         progress: tuple[int, int] | None = None,
+        idempotent: bool = False,
     ) -> np.ndarray:
         """Persist ``batch`` (payload only) in the FT layer; returns its source ids (uint64).
 
         ``key_hash`` (int32 per row), ``births`` (uint64 per row: each record's first
         ``_ft_rec``), ``partition`` (one int, or int32 per row) and ``src_ids`` (uint64 per
         row, distinct and nonzero, when the caller draws the ids itself; else the acker draws
-        them) are optional; so is ``progress`` (``(partition, end)``: see ``FTLayer.persist``).
+        them) are optional; so are ``progress`` (``(partition, end)``) and ``idempotent``
+        (rows whose ``src_ids`` are already pending are left as they are): see
+        ``FTLayer.persist``.
         """
         from .ftlayer import check_persist_args  # the FT layer's own checks, before the wire
         from .storage import check_progress
@@ -1525,6 +1533,10 @@ class AckerClient:
         cmd: dict[str, Any] = {"source": a.source, "req": _request_id()}
         if noted is not None:
             cmd["progress"] = list(noted)
+        if idempotent:
+            if a.src_ids is None:
+                raise ValueError("idempotent: give the src_ids (derived from the records)")
+            cmd["idempotent"] = True
         return self._put("persist", cmd, wire)
 
     def job_state(

@@ -233,6 +233,7 @@ class ShardedAckerClient:
         births: Any = None,
         src_ids: Any = None,
         progress: tuple[int, int] | None = None,
+        idempotent: bool = False,
     ) -> np.ndarray:
         """Persist ``batch``: each row on the shard its source id belongs to (ids drawn here
         when not given); returns the source ids in row order (see ``AckerClient.persist``).
@@ -261,6 +262,7 @@ class ShardedAckerClient:
                 partition=pick(a.partition),
                 births=pick(a.births),
                 src_ids=pick(src),
+                idempotent=idempotent,
             )
 
         self._run([part(k, rows) for k, rows in self._split(src)])

@@ -89,7 +89,12 @@ REPORT_KEYS = (
 
 
 # the acker's counts: None in the report of a run with FT off
-TRACKING_COUNTS = (*REPORT_KEYS[: REPORT_KEYS.index("lost") + 1], "orphans", "collateral_replays")
+TRACKING_COUNTS = (
+    *REPORT_KEYS[: REPORT_KEYS.index("lost") + 1],
+    "orphans",
+    "collateral_replays",
+    "repeats",
+)
 
 
 @dataclass
@@ -121,6 +126,9 @@ class RunReport:
     # replays of records whose chunk-mate failed in a combined aggregation's first round (no
     # attempt used up; counted in ``replayed`` too)
     collateral_replays: int | None = 0
+    # rows a retried source task persisted again under the ids its failed attempt used: the
+    # acker kept one record each (counted once in source_records)
+    repeats: int | None = 0
     derived_records: int = 0  # rows of barriers (aggregates, tracked joins) tracked as records
     derived_dead_lettered: int = 0  # of those, dead-lettered (a failure after the barrier)
     retracted_rows: int = 0  # rows of attempts that did not complete, removed from sinks
@@ -1731,6 +1739,7 @@ class Pipeline:
         report.dead_lettered = int(stats.get("dead_lettered", 0))
         report.orphans = int(stats.get("orphans", 0))
         report.collateral_replays = int(stats.get("collateral", 0))
+        report.repeats = int(stats.get("repeats", 0))
         report.lost = int(stats.get("pending", 0))
 
 

@@ -363,6 +363,56 @@ def chunked_ids(n: int, bits: int) -> np.ndarray:
     return (np.repeat(prefix, width)[:n] << np.uint64(bits)) | (j & np.uint64(width - 1))
 
 
+#: Salts of the source ids a deterministic tagger derives (kept apart from the record ids').
+_SRC_SALT = 0x5EED_0F_50_12CE_1D5
+_CHUNK_SALT = 0x5EED_0F_C4_D0C_B10C
+
+
+def record_src_ids(rec: np.ndarray, salt: int) -> np.ndarray:
+    """The source ids of a deterministic source's rows: derived from their record ids, so a
+    retried Spark task persists each row under the id its first attempt used (the FT layer
+    keeps the one record: ``persist(..., idempotent=True)``) instead of a second copy.
+
+    >>> rec = np.array([5, 6], dtype=np.uint64)
+    >>> bool((record_src_ids(rec, 1) == record_src_ids(rec, 1)).all())
+    True
+    """
+    from .. import acker
+
+    n = len(rec)
+    return acker.derive_ids(rec, np.full(n, _SRC_SALT, np.uint64), np.zeros(n, np.uint64), salt)
+
+
+def position_chunk_ids(
+    start: int, n: int, bits: int, micro_batch: int, source: int, partition: int, salt: int
+) -> np.ndarray:
+    """Source ids in aligned blocks of ``2**bits`` (as :func:`chunked_ids`) derived from the
+    rows' positions ``[start, start + n)`` in their partition: block ``p >> bits`` of the
+    partition gets a prefix hashed from (micro-batch, source, partition, block), row ``p`` the
+    low bits ``p & (2**bits - 1)``. A retried task that reads the partition in the same order
+    re-creates every id (read in another order, a row's id names another row's record: its
+    chunk's event then misses and the chunk is replayed, from what was persisted first).
+
+    >>> a = position_chunk_ids(1022, 4, 10, 0, 0, 3, salt=7)
+    >>> (a & 1023).tolist(), len(set((a >> 10).tolist()))
+    ([1022, 1023, 0, 1], 2)
+    """
+    from .. import acker
+
+    if n == 0:
+        return np.empty(0, np.uint64)
+    width = np.uint64(bits)
+    first, last = start >> bits, (start + n - 1) >> bits
+    blocks = np.arange(first, last + 1, dtype=np.uint64) + np.uint64(1)
+    where = acker.derive_ids([micro_batch + 1], [source + 1], [partition + 1], _CHUNK_SALT)[0]
+    k = len(blocks)
+    prefix = acker.derive_ids(np.full(k, where), blocks, np.zeros(k, np.uint64), salt) >> width
+    prefix[prefix == 0] = 1
+    pos = np.arange(start, start + n, dtype=np.uint64)
+    low = pos & np.uint64((1 << bits) - 1)
+    return (prefix[(pos >> width) - np.uint64(first)] << width) | low
+
+
 @dataclass(frozen=True)
 class SourceTagger:
     """``mapInArrow`` function of a tracked source: tag, hash keys, persist, then emit.
@@ -434,14 +484,26 @@ class SourceTagger:
             payload = batch.append_column(DET, pa.array(i64(rec), pa.int64())).append_column(
                 ORIG_PART, pa.array(np.full(n, partition, dtype=np.int32))
             )
+            # a deterministic source derives its source ids too (a retried task re-creates
+            # them: the acker keeps one record instead of a copy it would replay)
+            src_ids = None
+            if self.deterministic and self.chunk_bits:
+                src_ids = position_chunk_ids(
+                    offset - n, n, self.chunk_bits, self.batch, self.source, partition, salt
+                )
+            elif self.deterministic:
+                src_ids = record_src_ids(rec, salt)
+            elif self.chunk_bits:
+                src_ids = chunked_ids(n, self.chunk_bits)
             src = client.persist(
                 payload,
                 key_hash=key_hash,
                 source=self.source,
                 partition=partition,
                 births=rec,
-                src_ids=chunked_ids(n, self.chunk_bits) if self.chunk_bits else None,
+                src_ids=src_ids,
                 **({"progress": (key, offset)} if self.progress else {}),
+                **({"idempotent": True} if self.deterministic else {}),
             )
             src = np.asarray(src, dtype=np.uint64)
             yield batch.append_column(SRC, pa.array(i64(src), pa.int64())).append_column(
