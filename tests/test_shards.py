@@ -220,14 +220,20 @@ def test_a_restart_is_counted_once_its_process_is_there(monkeypatch):
 
     with ShardedAcker(2, serve_args=SHARD_ARGS) as acker:
         monkeypatch.setattr(shards._ShardProcess, "spawn", slow_spawn)
-        killed = acker.pids[1]
-        os.kill(killed, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while acker.restarts[1] == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert acker.restarts == [0, 1]
-        assert acker.pids[1] != killed
+        _kill_and_wait_for_restart(acker, 1)
         assert AckerClient.get(acker.location).ping()
+
+
+def _kill_and_wait_for_restart(acker: ShardedAcker, k: int) -> None:
+    """SIGKILL shard ``k``; wait until the supervisor has restarted it (a new process)."""
+    killed = acker.pids[k]
+    os.kill(killed, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while acker.restarts[k] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert acker.restarts[k] == 1
+    assert sum(acker.restarts) == 1
+    assert acker.pids[k] != killed
 
 
 def test_a_killed_shard_restarts_on_its_storage_and_replays_its_unfinished_records(tmp_path):
@@ -243,13 +249,7 @@ def test_a_killed_shard_restarts_on_its_storage_and_replays_its_unfinished_recor
         client.xor(src[acked], rec[acked])
         on_1 = shard_of(src, 2) == 1
         unfinished_1 = set(x[on_1 & ~acked].tolist())
-        killed = acker.pids[1]
-        os.kill(killed, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while acker.restarts[1] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert acker.restarts == [0, 1]
-        assert acker.pids[1] != killed
+        _kill_and_wait_for_restart(acker, 1)
         stats = client.stats()  # retried until the restarted shard answers
         assert stats["recovered"] == len(unfinished_1)
         replays = client.take_replays(source=0)  # recovered records are replayed at once
