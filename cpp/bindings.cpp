@@ -281,17 +281,24 @@ void bind_acker(py::module_& m) {
       .def("debug_counters",
            [](PyTimeoutWheel& self) {
              size_t size = 0, cap = 0;
+             uint64_t queued = 0, runs = 0;
              auto c = locked(self, [&] {
                size = self.w.size();
                cap = self.w.capacity();
+               queued = self.w.queued();
+               runs = self.w.made_runs();
                return self.w.counters();
              });
-             return counters_dict(c, size, cap);
+             py::dict d = counters_dict(c, size, cap);
+             d["queued"] = queued;
+             d["runs"] = runs;
+             return d;
            },
            "How often the wheel's table grew (on load; tail_grows: a run reached the spare "
-           "slots at its end), shrank, swept a run longer than 64 slots in rotate, and merged its "
-           "queue of added ids in one pass (merges), with its size and capacity (for the tests; "
-           "empties the queue first). Native only.");
+           "slots at its end), shrank, swept a run longer than 64 slots in rotate, and merged "
+           "sorted ids into it in one pass (merges); how many adds were queued (queued) and how "
+           "many queues became runs at a rotate (runs); its size and capacity (for the tests; "
+           "moves the queue and the runs into the table first). Native only.");
 
   m.def("new_ids", [](long long n) {
     if (n < 0) throw py::value_error("n must be >= 0, got " + std::to_string(n));

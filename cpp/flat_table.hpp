@@ -294,8 +294,9 @@ class FlatTable {
   // after it have their homes after it). Branch-free per slot, empty or not: when one entry in
   // three expires and a third of the slots are empty, a branch on either mispredicts so often
   // that it costs more than the pass.
+  // (keys = false: writes the hashes instead, in ascending order.)
   template <class Dead>
-  size_t erase_if(Dead dead, uint64_t* out) {
+  size_t erase_if(Dead dead, uint64_t* out, bool keys = true) {
     Slot sink;  // where a dead entry or an empty slot is "put back"
     Slot* const slots = slots_;  // locals: the stores below could alias the members
     const size_t len = len_, cap = cap_;
@@ -320,7 +321,8 @@ class FlatTable {
       run = (run + 1) & (empty - 1);
       long_runs += run == 65;
     }
-    for (size_t k = 0; k < n_out; ++k) out[k] = key_of(out[k]);
+    if (keys)
+      for (size_t k = 0; k < n_out; ++k) out[k] = key_of(out[k]);
     counters_.long_runs += long_runs;
     size_ -= n_out;
     return n_out;

@@ -69,28 +69,32 @@ class IdQueue {
 };
 
 // Id → the rotation at which it expires (its deadline), in one FlatTable of packed 10-byte slots,
-// plus a queue of the ids added since the last rotation.
+// plus the ids added in bulk during the last rotations, kept as sorted arrays ("runs").
 // An id added or touched while the counter is r gets deadline r + num_buckets. rotate() advances
-// the counter, streams the slot array once and expires the ids whose deadline it reached.
-// The "buckets" are implicit in the deadlines: every lookup is one probe (never one per bucket).
-// Per-bucket id lists were measured and rejected: they cost 8 more bytes per id (the memory target
-// is 32 for table + wheel) and expiring through them is one random probe + backward shift per id,
-// slower than the branch-free sequential sweep (FlatTable::erase_if) over the whole table.
+// the counter and expires the ids whose deadline it reached.
+// In the table, the "buckets" are implicit in the deadlines: every lookup is one probe (never one
+// per bucket), and rotate() streams the slot array once (FlatTable::erase_if). Per-bucket id
+// lists next to the table were measured and rejected: 8 more bytes per id (the memory target is
+// 32 for table + wheel) and one random probe + backward shift per expired id.
 // Deadlines are stored modulo 2**16: every live deadline lies in (r, r + num_buckets], so with
 // num_buckets < 2**15 the 16 low bits identify it (2 bytes instead of 4 or 8 per id).
 //
-// add() only appends the ids to a queue (all of them share one deadline: the queue never
-// outlives a rotation) once the table has outgrown the cache, as long as the wheel stays within
-// what the table alone costs per id right after a resize (see may_queue). rotate() then sorts the
-// queue by hash and merges it into the table in the same sequential pass that expires the ids due
-// (FlatTable::merge_sorted): the table's lines are read and written once per rotation instead of
-// once per added id (a random cache miss each, which the random-read rate caps: add + rotate,
-// 1 M ids at the peak, 333 K per rotation, went from ~20 to ~25-29 M ids/s in a C++ harness on
-// the loaded 2-core machine). Every other call first empties the queue into the table (flush),
-// so touch, discard, len and contains see exactly what eager insertion would have left; with
-// num_buckets 1 the queued ids would be due at the next rotate, which flushes them first.
-// The count of entries per deadline (due_) only sizes the merged table: a wrong count would cost
-// a resize, never a wrong expiry.
+// The bulk path (add + rotate, the wheel's own steady state). Once the wheel has outgrown the
+// cache, add() only appends the ids to a queue (all of them share one deadline), as long as the
+// wheel stays within what the table alone costs per id right after a resize (see may_queue).
+// rotate() sorts the queue by hash into a run (8 bytes per id, deadline implicit) and expires
+// the run whose deadline came: its ids minus those in a newer run (re-added since), found by a
+// merge-join of sorted arrays. A run never enters the table in this steady state, so neither
+// adding nor expiring an id touches a random cache line (the table's random probes are what the
+// random-read rate caps: add + rotate, 1 M ids at the peak, 333 K per rotation, went from ~20 to
+// ~35 M ids/s in a C++ harness on the loaded 2-core machine, and from 11.9 to 8 bytes per id).
+// Runs are newer than every table entry: an entry due in the table whose id is in a run is not
+// expired (the run has it, with a later or equal deadline). Every other call (touch, discard,
+// len, contains) first moves the runs, oldest first, and the queue into the table (flush: one
+// sequential merge pass each, FlatTable::merge_sorted, or id by id for a small queue), so it
+// sees exactly what eager insertion would have left. With num_buckets 1 the queued ids would be
+// due at the next rotate, which flushes them first. The count of table entries per deadline
+// (due_) only sizes the merged table: a wrong count would cost a resize, never a wrong expiry.
 class TimeoutWheel {
  public:
   using Table = FlatTable<uint16_t>;
@@ -110,6 +114,7 @@ class TimeoutWheel {
     if (n == 0) return;
     if (may_queue(n)) {
       queue_.append(ids, n);
+      ++queued_;
       return;
     }
     flush();
@@ -153,12 +158,23 @@ class TimeoutWheel {
   // max_expiring() + 1 ids; in no particular order), forgets them and returns how many.
   size_t rotate(uint64_t* expired) {
     const uint16_t r = uint16_t(rotation_ + 1);
-    if (nb_ == 1) flush();  // a queued id would be due at once: see merge_queue
-    size_t n;
-    if (queue_.empty())
-      n = table_.erase_if([r](uint16_t deadline) { return deadline == r; }, expired);
-    else
-      n = merge_queue(r, expired);
+    if (nb_ == 1)
+      flush();  // a queued id would be due at once
+    else if (!queue_.empty())
+      make_run();
+    size_t n = 0;
+    if (table_.size()) {  // runs hold newer deadlines: a table entry in a run is not due
+      n = table_.erase_if([r](uint16_t deadline) { return deadline == r; }, expired,
+                          runs_.empty());
+      if (!runs_.empty()) n = to_keys(expired, drop_in_runs(expired, n, 0));
+    }
+    if (!runs_.empty() && runs_.front().deadline == r) {
+      const Run& due = runs_.front();
+      std::copy(due.hashes.begin(), due.hashes.begin() + due.size, expired + n);
+      n += to_keys(expired + n, drop_in_runs(expired + n, due.size, 1));
+      runs_size_ -= due.size;
+      runs_.erase(runs_.begin());
+    }
     ++rotation_;
     due_[r & due_mask_] = 0;
     table_.maybe_shrink();
@@ -168,9 +184,9 @@ class TimeoutWheel {
     expired.resize(max_expiring() + 1);  // the sweep writes one slot past the last id it keeps
     expired.resize(rotate(expired.data()));
   }
-  // At most how many ids the next rotate() expires (the table's and the queue's, before the
-  // queue's repeats are merged).
-  size_t max_expiring() const { return table_.size() + queue_.size(); }
+  // At most how many ids the next rotate() expires (the table's, the runs' and the queue's,
+  // repeats included).
+  size_t max_expiring() const { return table_.size() + runs_size_ + queue_.size(); }
 
   // The next four empty the queue first (a queued id may repeat one present).
   size_t size() {
@@ -190,11 +206,12 @@ class TimeoutWheel {
     return table_.counters();
   }
   uint32_t rotation() const { return rotation_; }
+  // How many add() calls queued their ids, and how many queues became runs (for the tests).
+  uint64_t queued() const { return queued_; }
+  uint64_t made_runs() const { return made_runs_; }
   // Memory held: the slot array, the queue and the deadline counts (the batch scratch is the
   // thread's: see thread_batch_order).
-  size_t nbytes() const {
-    return table_.nbytes() + queue_.nbytes() + due_.capacity() * sizeof(uint32_t);
-  }
+  size_t nbytes() const { return table_.nbytes() + queue_.nbytes() + held_bytes(); }
 
  private:
   uint16_t deadline() const { return uint16_t(rotation_ + nb_); }
@@ -206,58 +223,105 @@ class TimeoutWheel {
     ++due_[d & due_mask_];
   }
 
-  // Whether n more ids may wait in the queue. Only once the table has outgrown the cache (a
-  // smaller table takes ids one by one about as fast); never more ids than the table holds (so
-  // that a queue of repeats of present ids costs at most 8 bytes per present id until the next
-  // rotation or flush); and only while the wheel keeps within what the table alone costs per id
-  // right after a resize (sizeof(Slot) / target load, 11.9 bytes), the queue's 8 bytes per id
-  // and its last chunk's unused room included (queued repeats counted as held ids).
+  // Bytes held besides the table and the queue: the runs and the counts per deadline.
+  size_t held_bytes() const {
+    size_t b = due_.capacity() * sizeof(uint32_t) + runs_.capacity() * sizeof(Run);
+    for (const Run& run : runs_) b += run.hashes.capacity() * sizeof(uint64_t);
+    return b;
+  }
+
+  // Whether n more ids may wait in the queue. Only once the wheel has outgrown the cache (a
+  // smaller table takes ids one by one about as fast); never more ids than the table and the
+  // runs hold (so that a queue of repeats of present ids costs at most 8 bytes per present id
+  // until the next rotation or flush); and only while the wheel keeps within what the table
+  // alone costs per id right after a resize (sizeof(Slot) / target load, 11.9 bytes), the
+  // queue's 8 bytes per id and its last chunk's unused room included (queued repeats counted
+  // as held ids).
   bool may_queue(size_t n) const {
-    if (table_.capacity() < kQueueMinCapacity || queue_.size() + n > table_.size()) return false;
-    const double held = double(table_.size() + queue_.size() + n);
-    const double bytes = double(table_.nbytes() + queue_.nbytes_after(n) +
-                                due_.capacity() * sizeof(uint32_t));
+    const size_t placed = table_.size() + runs_size_;
+    if (placed < kQueueMinHeld || queue_.size() + n > placed) return false;
+    const double held = double(placed + queue_.size() + n);
+    const double bytes = double(table_.nbytes() + queue_.nbytes_after(n) + held_bytes());
     return bytes <= held * (double(sizeof(Table::Slot)) / kLoads.target);
   }
-  static constexpr size_t kQueueMinCapacity = size_t(1) << 16;  // 640 KB of slots
+  static constexpr size_t kQueueMinHeld = size_t(1) << 16;  // ids: 780 KB at 11.9 B/id
 
-  // Moves the queued ids into the table: id by id when they are few next to the table (each
+  // Moves the runs (oldest first: a newer deadline replaces an older one) and the queued ids
+  // into the table: the queued ids one by one when they are few next to the table (each
   // insertion is a random probe, but a merge passes every slot), else by a merge.
   void flush() {
+    while (!runs_.empty()) {
+      Run& run = runs_.front();
+      merge(run.hashes.data(), run.size, run.deadline);
+      runs_size_ -= run.size;
+      runs_.erase(runs_.begin());
+    }
     if (queue_.empty()) return;
     if (queue_.size() * 8 < table_.capacity()) {
       queue_.for_each_chunk([&](const uint64_t* ids, size_t n) { insert(ids, n); });
-      queue_.clear();
     } else {
-      merge_queue(0, nullptr);
+      std::vector<uint64_t>& sorted = sorted_scratch();
+      const size_t m = sort_queue(sorted);
+      merge(sorted.data(), m, deadline());
+      if (sorted.capacity() > (size_t(1) << 16)) std::vector<uint64_t>().swap(sorted);
     }
+    queue_.clear();
   }
 
-  // Sorts the queue by hash and merges it into the table with its deadline, expiring the ids
-  // due at rotation r (none when out is null); returns how many expired. With num_buckets 1
-  // the queued ids themselves would be due: rotate() flushes them first instead.
-  size_t merge_queue(uint16_t r, uint64_t* out) {
-    const uint16_t d = deadline();
-    std::vector<uint64_t>& sorted = sorted_scratch();
-    const size_t m = sort_queue(sorted);
+  // Merges m distinct hashes in ascending order (then kEmpty) into the table with deadline d.
+  void merge(const uint64_t* sorted, size_t m, uint16_t d) {
     // Counts per deadline, from the pass that is kept: a replaced entry leaves its deadline.
     std::vector<uint32_t> left(due_.size(), 0);
     auto replaced = [&](uint16_t v) { ++left[v & due_mask_]; };
     auto restart = [&] { std::fill(left.begin(), left.end(), 0); };
-    const size_t expect = table_.size() + m - (out ? size_t(due_[r & due_mask_]) : 0);
-    size_t n;
-    if (out)
-      n = table_.merge_sorted(
-          sorted.data(), m, d, [r](uint16_t deadline) { return deadline == r; }, replaced,
-          restart, out, expect);
-    else
-      n = table_.merge_sorted(
-          sorted.data(), m, d, [](uint16_t) { return false; }, replaced, restart, nullptr,
-          expect);
+    table_.merge_sorted(
+        sorted, m, d, [](uint16_t) { return false; }, replaced, restart, nullptr,
+        table_.size() + m);
     for (size_t i = 0; i < due_.size(); ++i) due_[i] -= left[i];
     due_[d & due_mask_] += uint32_t(m);
+  }
+
+  // Turns the queue into a run (its distinct hashes, sorted, with its deadline). At most
+  // kMaxRuns runs wait: past that the oldest joins the table (which every run supersedes).
+  void make_run() {
+    if (runs_.size() >= kMaxRuns) {
+      Run& run = runs_.front();
+      merge(run.hashes.data(), run.size, run.deadline);
+      runs_size_ -= run.size;
+      runs_.erase(runs_.begin());
+    }
+    ++made_runs_;
+    Run run;
+    run.deadline = deadline();
+    run.size = sort_queue(run.hashes);
+    runs_size_ += run.size;
+    runs_.push_back(std::move(run));
     queue_.clear();
-    if (sorted.capacity() > (size_t(1) << 16)) std::vector<uint64_t>().swap(sorted);
+  }
+
+  // Drops from the n ascending hashes at h those present in runs_[first..]; returns how many
+  // remain (in place, in order). A branch-free merge-join per run: both sides are sorted.
+  size_t drop_in_runs(uint64_t* h, size_t n, size_t first) const {
+    for (size_t k = first; k < runs_.size() && n; ++k) {
+      const uint64_t* y = runs_[k].hashes.data();  // ends with kEmpty, above every hash
+      const uint64_t* const y_end = y + runs_[k].size;
+      size_t i = 0, w = 0;
+      while (i < n) {
+        const uint64_t x = h[i], v = *y;
+        const size_t lt = x < v, gt = x > v;
+        h[w] = x;
+        w += lt;
+        i += lt | (gt ^ 1);
+        y += (gt | (lt ^ 1)) & size_t(y != y_end);
+      }
+      n = w;
+    }
+    return n;
+  }
+
+  // Turns the n hashes at h into keys; returns n.
+  size_t to_keys(uint64_t* h, size_t n) const {
+    for (size_t i = 0; i < n; ++i) h[i] = table_.key_of(h[i]);
     return n;
   }
 
@@ -367,7 +431,19 @@ class TimeoutWheel {
   // against 0.87 / 0.75.
   static constexpr Table::Loads kLoads{0.90, 0.84};
   Table table_{kLoads};
-  IdQueue queue_;                 // ids added since the last rotation, deadline rotation_ + nb_
+  // Ids added since the last rotation, all with deadline rotation_ + nb_.
+  IdQueue queue_;
+  // Former queues (distinct hashes, ascending, then kEmpty), oldest first, strictly newer than
+  // every table entry: a table entry whose id is in a run is superseded by it.
+  struct Run {
+    uint16_t deadline = 0;
+    size_t size = 0;
+    std::vector<uint64_t> hashes;
+  };
+  static constexpr size_t kMaxRuns = 4;
+  std::vector<Run> runs_;
+  size_t runs_size_ = 0;  // ids in the runs (repeats across runs included)
+  uint64_t queued_ = 0, made_runs_ = 0;
   std::vector<uint32_t> due_;     // table entries per deadline (index: deadline & due_mask_)
   uint16_t due_mask_ = 0;
   std::vector<uint32_t> absent_;  // an add batch's ids not present yet (batch order)

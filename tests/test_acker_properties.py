@@ -498,6 +498,7 @@ def test_timeout_wheel_queue_native_equals_fallback(seed, num_buckets, batch, op
 
     while len(wheels["python"]) < 70_000:  # past the size from which the native wheel queues
         both("add", fresh(batch))
+    both("add", fresh(batch))  # queued
     for op in ops:
         if op == "add_new":
             both("add", fresh(batch))
@@ -529,6 +530,41 @@ def test_timeout_wheel_queue_native_equals_fallback(seed, num_buckets, batch, op
         assert len(wheels["native"]) == len(wheels["python"])
     assert len(wheels["python"]) == 0
     c = native.debug_counters()
-    assert c["merges"] > 0, c
+    assert c["queued"] > 0, c
     assert c["grows"] > 0, c
     assert c["shrinks"] > 0, c
+
+
+@needs_native
+@pytest.mark.parametrize("num_buckets", [2, 3, 5])
+def test_timeout_wheel_runs_native_equal_fallback(num_buckets):
+    """Rotations with only adds in between turn the native queue into sorted runs, which expire
+    without ever entering the table; an id re-added in a later rotation is in two runs (and in
+    the table) and must expire once, at its last deadline; then a discard moves every run into
+    the table. Each step against the fallback."""
+    rng = np.random.default_rng(num_buckets)
+    wheels = {b: TimeoutWheel(num_buckets, backend=b) for b in ("native", "python")}
+    ids = rng.integers(1, 2**64, size=400_000, dtype=np.uint64)
+    first = ids[:80_000]
+    for w in wheels.values():
+        w.add(first)
+    for r in range(3 * num_buckets + 4):
+        fresh = ids[80_000 + r * 20_000 : 100_000 + r * 20_000]
+        again = np.concatenate([fresh[::7], first[r::13], ids[80_000 : 80_000 + r * 20_000 : 11]])
+        for w in wheels.values():
+            w.add(fresh)
+            w.add(again)  # repeats within the rotation, of older runs and of table entries
+        _same(*(np.sort(w.rotate()) for w in wheels.values()), "rotate")
+    native = wheels["native"]._impl
+    assert native.rotation == wheels["python"]._impl.rotation
+    gone = ids[::5]
+    for w in wheels.values():
+        w.add(ids[300_000:330_000])
+        w.discard(gone)
+    assert len(wheels["native"]) == len(wheels["python"])
+    while len(wheels["python"]):
+        _same(*(np.sort(w.rotate()) for w in wheels.values()), "rotate")
+    assert len(wheels["native"]) == 0
+    c = native.debug_counters()
+    assert c["runs"] > 0, c
+    assert c["merges"] > 0, c
