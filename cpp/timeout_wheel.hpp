@@ -300,23 +300,50 @@ class TimeoutWheel {
   }
 
   // Drops from the n ascending hashes at h those present in runs_[first..]; returns how many
-  // remain (in place, in order). A branch-free merge-join per run: both sides are sorted.
+  // remain (in place, in order).
   size_t drop_in_runs(uint64_t* h, size_t n, size_t first) const {
-    for (size_t k = first; k < runs_.size() && n; ++k) {
-      const uint64_t* y = runs_[k].hashes.data();  // ends with kEmpty, above every hash
-      const uint64_t* const y_end = y + runs_[k].size;
-      size_t i = 0, w = 0;
-      while (i < n) {
-        const uint64_t x = h[i], v = *y;
-        const size_t lt = x < v, gt = x > v;
-        h[w] = x;
-        w += lt;
-        i += lt | (gt ^ 1);
-        y += (gt | (lt ^ 1)) & size_t(y != y_end);
-      }
-      n = w;
-    }
+    for (size_t k = first; k < runs_.size() && n; ++k)
+      n = drop_in(h, n, runs_[k].hashes.data(), runs_[k].size);
     return n;
+  }
+
+  // Drops from the n ascending hashes at h those among the m ascending hashes at y (followed by
+  // kEmpty, above every hash); returns how many remain (in place, in order). A branch-free
+  // merge-join, in kWays hash ranges stepped together: one join is a chain of dependent loads
+  // (the next step's addresses come from this step's comparison), several hide each other's
+  // latency.
+  static size_t drop_in(uint64_t* h, size_t n, const uint64_t* y, size_t m) {
+    constexpr size_t kWays = 4;
+    size_t hi[kWays + 1], yi[kWays + 1];
+    for (size_t j = 0; j <= kWays; ++j) {  // range j: hashes in [j, j + 1) * 2**64 / kWays
+      const uint64_t bound = j == kWays ? ~uint64_t(0) : uint64_t(j) << 62;
+      hi[j] = j == kWays ? n : size_t(std::lower_bound(h, h + n, bound) - h);
+      yi[j] = j == kWays ? m : size_t(std::lower_bound(y, y + m, bound) - y);
+    }
+    // Each range's y ends with the first hash of the next range (or kEmpty): above its h.
+    size_t i[kWays], w[kWays], t[kWays];
+    for (size_t j = 0; j < kWays; ++j) i[j] = w[j] = hi[j], t[j] = yi[j];
+    auto step = [&](size_t j) {
+      const uint64_t x = h[i[j]], v = y[t[j]];
+      const size_t lt = x < v, gt = x > v;
+      h[w[j]] = x;
+      w[j] += lt;
+      i[j] += lt | (gt ^ 1);
+      t[j] += (gt | (lt ^ 1)) & size_t(t[j] != yi[j + 1]);
+    };
+    for (;;) {  // all ranges together while each has hashes left
+      bool all = true;
+      for (size_t j = 0; j < kWays; ++j) all &= i[j] < hi[j + 1];
+      if (!all) break;
+      for (size_t j = 0; j < kWays; ++j) step(j);
+    }
+    size_t out = 0;
+    for (size_t j = 0; j < kWays; ++j) {
+      while (i[j] < hi[j + 1]) step(j);
+      std::memmove(h + out, h + hi[j], (w[j] - hi[j]) * sizeof(uint64_t));
+      out += w[j] - hi[j];
+    }
+    return out;
   }
 
   // Turns the n hashes at h into keys; returns n.
