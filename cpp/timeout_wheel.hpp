@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "flat_table.hpp"
@@ -66,6 +67,34 @@ class IdQueue {
   static size_t chunk_size(size_t held) { return std::clamp(held / 4, kMinChunk, kMaxChunk); }
   std::vector<Chunk> chunks_;
   size_t size_ = 0, held_ = 0;
+};
+
+// An array of hashes that is never zero-filled (new[] without initializer): every slot used is
+// written before it is read.
+class HashBuffer {
+ public:
+  HashBuffer() = default;
+  HashBuffer(HashBuffer&& o) noexcept : p_(std::move(o.p_)), cap_(std::exchange(o.cap_, 0)) {}
+  HashBuffer& operator=(HashBuffer&& o) noexcept {
+    p_ = std::move(o.p_);
+    cap_ = std::exchange(o.cap_, 0);
+    return *this;
+  }
+  // Room for n hashes (the content is lost when it grows).
+  uint64_t* reserve(size_t n) {
+    if (n > cap_) {
+      p_.reset();
+      p_.reset(new uint64_t[n]);
+      cap_ = n;
+    }
+    return p_.get();
+  }
+  uint64_t* data() const { return p_.get(); }
+  size_t capacity() const { return cap_; }
+
+ private:
+  std::unique_ptr<uint64_t[]> p_;
+  size_t cap_ = 0;
 };
 
 // Id → the rotation at which it expires (its deadline), in one FlatTable of packed 10-byte slots,
@@ -158,27 +187,35 @@ class TimeoutWheel {
   // max_expiring() + 1 ids; in no particular order), forgets them and returns how many.
   size_t rotate(uint64_t* expired) {
     const uint16_t r = uint16_t(rotation_ + 1);
-    if (nb_ == 1)
-      flush();  // a queued id would be due at once
-    else if (!queue_.empty())
-      make_run();
-    size_t n = 0;
-    if (table_.size()) {  // runs hold newer deadlines: a table entry in a run is not due
-      n = table_.erase_if([r](uint16_t deadline) { return deadline == r; }, expired,
-                          runs_.empty());
-      if (!runs_.empty()) n = to_keys(expired, drop_in_runs(expired, n, 0));
+    if (nb_ == 1) flush();  // a queued id would be due at once
+    // Runs (after this rotation) and a due run make the table's due ids need a check first.
+    const bool check = !runs_.empty() || !queue_.empty();
+    size_t n = 0, m = 0;  // the table's due ids (at expired), the due run's (at due_ids)
+    if (table_.size())
+      n = table_.erase_if([r](uint16_t deadline) { return deadline == r; }, expired, !check);
+    if (!check) {
+      finish_rotation(r);
+      return n;
     }
+    uint64_t* const due_ids = expired + n;
+    HashBuffer spare;  // the due run's array, for the new run (no fresh pages to fault in)
     if (!runs_.empty() && runs_.front().deadline == r) {
-      const Run& due = runs_.front();
-      std::copy(due.hashes.begin(), due.hashes.begin() + due.size, expired + n);
-      n += to_keys(expired + n, drop_in_runs(expired + n, due.size, 1));
-      runs_size_ -= due.size;
+      Run& due = runs_.front();
+      m = due.size;
+      std::copy(due.hashes.data(), due.hashes.data() + m, due_ids);
+      spare = std::move(due.hashes);
+      runs_size_ -= m;
       runs_.erase(runs_.begin());
     }
-    ++rotation_;
-    due_[r & due_mask_] = 0;
-    table_.maybe_shrink();
-    return n;
+    due_ids[m] = Table::kEmpty;  // the end mark drop_in reads (room: max_expiring() + 1)
+    if (!queue_.empty()) make_run(std::move(spare));
+    // A table id in a run is superseded (the due run expires it, or a newer run has it); a due
+    // run's id in a newer run was added again since.
+    const size_t a = drop_in_runs(expired, drop_in(expired, n, due_ids, m), 0);
+    const size_t b = drop_in_runs(due_ids, m, 0);
+    std::memmove(expired + a, due_ids, b * sizeof(uint64_t));
+    finish_rotation(r);
+    return to_keys(expired, a + b);
   }
   void rotate(std::vector<uint64_t>& expired) {
     expired.resize(max_expiring() + 1);  // the sweep writes one slot past the last id it keeps
@@ -260,10 +297,9 @@ class TimeoutWheel {
     if (queue_.size() * 8 < table_.capacity()) {
       queue_.for_each_chunk([&](const uint64_t* ids, size_t n) { insert(ids, n); });
     } else {
-      std::vector<uint64_t>& sorted = sorted_scratch();
-      const size_t m = sort_queue(sorted);
+      HashBuffer sorted;
+      const size_t m = sort_queue(sorted.reserve(queue_.size() + 1));
       merge(sorted.data(), m, deadline());
-      if (sorted.capacity() > (size_t(1) << 16)) std::vector<uint64_t>().swap(sorted);
     }
     queue_.clear();
   }
@@ -281,9 +317,16 @@ class TimeoutWheel {
     due_[d & due_mask_] += uint32_t(m);
   }
 
-  // Turns the queue into a run (its distinct hashes, sorted, with its deadline). At most
-  // kMaxRuns runs wait: past that the oldest joins the table (which every run supersedes).
-  void make_run() {
+  void finish_rotation(uint16_t r) {
+    ++rotation_;
+    due_[r & due_mask_] = 0;
+    table_.maybe_shrink();
+  }
+
+  // Turns the queue into a run (its distinct hashes, sorted, with its deadline), in `buffer`
+  // when it has room. At most kMaxRuns runs wait: past that the oldest joins the table (which
+  // every run supersedes).
+  void make_run(HashBuffer buffer) {
     if (runs_.size() >= kMaxRuns) {
       Run& run = runs_.front();
       merge(run.hashes.data(), run.size, run.deadline);
@@ -293,7 +336,8 @@ class TimeoutWheel {
     ++made_runs_;
     Run run;
     run.deadline = deadline();
-    run.size = sort_queue(run.hashes);
+    run.hashes = std::move(buffer);
+    run.size = sort_queue(run.hashes.reserve(queue_.size() + 1));
     runs_size_ += run.size;
     runs_.push_back(std::move(run));
     queue_.clear();
@@ -352,15 +396,14 @@ class TimeoutWheel {
     return n;
   }
 
-  // Writes the queue's distinct hashes in ascending order to `sorted`, then kEmpty; returns
+  // Writes the queue's distinct hashes in ascending order to out (room for queue_.size() + 1),
+  // then kEmpty; returns
   // how many. A counting sort by the top 8 bits (a scatter into 256 streams), then within each
   // bucket (which the cache holds) a counting sort by enough further bits for about one hash per
   // bucket (one scatter into 2**19 buckets costs more than both), then an insertion sort, which
   // has next to nothing left to do, and a pass that drops repeats.
-  size_t sort_queue(std::vector<uint64_t>& sorted) const {
+  size_t sort_queue(uint64_t* const out) const {
     const size_t n = queue_.size();
-    sorted.resize(n + 1);
-    uint64_t* const out = sorted.data();
     int bits2 = 0;
     while (bits2 < 12 && (size_t(256) << bits2) < n) ++bits2;
     uint32_t counts[257] = {0}, ends[256];
@@ -400,11 +443,6 @@ class TimeoutWheel {
     }
     out[m] = Table::kEmpty;  // the end mark merge_sorted reads
     return m;
-  }
-
-  static std::vector<uint64_t>& sorted_scratch() {
-    thread_local std::vector<uint64_t> v;
-    return v;
   }
 
   // Starts (or restarts) the timeout of every id, id by id.
@@ -465,7 +503,7 @@ class TimeoutWheel {
   struct Run {
     uint16_t deadline = 0;
     size_t size = 0;
-    std::vector<uint64_t> hashes;
+    HashBuffer hashes;
   };
   static constexpr size_t kMaxRuns = 4;
   std::vector<Run> runs_;
