@@ -125,6 +125,14 @@ class HashBuffer {
 // due at the next rotate, which flushes them first. The count of table entries per deadline
 // (due_) only sizes the merged table: a wrong count would cost a resize, never a wrong expiry.
 class TimeoutWheel {
+  // A former queue: its distinct hashes, ascending, then kEmpty. Runs (runs_, oldest first) are
+  // strictly newer than every table entry: a table entry whose id is in a run is superseded.
+  struct Run {
+    uint16_t deadline = 0;
+    size_t size = 0;
+    HashBuffer hashes;
+  };
+
  public:
   using Table = FlatTable<uint16_t>;
   static constexpr uint32_t kMaxBuckets = (uint32_t(1) << 15) - 1;
@@ -147,7 +155,7 @@ class TimeoutWheel {
       return;
     }
     flush();
-    insert(ids, n);
+    insert(ids, n, deadline());
   }
 
   // Restarts the timeout of the ids present; absent ids are ignored.
@@ -289,19 +297,27 @@ class TimeoutWheel {
   void flush() {
     while (!runs_.empty()) {
       Run& run = runs_.front();
-      merge(run.hashes.data(), run.size, run.deadline);
+      place_run(run);
       runs_size_ -= run.size;
       runs_.erase(runs_.begin());
     }
     if (queue_.empty()) return;
     if (queue_.size() * 8 < table_.capacity()) {
-      queue_.for_each_chunk([&](const uint64_t* ids, size_t n) { insert(ids, n); });
+      queue_.for_each_chunk([&](const uint64_t* ids, size_t n) { insert(ids, n, deadline()); });
     } else {
       HashBuffer sorted;
       const size_t m = sort_queue(sorted.reserve(queue_.size() + 1));
       merge(sorted.data(), m, deadline());
     }
     queue_.clear();
+  }
+
+  // Moves a run into the table: id by id when it is small next to the table, else by a merge.
+  void place_run(Run& run) {
+    if (run.size * 8 < table_.capacity())
+      insert(run.hashes.data(), to_keys(run.hashes.data(), run.size), run.deadline);
+    else
+      merge(run.hashes.data(), run.size, run.deadline);
   }
 
   // Merges m distinct hashes in ascending order (then kEmpty) into the table with deadline d.
@@ -329,7 +345,7 @@ class TimeoutWheel {
   void make_run(HashBuffer buffer) {
     if (runs_.size() >= kMaxRuns) {
       Run& run = runs_.front();
-      merge(run.hashes.data(), run.size, run.deadline);
+      place_run(run);
       runs_size_ -= run.size;
       runs_.erase(runs_.begin());
     }
@@ -446,8 +462,7 @@ class TimeoutWheel {
   }
 
   // Starts (or restarts) the timeout of every id, id by id.
-  void insert(const uint64_t* ids, size_t n) {
-    const uint16_t d = deadline();
+  void insert(const uint64_t* ids, size_t n, uint16_t d) {
     thread_batch_order().sort(table_, ids, n);
     const auto* items = thread_batch_order().items();
     // As AckTable::register_batch: when the batch could make the table grow, restart the ids
@@ -498,13 +513,6 @@ class TimeoutWheel {
   Table table_{kLoads};
   // Ids added since the last rotation, all with deadline rotation_ + nb_.
   IdQueue queue_;
-  // Former queues (distinct hashes, ascending, then kEmpty), oldest first, strictly newer than
-  // every table entry: a table entry whose id is in a run is superseded by it.
-  struct Run {
-    uint16_t deadline = 0;
-    size_t size = 0;
-    HashBuffer hashes;
-  };
   static constexpr size_t kMaxRuns = 4;
   std::vector<Run> runs_;
   size_t runs_size_ = 0;  // ids in the runs (repeats across runs included)
