@@ -104,7 +104,8 @@ class HashBuffer {
 // In the table, the "buckets" are implicit in the deadlines: every lookup is one probe (never one
 // per bucket), and rotate() streams the slot array once (FlatTable::erase_if). Per-bucket id
 // lists next to the table were measured and rejected: 8 more bytes per id (the memory target is
-// 32 for table + wheel) and one random probe + backward shift per expired id.
+// 32 for table + wheel) and one random probe + backward shift per expired id. (The runs below
+// hold their ids instead of the table, not besides it.)
 // Deadlines are stored modulo 2**16: every live deadline lies in (r, r + num_buckets], so with
 // num_buckets < 2**15 the 16 low bits identify it (2 bytes instead of 4 or 8 per id).
 //
@@ -116,7 +117,8 @@ class HashBuffer {
 // merge-join of sorted arrays. A run never enters the table in this steady state, so neither
 // adding nor expiring an id touches a random cache line (the table's random probes are what the
 // random-read rate caps: add + rotate, 1 M ids at the peak, 333 K per rotation, went from ~20 to
-// ~35 M ids/s in a C++ harness on the loaded 2-core machine, and from 11.9 to 8 bytes per id).
+// 42-54 M ids/s in `python -m xorack._churn` on the loaded 2-core machine, and from 11.9 to 8
+// bytes per id; what is left is mostly the sort, then the merge-join).
 // Runs are newer than every table entry: an entry due in the table whose id is in a run is not
 // expired (the run has it, with a later or equal deadline). Every other call (touch, discard,
 // len, contains) first moves the runs, oldest first, and the queue into the table (flush: one
@@ -233,7 +235,8 @@ class TimeoutWheel {
   // repeats included).
   size_t max_expiring() const { return table_.size() + runs_size_ + queue_.size(); }
 
-  // The next four empty the queue first (a queued id may repeat one present).
+  // The next four move the runs and the queue into the table first (a queued id may repeat
+  // one present).
   size_t size() {
     flush();
     return table_.size();
@@ -254,8 +257,8 @@ class TimeoutWheel {
   // How many add() calls queued their ids, and how many queues became runs (for the tests).
   uint64_t queued() const { return queued_; }
   uint64_t made_runs() const { return made_runs_; }
-  // Memory held: the slot array, the queue and the deadline counts (the batch scratch is the
-  // thread's: see thread_batch_order).
+  // Memory held: the slot array, the queue, the runs and the deadline counts (the batch scratch
+  // is the thread's: see thread_batch_order).
   size_t nbytes() const { return table_.nbytes() + queue_.nbytes() + held_bytes(); }
 
  private:
@@ -352,7 +355,8 @@ class TimeoutWheel {
     ++made_runs_;
     Run run;
     run.deadline = deadline();
-    run.hashes = std::move(buffer);
+    if (buffer.capacity() <= 2 * (queue_.size() + 1))  // else it would hold far more than used
+      run.hashes = std::move(buffer);
     run.size = sort_queue(run.hashes.reserve(queue_.size() + 1));
     runs_size_ += run.size;
     runs_.push_back(std::move(run));
