@@ -74,6 +74,7 @@ py::dict counters_dict(const C& c, size_t size, size_t capacity) {
   d["shrinks"] = c.shrinks;
   d["tail_grows"] = c.tail_grows;
   d["long_runs"] = c.long_runs;
+  d["merges"] = c.merges;
   return d;
 }
 
@@ -255,7 +256,8 @@ void bind_acker(py::module_& m) {
              uint64_t* buf = nullptr;
              size_t n = 0;
              locked(self, [&] {
-               buf = static_cast<uint64_t*>(std::malloc((self.w.size() + 1) * sizeof(uint64_t)));
+               buf = static_cast<uint64_t*>(
+                   std::malloc((self.w.max_expiring() + 1) * sizeof(uint64_t)));
                if (buf) n = self.w.rotate(buf);
              });
              if (!buf) throw std::bad_alloc();
@@ -279,16 +281,24 @@ void bind_acker(py::module_& m) {
       .def("debug_counters",
            [](PyTimeoutWheel& self) {
              size_t size = 0, cap = 0;
+             uint64_t queued = 0, runs = 0;
              auto c = locked(self, [&] {
                size = self.w.size();
                cap = self.w.capacity();
+               queued = self.w.queued();
+               runs = self.w.made_runs();
                return self.w.counters();
              });
-             return counters_dict(c, size, cap);
+             py::dict d = counters_dict(c, size, cap);
+             d["queued"] = queued;
+             d["runs"] = runs;
+             return d;
            },
            "How often the wheel's table grew (on load; tail_grows: a run reached the spare "
-           "slots at its end), shrank, and swept a run longer than 64 slots in rotate, with its "
-           "size and capacity (for the tests). Native only.");
+           "slots at its end), shrank, swept a run longer than 64 slots in rotate, and merged "
+           "sorted ids into it in one pass (merges); how many adds were queued (queued) and how "
+           "many queues became runs at a rotate (runs); its size and capacity (for the tests; "
+           "moves the queue and the runs into the table first). Native only.");
 
   m.def("new_ids", [](long long n) {
     if (n < 0) throw py::value_error("n must be >= 0, got " + std::to_string(n));

@@ -85,12 +85,24 @@ inline void prefetch_line(const void* p) {
 #endif
 }
 
+// Hides x's value from the optimizer, so that it cannot split a test of x into tests of the
+// conditions x was computed from (and branch on a coin toss among them).
+template <class T>
+inline void opaque(T& x) {
+#if defined(__GNUC__) || defined(__clang__)
+  asm volatile("" : "+r"(x));
+#else
+  (void)x;
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------
 // Slot memory
 // ---------------------------------------------------------------------------------------------
 
-// Memory for a slot array, every byte set to `fill`. Big arrays are 2 MB aligned and advised as
-// huge pages: a random probe into a 30 MB table otherwise misses the TLB as well as the cache.
+// Memory for a slot array, every byte set to `fill` (left as it is when fill < 0). Big arrays
+// are 2 MB aligned and advised as huge pages: a random probe into a 30 MB table otherwise misses
+// the TLB as well as the cache.
 inline void* alloc_filled(size_t bytes, int fill) {
   constexpr size_t kHuge = size_t(2) << 20;
   void* p = nullptr;
@@ -102,7 +114,7 @@ inline void* alloc_filled(size_t bytes, int fill) {
   }
 #endif
   if (!p && !(p = std::malloc(bytes ? bytes : 1))) throw std::bad_alloc();
-  std::memset(p, fill, bytes);
+  if (fill >= 0) std::memset(p, fill, bytes);
   return p;
 }
 inline void* alloc_zeroed(size_t bytes) { return alloc_filled(bytes, 0); }
@@ -169,9 +181,9 @@ class FlatTable {
 
   // How often the rare paths ran (for the tests, which must reach them; never read by the
   // table itself): resizes up and down, growths forced by a run reaching the spare slots at the
-  // end, and runs longer than 64 slots met by erase_if.
+  // end, runs longer than 64 slots met by erase_if, and batches merged by merge_sorted.
   struct Counters {
-    uint64_t grows = 0, shrinks = 0, tail_grows = 0, long_runs = 0;
+    uint64_t grows = 0, shrinks = 0, tail_grows = 0, long_runs = 0, merges = 0;
   };
   const Counters& counters() const { return counters_; }
 
@@ -282,8 +294,9 @@ class FlatTable {
   // after it have their homes after it). Branch-free per slot, empty or not: when one entry in
   // three expires and a third of the slots are empty, a branch on either mispredicts so often
   // that it costs more than the pass.
+  // (keys = false: writes the hashes instead, in ascending order.)
   template <class Dead>
-  size_t erase_if(Dead dead, uint64_t* out) {
+  size_t erase_if(Dead dead, uint64_t* out, bool keys = true) {
     Slot sink;  // where a dead entry or an empty slot is "put back"
     Slot* const slots = slots_;  // locals: the stores below could alias the members
     const size_t len = len_, cap = cap_;
@@ -308,10 +321,123 @@ class FlatTable {
       run = (run + 1) & (empty - 1);
       long_runs += run == 65;
     }
-    for (size_t k = 0; k < n_out; ++k) out[k] = key_of(out[k]);
+    if (keys)
+      for (size_t k = 0; k < n_out; ++k) out[k] = key_of(out[k]);
     counters_.long_runs += long_runs;
     size_ -= n_out;
     return n_out;
+  }
+
+  // Merges a batch into the table in one sequential pass into a new slot array (the way rehash
+  // moves entries): `add` holds n distinct hashes (as hash_of gives them) in ascending order,
+  // followed by kEmpty (add[n]), each with the value v (an entry already present takes v).
+  // Every old entry for which dead(value) is true (and that no batch entry replaces) is removed
+  // instead and its key written to out (room for size() + 1 keys; null when nothing can die);
+  // returns how many. `expect` (an upper bound of the entries after the merge) picks the new
+  // capacity: the current one while it keeps the load in [target - 0.1, max], else the target
+  // load. For the pass that is kept, replaced(old value) is called for each old entry that a
+  // batch entry replaced; restart() forgets those calls when a pass is redone (a run reached
+  // the end of the new array).
+  // Why: inserting a big batch id by id is one random cache miss per id once the table is
+  // bigger than the cache, and the machine's random-read rate caps that; a merge reads and
+  // writes the table once, sequentially. Branch-free per step, as erase_if and for the same
+  // reason: which stream the next entry comes from is a coin toss.
+  template <class Dead, class Replaced, class Restart>
+  size_t merge_sorted(const uint64_t* add, size_t n, V v, Dead dead, Replaced replaced,
+                      Restart restart, uint64_t* out, size_t expect) {
+    size_t cap = cap_;
+    const double load = double(expect) / double(cap_);
+    if (load > loads_.max || (cap_ > kMinCapacity && load < loads_.target - 0.1)) {
+      cap = std::max(size_t(double(expect) / loads_.target) + 1, kMinCapacity);
+      if (cap > cap_)
+        ++counters_.grows;
+      else if (cap < cap_)
+        ++counters_.shrinks;
+    }
+    uint64_t no_out[1];
+    if (!out) out = no_out;  // written at n_out, which stays 0 when nothing dies
+    for (;;) {
+      if (cap > kMaxCapacity) throw std::length_error("xorack table would exceed 2**32 slots");
+      const size_t len = cap + spare(cap);
+      Slot* const dst = static_cast<Slot*>(alloc_filled(len * sizeof(Slot), 0xFF));
+      const Slot* sp = slots_;
+      const Slot* const send = slots_ + len_;
+      const uint64_t* ap = add;
+      uint64_t* op = out;
+      Slot sink;
+      const uintptr_t sink_addr = reinterpret_cast<uintptr_t>(&sink);
+      // Slot index of the next entry: max(its home, the slot after the entry put before it),
+      // never past the last slot (w beyond len - 2 at the end means: retry with more slots).
+      size_t w = 0, n_replaced = 0;
+      const size_t last = len - 1;
+      // Each step takes the smaller of the old entry *sp and the batch entry *ap (both when
+      // equal: the batch entry replaces the old one), or passes an empty slot *sp. The last old
+      // slot is empty, so every batch entry below the last old entry is taken by then.
+      while (sp < send) {
+        const Slot e = *sp;
+        const uint64_t a = *ap;
+        const size_t e_full = e.hash != kEmpty;
+        const size_t take_a = size_t(a <= e.hash) & e_full;
+        const size_t take_e = size_t(a >= e.hash) | (e_full ^ 1);
+        size_t both = take_a & take_e;
+        opaque(both);  // one branch on `both` (the compiler would branch on take_a first)
+        if (both) {    // rare: a branch predicts it
+          replaced(e.value);
+          ++n_replaced;
+        }
+        // Picked by masks: the compiler turns a ?: on take_a into a branch, a coin toss.
+        const uint64_t pick = uint64_t(0) - take_a;
+        const uint64_t h = e.hash ^ ((a ^ e.hash) & pick);
+        const V value = V(e.value ^ ((v ^ e.value) & V(pick)));
+        const size_t expired = (take_a ^ 1) & e_full & size_t(dead(e.value));
+        *op = h;  // turned into keys below, in a loop of its own
+        op += expired;
+        const size_t keep = e_full & (expired ^ 1);
+        size_t t = size_t((unsigned __int128)h * cap >> 64);
+        t = t > w ? t : w;
+        t = t < last ? t : last;
+        // The store's address picked by a mask, not by a branch (see erase_if).
+        const uintptr_t mask = uintptr_t(0) - keep;
+        Slot* const to = reinterpret_cast<Slot*>(
+            (reinterpret_cast<uintptr_t>(dst + t) & mask) | (sink_addr & ~mask));
+        to->hash = h;
+        to->value = value;
+        w += (t + 1 - w) & mask;
+        ap += take_a;
+        sp += take_e;
+      }
+      for (; ap < add + n && w < last; ++ap) {  // the batch entries above the last old one
+        const size_t t = std::max<size_t>(size_t((unsigned __int128)*ap * cap >> 64), w);
+        if (t >= last) break;
+        dst[t].hash = *ap;
+        dst[t].value = v;
+        w = t + 1;
+      }
+      const size_t kept = size_ + n - n_replaced - size_t(op - out);
+      if (ap == add + n && w <= len - 2) {  // the slot before the last stays empty
+        ++counters_.merges;
+        std::free(slots_);
+        slots_ = dst;
+        cap_ = cap;
+        len_ = len;
+        max_size_ = size_t(loads_.max * double(cap));
+        size_ = kept;
+        const size_t n_out = size_t(op - out);
+        for (size_t j = 0; j < n_out; ++j) out[j] = key_of(out[j]);
+        if (size_ > max_size_) {  // `expect` was too low: grow as an insertion would
+          ++counters_.grows;
+          rehash(size_t(double(size_) / loads_.target) + 1);
+        } else if (cap_ > kMinCapacity && double(size_) < (loads_.target - 0.1) * double(cap_)) {
+          ++counters_.shrinks;  // far too high (batch entries replaced many old ones): shrink
+          rehash(size_t(double(size_) / loads_.target) + 1);
+        }
+        return n_out;
+      }
+      std::free(dst);
+      restart();
+      ++counters_.tail_grows;
+      cap += cap / 8 + 8;
+    }
   }
 
   // Makes room for `total` entries without passing the max load (may move every entry).

@@ -451,3 +451,120 @@ def test_runs_reaching_the_spare_slots_grow_the_table_native_equals_fallback():
         if all(grown):
             return
     pytest.fail(f"no table reached its spare slots in 3000 tries (last counters: {grown})")
+
+
+# The native wheel queues big adds once its table has outgrown the cache and merges the queue into
+# the table at the next rotate (or at the next touch, discard, len or contains): these sequences
+# keep the queue busy (large id ranges, repeats within a batch and across rotations, discards
+# and touches right after an add, len and contains in between), at sizes that make the native
+# table grow and shrink, native == fallback at every step.
+wheel_queue_ops = st.lists(
+    st.sampled_from(
+        ["add_new", "re_add", "add_twice", "discard_new", "touch", "rotate", "len", "contains"]
+    ),
+    min_size=4,
+    max_size=16,
+)
+
+
+@needs_native
+@SCALE
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    num_buckets=st.integers(1, 4),
+    batch=st.sampled_from([3_000, 12_000, 40_000]),
+    ops=wheel_queue_ops,
+)
+def test_timeout_wheel_queue_native_equals_fallback(seed, num_buckets, batch, ops):
+    rng = np.random.default_rng(seed)
+    wheels = {b: TimeoutWheel(num_buckets, backend=b) for b in ("native", "python")}
+    native = wheels["native"]._impl
+    added: list[np.ndarray] = []
+
+    def both(op, *args):
+        out = [getattr(w, op)(*args) for w in wheels.values()]
+        if op == "rotate":
+            _same(np.sort(out[0]), np.sort(out[1]), op)
+        return out[1]
+
+    def fresh(n: int) -> np.ndarray:
+        ids = rng.integers(1, 2**64, size=n, dtype=np.uint64)
+        added.append(ids)
+        return ids
+
+    def some_added(n: int) -> np.ndarray:
+        everything = np.concatenate(added)
+        return everything[rng.integers(0, everything.size, size=n)]
+
+    while len(wheels["python"]) < 70_000:  # past the size from which the native wheel queues
+        both("add", fresh(batch))
+    both("add", fresh(batch))  # queued
+    for op in ops:
+        if op == "add_new":
+            both("add", fresh(batch))
+        elif op == "re_add":  # ids present, expired or discarded, some twice
+            both("add", np.concatenate([some_added(batch // 2), fresh(batch // 2)]))
+        elif op == "add_twice":  # the same ids twice in one batch, then again in the next
+            ids = fresh(batch // 2)
+            both("add", np.concatenate([ids, ids[::-1]]))
+            both("add", ids[: batch // 4])
+        elif op == "discard_new":  # discarded in the rotation they were added in
+            ids = fresh(batch)
+            both("add", ids)
+            both("discard", np.concatenate([ids[::3], some_added(batch // 8)]))
+        elif op == "touch":
+            both("add", fresh(batch))
+            both("touch", np.concatenate([some_added(batch // 4), fresh(16)]))
+        elif op == "rotate":
+            both("rotate")
+        elif op == "len":
+            assert len(wheels["native"]) == len(wheels["python"])
+        else:
+            probe = np.concatenate([some_added(200), rng.integers(1, 2**64, 20, np.uint64)])
+            assert [int(k) in wheels["native"] for k in probe] == [
+                int(k) in wheels["python"] for k in probe
+            ]
+    both("add", fresh(batch))
+    for _ in range(num_buckets + 1):  # everything expires; the table shrinks back
+        both("rotate")
+        assert len(wheels["native"]) == len(wheels["python"])
+    assert len(wheels["python"]) == 0
+    c = native.debug_counters()
+    assert c["queued"] > 0, c
+    assert c["grows"] > 0, c
+    assert c["shrinks"] > 0, c
+
+
+@needs_native
+@pytest.mark.parametrize("num_buckets", [2, 3, 5])
+def test_timeout_wheel_runs_native_equal_fallback(num_buckets):
+    """Rotations with only adds in between turn the native queue into sorted runs, which expire
+    without ever entering the table; an id re-added in a later rotation is in two runs (and in
+    the table) and must expire once, at its last deadline; then a discard moves every run into
+    the table. Each step against the fallback."""
+    rng = np.random.default_rng(num_buckets)
+    wheels = {b: TimeoutWheel(num_buckets, backend=b) for b in ("native", "python")}
+    ids = rng.integers(1, 2**64, size=400_000, dtype=np.uint64)
+    first = ids[:80_000]
+    for w in wheels.values():
+        w.add(first)
+    for r in range(3 * num_buckets + 4):
+        fresh = ids[80_000 + r * 20_000 : 100_000 + r * 20_000]
+        again = np.concatenate([fresh[::7], first[r::13], ids[80_000 : 80_000 + r * 20_000 : 11]])
+        for w in wheels.values():
+            w.add(fresh)
+            w.add(again)  # repeats within the rotation, of older runs and of table entries
+        _same(*(np.sort(w.rotate()) for w in wheels.values()), "rotate")
+    native = wheels["native"]._impl
+    assert native.rotation == wheels["python"]._impl.rotation
+    gone = ids[::5]
+    for w in wheels.values():
+        w.add(ids[300_000:330_000])
+        w.discard(gone)
+    assert len(wheels["native"]) == len(wheels["python"])
+    while len(wheels["python"]):
+        _same(*(np.sort(w.rotate()) for w in wheels.values()), "rotate")
+    assert len(wheels["native"]) == 0
+    c = native.debug_counters()
+    assert c["runs"] > 0, c
+    assert c["merges"] > 0, c
