@@ -283,6 +283,8 @@ def test_an_idempotent_persist_keeps_a_pending_record_once(make_ft):
     assert ft.stats().repeats == 3
     with pytest.raises(ValueError, match="already pending"):  # without the flag: refused
         ft.persist(batch(4), src_ids=[14], births=[8])
+    with pytest.raises(ValueError, match="idempotent: give the src_ids"):
+        ft.persist(batch(4), births=[8], idempotent=True)
     # each record completes once, with its one birth
     assert sorted(ft.xor([11, 12, 13, 14], [5, 6, 7, 8]).tolist()) == [11, 12, 13, 14]
     assert ft.pending == 0

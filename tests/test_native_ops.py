@@ -227,6 +227,30 @@ def test_a_retried_source_task_counts_each_record_once_in_an_aggregate(spark, tm
     assert _rows(sink.read(spark)) == _rows(_combining_aggregate(_events(spark)))
 
 
+def test_a_shuffled_source_is_ordered_by_content_before_chunked_ids_are_drawn(spark):
+    """Chunked source ids follow the rows' positions in their partition; after a shuffle a
+    retried task may read the partition in another order (remote blocks come in any order), so
+    the source is sorted by a content hash first. A scan keeps its order: no sort; a column
+    Spark cannot hash (a map) keeps random ids instead."""
+    from xorack.spark.pipeline import _hashable
+
+    def plan(df, chunk_bits):
+        p = Pipeline(spark)
+        p.source(df, name="events")
+        p._location, p._chunk_bits = "grpc://127.0.0.1:9", chunk_bits  # planned, never run
+        (node,) = p._sources
+        tagged, _ = p._source_input(node, df, replays_wanted=False)
+        return tagged._jdf.queryExecution().analyzed().toString()
+
+    shuffled = _events(spark)
+    assert "xxhash64" in plan(shuffled, 10)
+    assert "xxhash64" not in plan(shuffled, 0)  # no chunks: ids derived from the records
+    assert "xxhash64" not in plan(spark.range(10).withColumn("k", F.lit(1)), 10)
+    maps = spark.range(3).select(F.create_map(F.lit("a"), F.col("id")).alias("m"))
+    assert not _hashable(maps.schema)
+    assert _hashable(shuffled.schema)
+
+
 def _lose_first_round(frames):
     """Untracked ``mapInPandas``: drops the words of ids % 7 == 3 on their first round (rows
     lost, never acked)."""

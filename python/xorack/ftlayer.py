@@ -473,8 +473,11 @@ class FTLayer:
         partition = np.full(n, -1, np.int32) if args.partition is None else args.partition
         births = np.zeros(n, _U64) if args.births is None else args.births
         self._check_routable(source, partition)
+        if idempotent and src_ids is None:
+            raise ValueError("idempotent: give the src_ids (derived from the records)")
         if n == 0:
             return _EMPTY.copy()
+        n_in = n
         with self._lock:
             if src_ids is None:
                 src = self._new_src(n)
@@ -482,9 +485,9 @@ class FTLayer:
                 self._check_owned(src_ids)
                 taken = self._storage.lookup(src_ids).src
                 if len(taken) and idempotent:  # a retried task's copy: keep the one record
-                    self._stats.repeats += len(taken)
                     new = ~np.isin(src_ids, taken)
-                    if not new.any():
+                    if not new.any():  # (its progress was noted with the first persist)
+                        self._stats.repeats += len(taken)
                         return src_ids
                     batch, n = batch.filter(pa.array(new)), int(new.sum())
                     key_hash, partition, births = key_hash[new], partition[new], births[new]
@@ -506,6 +509,8 @@ class FTLayer:
             done = self._table.register(src, births)
             if len(done):
                 self._complete(done)
+            if src_ids is not None:
+                self._stats.repeats += n_in - n
         return src if src_ids is None else src_ids
 
     def xor(self, src_ids: Any, values: Any, hold: bool = False, chunk_bits: int = 0) -> np.ndarray:
@@ -888,6 +893,7 @@ class FTLayer:
                 done = self._table.xor(src[dup], rec[dup])
                 self._complete(done)
                 self._stats.duplicates += len(done)
+                kept |= dup & ~np.isin(src, done)  # cannot happen (no events yet); never lose one
                 src, rec, det, first = src[kept], rec[kept], det[kept], first[kept]
                 rows, parts = rows[kept], parts[kept]
                 payload, meta = payload.filter(pa.array(kept)), meta.take(np.flatnonzero(kept))

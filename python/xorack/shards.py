@@ -245,6 +245,8 @@ class ShardedAckerClient:
             self.job_state()
 
         a = check_persist_args(batch, key_hash, source, partition, births, src_ids)
+        if idempotent and a.src_ids is None:
+            raise ValueError("idempotent: give the src_ids (derived from the records)")
         n = a.batch.num_rows
         if n == 0:
             return _EMPTY.copy()
@@ -651,8 +653,8 @@ class ShardedAcker:
                         p.wait_listening(time.monotonic() + START_TIMEOUT)
                     except Exception as exc:  # tried again at the next look
                         log.error("xorack acker shard %s failed to restart: %s", p.shard, exc)
-                    finally:  # counted once the attempt is over: pids and location are its
-                        p.restarts += 1
+                    finally:  # counted once the attempt is over (its process is spawned;
+                        p.restarts += 1  # a failed start is tried again at the next look)
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop every shard (a clean shutdown: durable storage closed), then forget them.

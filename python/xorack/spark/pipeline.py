@@ -1180,11 +1180,21 @@ class Pipeline:
         tagged = None
         if fresh is not None:
             prepared = node.prepare(fresh)
+            ordered = True  # a retried task reads the partition in the same order
             if self.resume and (node.repartition or node.derived is not None):
                 # a shuffle's (or a barrier's) output order within a partition varies from run
                 # to run: a resumed job skips a prefix of each partition, so fix the order
                 prepared = prepared.sortWithinPartitions(*node.columns)
-            tagged = self._source_frame(node, prepared)
+            elif self.ft and self.deterministic_ids and self._chunk_bits and _shuffled(prepared):
+                # chunked source ids follow the rows' positions: after a shuffle a retried task
+                # may read the partition in another order, so order it by content (rows with
+                # the same hash are the same row but for a 2**-64 accident); a type Spark
+                # cannot hash (a map) keeps random ids: a retry then makes copies
+                if _hashable(prepared.schema):
+                    prepared = prepared.sortWithinPartitions(F.xxhash64(*node.columns))
+                else:
+                    ordered = False
+            tagged = self._source_frame(node, prepared, ordered)
         replayed, k = (None, 0)
         if self.ft and replays_wanted and tagged is None and self._on_replays is None:
             replayed, k = self._fetched_replays(node)  # placed by the acker: no shuffle
@@ -1203,7 +1213,7 @@ class Pipeline:
         df = replayed.repartition(node.partitions, "_ft_route").select(*cols)
         return _with_pending(df), k
 
-    def _source_frame(self, node: _Node, df: Any) -> Any:
+    def _source_frame(self, node: _Node, df: Any, ordered: bool = True) -> Any:
         if not self.ft:
             return df
         assert self._location is not None  # set by run() with FT on
@@ -1219,6 +1229,7 @@ class Pipeline:
             id_salt=self.id_salt,
             batch=self.round,
             chunk_bits=self._chunk_bits,
+            ordered=ordered,
             progress=self.resume,
             skip=tuple(sorted(self._resume_skip.get(node.source_index, {}).items())),
         )
@@ -1741,6 +1752,28 @@ class Pipeline:
         report.collateral_replays = int(stats.get("collateral", 0))
         report.repeats = int(stats.get("repeats", 0))
         report.lost = int(stats.get("pending", 0))
+
+
+def _shuffled(df: Any) -> bool:
+    """Whether ``df``'s plan shuffles (an Exchange): then the order of rows within a partition
+    can differ between two attempts of a task (remote blocks are fetched in any order)."""
+    return "Exchange" in df._jdf.queryExecution().executedPlan().toString()
+
+
+def _hashable(schema: Any) -> bool:
+    """Whether Spark's hash functions take every column (no map anywhere in the types)."""
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    def ok(t: Any) -> bool:
+        if isinstance(t, MapType):
+            return False
+        if isinstance(t, ArrayType):
+            return ok(t.elementType)
+        if isinstance(t, StructType):
+            return all(ok(f.dataType) for f in t.fields)
+        return True
+
+    return ok(schema)
 
 
 __all__ = ["REPORT_KEYS", "Pipeline", "RoundInfo", "RunReport", "Tracked"]

@@ -434,6 +434,7 @@ class SourceTagger:
     tls_root_certs: bytes | None = None  # PEM the executors trust for a grpc+tls:// acker
     job: str | None = None  # the pipeline run's namespace on the acker
     chunk_bits: int = 0  # > 0: source ids drawn in aligned blocks (chunks) of 2**chunk_bits
+    ordered: bool = True  # a retried task reads each partition in the same order
     progress: bool = False  # note each persist's end row in its partition (a resumable job)
     skip: tuple[tuple[int, int], ...] = ()  # ((batch << 16) | partition, rows persisted before)
 
@@ -487,14 +488,14 @@ class SourceTagger:
             # a deterministic source derives its source ids too (a retried task re-creates
             # them: the acker keeps one record instead of a copy it would replay)
             src_ids = None
-            if self.deterministic and self.chunk_bits:
+            if self.deterministic and self.chunk_bits and self.ordered:
                 src_ids = position_chunk_ids(
                     offset - n, n, self.chunk_bits, self.batch, self.source, partition, salt
                 )
-            elif self.deterministic:
-                src_ids = record_src_ids(rec, salt)
             elif self.chunk_bits:
                 src_ids = chunked_ids(n, self.chunk_bits)
+            elif self.deterministic:
+                src_ids = record_src_ids(rec, salt)
             src = client.persist(
                 payload,
                 key_hash=key_hash,
@@ -503,7 +504,7 @@ class SourceTagger:
                 births=rec,
                 src_ids=src_ids,
                 **({"progress": (key, offset)} if self.progress else {}),
-                **({"idempotent": True} if self.deterministic else {}),
+                **({"idempotent": True} if self.deterministic and self.ordered else {}),
             )
             src = np.asarray(src, dtype=np.uint64)
             yield batch.append_column(SRC, pa.array(i64(src), pa.int64())).append_column(
