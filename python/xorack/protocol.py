@@ -4,7 +4,7 @@ its client (``AckerClient``) both speak. Plain constants over pyarrow: no Flight
 
 >>> from xorack.protocol import Op, PROTOCOL_VERSION, XOR_SCHEMA
 >>> Op.XOR.value, Op("expire_all").rpc, PROTOCOL_VERSION
-('xor', 'action', 3)
+('xor', 'action', 4)
 >>> XOR_SCHEMA.names
 ['_ft_src', '_ft_xor']
 
