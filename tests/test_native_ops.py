@@ -9,6 +9,7 @@ import glob
 import os
 import sys
 from collections import Counter
+from dataclasses import dataclass
 
 import pandas as pd
 import pytest
@@ -462,6 +463,45 @@ def _fail_s_words(pdf: pd.DataFrame) -> pd.DataFrame:
     if bad.any():
         raise xorack.FailRecord("after the count", rows=bad.to_numpy())
     return pdf
+
+
+def _optimized(df) -> str:
+    """A DataFrame's optimized logical plan, expression ids left out."""
+    import re
+
+    return re.sub(r"#\d+L?", "", df._jdf.queryExecution().optimizedPlan().toString())
+
+
+def test_with_ft_off_a_pipeline_writes_plain_sparks_plan(spark, tmp_path):
+    """FT off costs nothing in the job: the frame handed to the sink is the plan plain Spark
+    builds for the same operations (no lineage columns, no repartition of the aggregate's
+    output, no extra projection), also when the declaration is reused for the run."""
+    seen = []
+
+    @dataclass(frozen=True)
+    class Recording(ParquetSink):
+        def write(self, df):
+            seen.append(df)
+            return super().write(df)
+
+    path = str(tmp_path / "in")
+    spark.range(300).select(F.concat_ws(" ", "id", F.col("id") % 7).alias("text")).write.parquet(
+        path
+    )
+    p = Pipeline(spark, ft=False)
+    words = p.source(spark.read.parquet(path), name="lines").select(
+        F.explode(F.split("text", " ")).alias("word")
+    )
+    counts = words.where(F.col("word") != "").groupBy("word").agg(F.count("*").alias("n"))
+    counts.sink(Recording(str(tmp_path / "out")), name="counts")
+    report = p.run()
+    plain = spark.read.parquet(path).select(F.explode(F.split("text", " ")).alias("word"))
+    plain = plain.where(F.col("word") != "").groupBy("word").agg(F.count("*").alias("n"))
+    assert len(seen) == 1
+    assert _optimized(seen[0]) == _optimized(plain)
+    assert "Repartition" not in _optimized(seen[0])
+    assert _rows(spark.read.parquet(str(tmp_path / "out"))) == _rows(plain)
+    assert report.sink_rows["counts"] == plain.count() == 300  # "0".."6" are ids too
 
 
 def test_spark_example_wordcount(spark, tmp_path):

@@ -73,14 +73,18 @@ def wordcount_tracked(spark: Any, inp: str, out: str, ft: bool) -> dict[str, Any
     return report.as_dict()
 
 
-def run_wordcount(spark: Any, lines: int, repeat: int = 3, check: bool = True) -> dict[str, Any]:
-    """The three variants, ``repeat`` times each, interleaved; medians, spreads and ratios."""
+def run_wordcount(
+    spark: Any, lines: int, repeat: int = 3, check: bool = True, warmup: int = 1
+) -> dict[str, Any]:
+    """The three variants, ``repeat`` times each, interleaved, after ``warmup`` untimed rounds
+    (the first runs of a session pay for the JVM's JIT and the Python workers' start, and
+    would tilt the ratios towards whichever variant ran first); medians, spreads, ratios."""
     work = tempfile.mkdtemp(prefix="xorack-wordcount-")
     try:
         inp = f"{work}/input"
         make_input(spark, lines, inp)
         results = {v: WordcountResult(v, []) for v in ("plain", "ft off", "ft on")}
-        for _ in range(repeat):
+        for i in range(warmup + repeat):
             for variant in results:
                 out = f"{work}/out-{variant.replace(' ', '-')}"
                 t0 = time.perf_counter()
@@ -88,7 +92,8 @@ def run_wordcount(spark: Any, lines: int, repeat: int = 3, check: bool = True) -
                     wordcount_plain(spark, inp, out)
                 else:
                     wordcount_tracked(spark, inp, out, ft=variant == "ft on")
-                results[variant].seconds.append(time.perf_counter() - t0)
+                if i >= warmup:
+                    results[variant].seconds.append(time.perf_counter() - t0)
         match = None
         if check:
             read = {
@@ -100,6 +105,7 @@ def run_wordcount(spark: Any, lines: int, repeat: int = 3, check: bool = True) -
         return {
             "lines": lines,
             "repeat": repeat,
+            "warmup": warmup,
             "variants": {v: asdict(r) | {"median": r.median} for v, r in results.items()},
             "ft_on_over_plain": results["ft on"].median / plain,
             "ft_off_over_plain": results["ft off"].median / plain,
@@ -125,16 +131,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m xorack.bench_jobs", description=__doc__)
     ap.add_argument("--lines", type=int, default=1_000_000, help="input lines (default 1M)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per variant (default 3)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default 1)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args(argv)
-    if args.lines < 1 or args.repeat < 1:
-        print("xorack bench_jobs: --lines and --repeat must be >= 1", file=sys.stderr)
+    if args.lines < 1 or args.repeat < 1 or args.warmup < 0:
+        print("xorack bench_jobs: --lines, --repeat must be >= 1, --warmup >= 0", file=sys.stderr)
         return 2
     from .spark.session import get_or_create_session
 
     spark = get_or_create_session(app_name="xorack-bench-jobs", shuffle_partitions=8)
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "65536")
-    r = run_wordcount(spark, args.lines, args.repeat)
+    r = run_wordcount(spark, args.lines, args.repeat, warmup=args.warmup)
     print(json.dumps(r, indent=1) if args.json else format_wordcount(r))
     return 0 if r["results_match"] else 1
 

@@ -62,6 +62,7 @@ import pyarrow as pa
 
 from .._checks import sorted_distinct
 from .lineage import EVT, KEEP, SRC, staged_event
+from .schema import empty_frame
 
 CHUNK = "_ft_chunk"
 #: Aggregate functions whose partial results merge exactly (``avg`` over integral or
@@ -145,7 +146,7 @@ def combining_plan(spec: AggregateSpec, input_schema: Any, output_schema: Any) -
     spark = SparkSession.getActiveSession()
     if spark is None or spark._jvm is None:
         return None
-    proto = spark.createDataFrame([], input_schema)
+    proto = empty_frame(spark, input_schema)
     fields = output_schema.fields[len(spec.keys) :]
     if len(fields) != len(spec.exprs):
         return None
@@ -199,7 +200,7 @@ class Staging:
         """The staged payload rows of the attempts not in ``ended`` (a DataFrame of ``_ft_src``
         or None), ghosts left out."""
         if not self.paths:
-            return spark.createDataFrame([], self.schema)
+            return empty_frame(spark, self.schema)
         df = spark.read.parquet(*self.paths).where(_f().col(KEEP))
         if ended is not None:
             df = df.join(ended, SRC, "left_anti")
@@ -238,7 +239,7 @@ class PartialStaging(Staging):
         """The aggregation's output: the partial rows of the untainted chunks, merged."""
         f = _f()
         if not self.paths:
-            return spark.createDataFrame([], self.output)
+            return empty_frame(spark, self.output)
         parts = []
         for path, tainted in zip(self.paths, self.tainted, strict=True):
             df = spark.read.parquet(path).where(f.col(KEEP))

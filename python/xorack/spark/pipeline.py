@@ -51,6 +51,7 @@ from .barrier import (
 )
 from .guard import FailureTally, RunawayFailure, tally_param
 from .lineage import EV, KEEP, LINEAGE
+from .schema import empty_frame, num_partitions
 from .sinks import NativeSink, Sink
 from .stages import (
     BRANCH,
@@ -173,13 +174,22 @@ class _Node:
     source_index: int = -1
     df: Any = None  # source input DataFrame
     keys: tuple[str, ...] = ()
-    partitions: int = 0
+    fixed_partitions: int = 0  # 0: a source without keys keeps its input's partitioning
     repartition: bool = False  # the source repartitions its input (by keys, or round-robin)
     phase: int = 0  # barriers split a run into phases; a barrier's output opens a later one
     spec: Any = None  # a barrier's operator (AggregateSpec, JoinSpec)
     derived: _Node | None = None  # a source that is a barrier's output: the barrier
     staging: list[Staging] = field(default_factory=list)  # a barrier's / native sink's inputs
-    proto: Any = None  # an empty DataFrame of the node's output (declaration-time analysis)
+    proto: Any = None  # a frame of the node's output (declaration-time analysis)
+    analyzed_from: tuple[Any, ...] = ()  # the input frames ``proto`` was built on
+
+    @property
+    def partitions(self) -> int:
+        """The source's partition count: its own, or its input's (asked of Spark once, when
+        first needed: with FT off nothing needs it)."""
+        if not self.fixed_partitions:
+            self.fixed_partitions = num_partitions(self.df)
+        return self.fixed_partitions
 
     def prepare(self, df: Any) -> Any:
         """The source's own partitioning applied to an input DataFrame (or micro-batch)."""
@@ -199,7 +209,7 @@ class _Round:
     summaries: list[Any] = field(default_factory=list)
     staged: list[tuple[Staging, Any]] = field(default_factory=list)
     plain_barriers: dict[int, Any] = field(default_factory=dict)
-    plain_writes: list[tuple[Any, Any]] = field(default_factory=list)
+    plain_writes: list[tuple[_Node, Any]] = field(default_factory=list)
     replays: int = 0
     observed: list[tuple[str, Any, Any]] = field(default_factory=list)  # transform, in, out
 
@@ -721,17 +731,34 @@ class Pipeline:
         return Tracked(self, node)
 
     def _prototype(self, node: _Node) -> Any:
-        """An empty DataFrame with ``node``'s payload and the lineage columns (for checking a
-        declaration against Spark's analyzer without running anything)."""
+        """The frame a declaration on ``node``'s output is analyzed against: an empty DataFrame
+        with ``node``'s payload and the lineage columns (nothing runs). With FT off, a source
+        that keeps its input's partitioning offers the input itself, so that the frames its
+        native operations analyze are the ones the run executes (see :meth:`_reuse`)."""
         from pyspark.sql.types import BooleanType, LongType, StructField, StructType
 
         if node.proto is None:  # a native node keeps the frame its declaration analyzed
+            real = node.df if not self.ft and node.kind == "source" else None
+            if real is not None and not node.repartition and not real.isStreaming:
+                node.proto = real
+                return node.proto
             lineage = [
                 StructField(c, BooleanType() if c == KEEP else LongType(), False) for c in LINEAGE
             ]
             fields = [*node.schema.fields, *(lineage if self.ft else [])]
-            node.proto = self.spark.createDataFrame([], StructType(fields))
+            node.proto = empty_frame(self.spark, StructType(fields))
         return node.proto
+
+    @staticmethod
+    def _reuse(node: _Node, inputs: list[Any]) -> Any:
+        """The frame ``node``'s declaration analyzed, if the run feeds it the very frames that
+        analysis was given (FT off: DataFrames are immutable, so applying the operation again
+        would build the same plan; the declaration's analysis is not paid twice); else None."""
+        given = node.analyzed_from
+        if not given or len(given) != len(inputs):
+            return None
+        same = all(a is b for a, b in zip(given, inputs, strict=True))
+        return node.proto if same else None
 
     def _analyze(self, what: str, build: Callable[[], Any]) -> Any:
         """Run ``build`` (a lazy DataFrame construction) and turn Spark's analysis errors into
@@ -760,17 +787,21 @@ class Pipeline:
         from applying it to the parent's empty prototype."""
         name = self._unique(None, kind)
         op = make(name)
-        out = self._analyze(op.describe(), lambda: op.apply(self._prototype(parent), self.ft))
+        given = self._prototype(parent)
+        out = self._analyze(op.describe(), lambda: op.apply(given, self.ft))
         schema = self._payload_schema(out)
         node = _Node("native", name, [parent], tuple(schema.fieldNames()), schema=schema, fn=op)
-        node.proto = out
+        node.proto, node.analyzed_from = out, (given,)
         return self._add(node)
 
     def _barrier(
         self, parents: list[_Node], spec: Any, kind: str, keys: tuple[str, ...]
     ) -> Tracked:
         """A barrier node over ``parents`` and the source node of its output (the next phase)."""
-        protos = [self.spark.createDataFrame([], p.schema) for p in parents]
+        if self.ft:  # the barrier reads the staged payload rows
+            protos = [empty_frame(self.spark, p.schema) for p in parents]
+        else:  # it reads its parents' frames as they are
+            protos = [self._prototype(p) for p in parents]
         out = self._analyze(spec.describe(), lambda: spec.compute(protos))
         schema = out.schema
         name = self._unique(None, kind)
@@ -778,6 +809,8 @@ class Pipeline:
         ops.check_output_names(spec.describe(), list(cols))
         phase = max(p.phase for p in parents) + 1
         barrier = _Node("barrier", name, list(parents), cols, schema=schema, spec=spec, phase=phase)
+        if not self.ft:  # its output goes on unchanged (see _source_input): one frame for both
+            barrier.proto, barrier.analyzed_from = out, tuple(protos)
         self._nodes.append(barrier)
         n = int(self.spark.conf.get("spark.sql.shuffle.partitions"))
         source = _Node(
@@ -787,12 +820,14 @@ class Pipeline:
             cols,
             schema=schema,
             keys=tuple(keys),
-            partitions=n,
+            fixed_partitions=n,
             source_index=len(self._sources),
             repartition=True,
             phase=phase,
             derived=barrier,
         )
+        if not self.ft:
+            source.proto = out
         self._sources.append(source)
         return self._add(source)
 
@@ -844,7 +879,7 @@ class Pipeline:
         if keys or partitions or df.isStreaming:
             n = int(partitions or self.spark.conf.get("spark.sql.shuffle.partitions"))
         else:
-            n = df.rdd.getNumPartitions()
+            n = 0  # the input's own partitioning, counted when a replay needs it
         node = _Node(
             "source",
             self._unique(name, "source"),
@@ -853,7 +888,7 @@ class Pipeline:
             schema=df.schema,
             df=df,
             keys=keys,
-            partitions=n,
+            fixed_partitions=n,
             source_index=len(self._sources),
             repartition=bool(keys or partitions or df.isStreaming),
         )
@@ -1109,7 +1144,9 @@ class Pipeline:
                 elif node.kind == "transform":
                     df = self._observed_transform(node, inputs[0], work)
                 elif node.kind == "native":
-                    df = node.fn.apply(inputs[0], self.ft)
+                    df = self._reuse(node, inputs)
+                    if df is None:
+                        df = node.fn.apply(inputs[0], self.ft)
                 elif node.kind in ("stage", "group", "arrow"):
                     df = self._stage_frame(node, inputs[0])
                 elif node.kind == "barrier":
@@ -1120,13 +1157,19 @@ class Pipeline:
                             if x is not None
                         ]
                     else:
-                        work.plain_barriers[id(node)] = node.spec.compute(inputs)
+                        out = self._reuse(node, inputs)
+                        work.plain_barriers[id(node)] = (
+                            node.spec.compute(inputs) if out is None else out
+                        )
                     df = None
                 elif getattr(node.sink, "native", False):
                     if self.ft:
                         work.staged.append((node.staging[0], inputs[0]))
                     else:
-                        work.plain_writes.append((node.sink, inputs[0].select(*node.columns)))
+                        df = inputs[0]
+                        if df.columns != list(node.columns):  # FT off: rarely more columns
+                            df = df.select(*node.columns)
+                        work.plain_writes.append((node, df))
                     df = None
                 else:  # a sink written from Python
                     work.summaries.append(self._sink_frame(node, inputs[0]))
@@ -1179,7 +1222,9 @@ class Pipeline:
 
         tagged = None
         if fresh is not None:
-            prepared = node.prepare(fresh)
+            # with FT off a barrier's output goes on as Spark made it (plain Spark's plan: its
+            # round-robin repartition only fixes the partitioning that replays are routed by)
+            prepared = fresh if node.derived is not None and not self.ft else node.prepare(fresh)
             ordered = True  # a retried task reads the partition in the same order
             if self.resume and (node.repartition or node.derived is not None):
                 # a shuffle's (or a barrier's) output order within a partition varies from run
@@ -1201,9 +1246,9 @@ class Pipeline:
             return (None if replayed is None else _with_pending(replayed)), k
         if self.ft and replays_wanted:
             replayed, k = self._replay_frame(node)
-        cols = [F.col(c) for c in (*node.columns, SRC, REC)]
         if replayed is None:
             return (_with_pending(tagged) if self.ft and tagged is not None else tagged), 0
+        cols = [F.col(c) for c in (*node.columns, SRC, REC)]
         if tagged is not None:
             import xorack.hashing as hashing
 
@@ -1412,8 +1457,10 @@ class Pipeline:
             if work.empty() and (round_no > 0 or phase > 0):
                 break  # nothing left to replay, or a phase whose barriers feed native sinks only
             self._run_frames(work.summaries, report)
-            for sink, df in work.plain_writes:
-                sink.write(df)
+            for node, df in work.plain_writes:
+                rows = node.sink.write(df)
+                if rows is not None:  # a sink that cannot count what it wrote is not asked
+                    report.sink_rows[node.name] = report.sink_rows.get(node.name, 0) + int(rows)
             report.rounds += 1
             if not self.ft:
                 break
