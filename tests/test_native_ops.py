@@ -175,13 +175,32 @@ def _combining_aggregate(t):
     return _word_aggregate(t, F.mean("id"))  # unaliased: Spark's own name for it
 
 
+@pytest.mark.parametrize("events", ["driver", "spark"])
 @pytest.mark.parametrize("combine", [True, False])
-def test_combined_aggregate_equals_plain_spark_under_failures(spark, tmp_path, combine):
+def test_combined_aggregate_equals_plain_spark_under_failures(
+    spark, tmp_path, monkeypatch, combine, events
+):
     """Partial aggregates per chunk (combine=True) or staged rows: the same exact result. With
     failures in the first round every chunk holding a failed record is tainted: its other
     records come back as collateral replays (no attempt used up, so nothing more is
-    dead-lettered than with staged rows)."""
+    dead-lettered than with staged rows). The staged events are reduced by the driver (few
+    rows, local staging) or, above ``DRIVER_EVENT_ROWS``, sent by a Spark job."""
+    from xorack.spark import barrier
+
+    read = barrier._local_events
+    used = []
+
+    def spy(*args):
+        out = read(*args)
+        used.append("spark" if out is None else "driver" if len(out[0]) else "none staged")
+        return out
+
+    monkeypatch.setattr(barrier, "_local_events", spy)
+    if events == "spark":
+        monkeypatch.setattr(barrier, "DRIVER_EVENT_ROWS", 0)
     report = _run_both(spark, tmp_path, _combining_aggregate, combine=combine)
+    assert events in used
+    assert set(used) <= {events, "none staged"}
     if combine:
         assert report.collateral_replays > 0
     else:

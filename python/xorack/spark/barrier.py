@@ -302,6 +302,57 @@ class EventSender:
         yield pa.record_batch([pa.array([sent], pa.int64())], names=["n"])
 
 
+#: Staged event rows up to which the driver reads them itself and reduces them per source id
+#: (or chunk) before sending: 16 bytes a row, so at most 64 MiB of driver memory, against a
+#: Spark job (a scan, a shuffle for chunk events, a Python task) that costs ~0.5 s even for a
+#: few rows. Above it, or with staging the driver cannot read (not a local path), Spark sends.
+DRIVER_EVENT_ROWS = 1 << 22
+
+
+def _local_dir(path: str) -> str | None:
+    """The local directory of a staging path (``file:`` or no scheme), else None."""
+    root = path[len("file:") :] if path.startswith("file:") else path
+    return None if "://" in root or not os.path.isdir(root) else root
+
+
+def _local_events(
+    paths: Sequence[str], partial: Sequence[str], chunk_bits: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The staged events at ``paths`` (rows: source id, event) and ``partial`` (rows: chunk,
+    event), read by the driver and reduced per source id (per chunk with ``chunk_bits``):
+    (keys, XOR values) as uint64, zero values kept. None when a path is not a local directory
+    or there are more than :data:`DRIVER_EVENT_ROWS` rows (only Parquet metadata is read
+    then)."""
+    import pyarrow.dataset as ds
+
+    from .. import acker
+    from .stages import u64
+
+    found = []
+    total = 0
+    for path, column in [*((p, SRC) for p in paths), *((p, CHUNK) for p in partial)]:
+        root = _local_dir(path)
+        if root is None:
+            return None
+        data = ds.dataset(root, format="parquet")  # Spark's _SUCCESS, .crc files left out
+        total += data.count_rows()
+        if total > DRIVER_EVENT_ROWS:
+            return None
+        found.append((data, column))
+    keys, values = [], []
+    for data, column in found:
+        table = data.to_table(columns=[column, EVT])
+        key = u64(table.column(0))
+        if column == SRC and chunk_bits:
+            key = key >> np.uint64(chunk_bits)
+        keys.append(key)
+        values.append(u64(table.column(1)))
+    if not keys:
+        return np.empty(0, np.uint64), np.empty(0, np.uint64)
+    k, v = acker.xor_reduce(np.concatenate(keys), np.concatenate(values))
+    return np.asarray(k, np.uint64), np.asarray(v, np.uint64)
+
+
 def send_staged_events(
     spark: Any,
     paths: Sequence[str],
@@ -315,11 +366,27 @@ def send_staged_events(
 ) -> int:
     """Send the events of the rows staged at ``paths`` and of the partial rows at ``partial``
     (read back from what was durably written: an ack never precedes its write), completions
-    held with ``hold``. With ``chunk_bits`` the events reduce per chunk first (a small
-    shuffle) and go as chunk events; otherwise Python sees two int64 columns, no shuffle.
-    Returns the number of (reduced) events sent."""
+    held with ``hold``. With ``chunk_bits`` the events reduce per chunk first and go as chunk
+    events. Up to :data:`DRIVER_EVENT_ROWS` locally staged rows are read and reduced by the
+    driver; more go through a Spark job (a small shuffle per chunk with ``chunk_bits``;
+    otherwise Python sees two int64 columns, no shuffle). Returns the number of (reduced)
+    events sent."""
     if not paths and not partial:
         return 0
+    local = _local_events(paths, partial, chunk_bits)
+    if local is not None:  # few enough to reduce here: no Spark job
+        from .stages import _client
+
+        keys, values = local
+        client = _client(location, token, tls_root_certs, job)
+        if chunk_bits:  # one event per chunk; a zero event counts too
+            client.xor(keys, values, hold=True, chunk_bits=chunk_bits)
+            return len(keys)
+        live = values != 0
+        keys, values = keys[live], values[live]
+        if len(keys):
+            client.xor(keys, values, hold=hold)
+        return len(keys)
     f = _f()
     if chunk_bits:
         parts = [

@@ -344,6 +344,33 @@ def content_ids(
     return acker.derive_ids(np.full(n, where, dtype=np.uint64), content, ranks(content), salt)
 
 
+#: The ordinal of position-derived record ids: a rank no content id reaches, so the two kinds
+#: of id are derived from disjoint inputs.
+_POSITION_ORDINAL = 1 << 63
+
+
+def position_record_ids(
+    start: int, n: int, micro_batch: int, source: int, partition: int, salt: int
+) -> np.ndarray:
+    """Deterministic record ids of the rows at positions ``[start, start + n)`` of their
+    partition: (micro-batch, source, partition, position). Used where a retried task reads the
+    partition in the same order (a combined aggregation's round orders a shuffled source by
+    content first): there they are as stable as :func:`content_ids` and need no hashing of
+    the payload nor ranking of equal rows (two thirds of the tagger's time in the wordcount).
+
+    >>> a = position_record_ids(3, 2, 0, 0, 1, salt=7)
+    >>> bool((a == position_record_ids(3, 2, 0, 0, 1, salt=7)).all()), a[0] != a[1]
+    (True, np.True_)
+    """
+    from .. import acker
+
+    where = acker.derive_ids([micro_batch + 1], [source + 1], [partition + 1], salt)[0]
+    pos = np.arange(start + 1, start + n + 1, dtype=np.uint64)
+    return acker.derive_ids(
+        np.full(n, where, np.uint64), pos, np.full(n, _POSITION_ORDINAL, np.uint64), salt
+    )
+
+
 def chunked_ids(n: int, bits: int) -> np.ndarray:
     """``n`` fresh source ids in aligned blocks of ``2**bits``: block ``b`` holds the ids
     ``(prefix_b << bits) | j`` with a random nonzero prefix, so ``id >> bits`` names the block
@@ -461,7 +488,9 @@ class SourceTagger:
                     f"source {self.name!r}: key column(s) {missing} not in the input columns "
                     f"{batch.schema.names}"
                 )
-            if self.deterministic:
+            if self.deterministic and self.chunk_bits and self.ordered:  # a stable order
+                rec = position_record_ids(offset, n, self.batch, self.source, partition, salt)
+            elif self.deterministic:
                 rec = content_ids(batch, ranks, self.batch, self.source, partition, salt)
             else:
                 rec = acker.new_ids(n)
