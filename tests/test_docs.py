@@ -28,6 +28,8 @@ MODULES = [
     "xorack._kernel_api",
     "xorack.spark.sink_types",
     "xorack.spark.replays",
+    "xorack.spark.optimistic",
+    "xorack.spark.lineage",
 ]
 
 

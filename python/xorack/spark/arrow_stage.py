@@ -28,8 +28,8 @@ from .stages import (
     LINEAGE_COLUMNS,
     Rows,
     StageSchemaError,
-    _client,
     _count,
+    acker_of,
     anchor_outputs,
     call_bisecting,
     i64,
@@ -133,6 +133,7 @@ class ArrowStageRunner:
     tally: Any = None  # the round's failure accumulator (the runaway guard), or None
     tls_root_certs: bytes | None = None  # PEM the executors trust for a grpc+tls:// acker
     job: str | None = None  # the pipeline run's namespace on the acker
+    round_xor: Any = None  # an optimistic round's accumulator (see StageRunner)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         if not self.ft:
@@ -141,9 +142,10 @@ class ArrowStageRunner:
                     if out.num_rows:
                         yield self._select(out, lineage=False)
             return
-        assert self.location is not None
-        client = _client(self.location, self.token, self.tls_root_certs, self.job)
+        client = acker_of(self.round_xor, self.location, self.token, self.tls_root_certs, self.job)
         for batch in batches:
+            if getattr(client, "failed", False):
+                continue  # an optimistic round that failed a row is lost: skip its work
             yield from self.process(batch, client)
 
     def _select(self, out: pa.RecordBatch, lineage: bool) -> pa.RecordBatch:
@@ -198,7 +200,8 @@ class ArrowStageRunner:
             return []
         in_src = u64(batch.column(SRC))
         in_rec = u64(batch.column(REC))
-        outs, failures = call_bisecting(self.fn, batch, self.name, True, ARROW_ROWS)
+        bisect = self.round_xor is None  # an optimistic round falls back on any failure
+        outs, failures = call_bisecting(self.fn, batch, self.name, bisect, ARROW_ROWS)
         _count(self.tally, f"stage {self.name!r}", in_src, failures)
         outs = [o for o in outs if o.num_rows]
         for o in outs:

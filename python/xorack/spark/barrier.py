@@ -61,7 +61,7 @@ import numpy as np
 import pyarrow as pa
 
 from .._checks import sorted_distinct
-from .lineage import EVT, KEEP, SRC, staged_event
+from .lineage import EVT, KEEP, SRC, q, staged_event
 from .schema import empty_frame
 
 CHUNK = "_ft_chunk"
@@ -192,7 +192,8 @@ class Staging:
     def write(self, df: Any, tag: str) -> str:
         """Stage ``df`` (payload + lineage) for round ``tag``; returns the directory."""
         path = os.path.join(self.root, tag)
-        df.select(*self.payload, SRC, staged_event(), KEEP).write.mode("overwrite").parquet(path)
+        cols = [*map(q, self.payload), SRC, staged_event(), KEEP]
+        df.selectExpr(*cols).write.mode("overwrite").parquet(path)
         self.paths.append(path)
         return path
 
@@ -228,9 +229,9 @@ class PartialStaging(Staging):
     def write_partial(self, df: Any, tag: str, bits: int) -> str:
         f = _f()
         path = os.path.join(self.root, tag)
-        chunk = f.shiftrightunsigned(f.col(SRC), bits).alias(CHUNK)
+        chunk = f"shiftrightunsigned({SRC}, {int(bits)}) AS {CHUNK}"
         partials = [c for i, p in enumerate(self.plan) for c in p.partials(i)]
-        grouped = df.select("*", chunk, staged_event()).groupBy(CHUNK, KEEP, *self.keys)
+        grouped = df.selectExpr("*", chunk, staged_event()).groupBy(CHUNK, KEEP, *self.keys)
         grouped.agg(*partials, f.bit_xor(EVT).alias(EVT)).write.mode("overwrite").parquet(path)
         self.paths.append(path)
         return path

@@ -329,6 +329,15 @@ class ParquetSink:
         df.observe(seen, F.count(F.lit(1)).alias("rows")).write.mode(self.mode).parquet(self.path)
         return int(seen.get["rows"])
 
+    def adopt(self, spark: Any, staged: str) -> None:
+        """Publish a directory of Parquet files that Spark wrote for this sink (the rows of an
+        optimistic round, :mod:`xorack.spark.optimistic`) by moving it to ``path``: no second
+        write. ``mode="overwrite"`` replaces what ``path`` held; ``"error"`` refuses an
+        existing ``path``."""
+        from .optimistic import move_dir
+
+        move_dir(spark, staged, self.path, replace=self.mode == "overwrite")
+
     def read(self, spark: Any) -> Any:
         """The sink's rows as a DataFrame."""
         return spark.read.parquet(self.path)

@@ -172,6 +172,24 @@ def _client(
     return AckerClient.get(location, token=token, job=job, tls_root_certs=tls_root_certs)
 
 
+def acker_of(
+    round_xor: Any,
+    location: str | None,
+    token: str | None,
+    tls_root_certs: bytes | None = None,
+    job: str | None = None,
+) -> Any:
+    """What a runner sends its events and failures to: an optimistic round's accumulator
+    (:class:`~xorack.spark.optimistic.RoundXor`) when given, else the acker service."""
+    if round_xor is not None:
+        from .optimistic import RoundXor
+
+        return RoundXor(round_xor)
+    if location is None:
+        raise ValueError("a tracked runner needs the acker's location or a round accumulator")
+    return _client(location, token, tls_root_certs, job)
+
+
 def u64(values: Any) -> np.ndarray:
     """The uint64 view of a Spark ``bigint`` id column (pandas Series, numpy or Arrow array)."""
     if isinstance(values, (pa.Array, pa.ChunkedArray)):
@@ -833,6 +851,9 @@ class StageRunner:
     tally: Any = None  # the round's failure accumulator (the runaway guard), or None
     tls_root_certs: bytes | None = None  # PEM the executors trust for a grpc+tls:// acker
     job: str | None = None  # the pipeline run's namespace on the acker
+    # an optimistic round's accumulator (xorack.spark.optimistic): events and failures go
+    # there instead of to the acker service, and a failing batch is not bisected
+    round_xor: Any = None
 
     def __call__(self, pdfs: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         if not self.ft:
@@ -840,9 +861,10 @@ class StageRunner:
                 for out in _as_frames(self.fn(pdf), self.name):
                     yield self._select(out, lineage=False)
             return
-        assert self.location is not None
-        client = _client(self.location, self.token, self.tls_root_certs, self.job)
+        client = acker_of(self.round_xor, self.location, self.token, self.tls_root_certs, self.job)
         for pdf in pdfs:
+            if getattr(client, "failed", False):
+                continue  # an optimistic round that failed a row is lost: skip its work
             done = self.process(pdf, client)
             if done is not None:
                 yield done
@@ -885,7 +907,8 @@ class StageRunner:
                 "groupBy(...).agg(...) for aggregates (exactly-once), or group by a key that "
                 "stays within one source record"
             )
-        frames, failures = call_bisecting(self.fn, pdf, self.name, self.bisect)
+        bisect = self.bisect and self.round_xor is None
+        frames, failures = call_bisecting(self.fn, pdf, self.name, bisect)
         _count(self.tally, f"stage {self.name!r}", in_src, failures)
         frames = [f for f in frames if len(f.columns)]
         # one frame (the usual case) is used as it is: rows are taken by position below

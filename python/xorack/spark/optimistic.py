@@ -1,0 +1,267 @@
+"""Optimistic rounds: a whole phase acked as one XOR tree, per-record acking only when it fails.
+
+Most rounds of most jobs fail nothing. For them, per-record acking is pure cost: every source
+row goes through Python to be persisted, every (chunk, group) partial aggregate is staged and
+read back, and a second job merges the partials. An *optimistic round* runs a phase the way
+plain Spark would and checks it at the end with the acker's own arithmetic, applied to the
+union of the phase's record trees:
+
+1. the phase's sources are tagged in the JVM (``_ft_rec = xxhash64(salt, position)``); an
+   observed metric XORs every source row's id (the *births*) on the way in;
+2. native operators keep their lineage columns exactly as in a tracked round; Python stages
+   anchor their outputs as usual, but their XOR events go into a Spark accumulator
+   (:class:`RoundXor`, the acker of an optimistic round) instead of the acker service;
+3. where rows leave the phase (a barrier's input, a native sink), an observed metric XORs the
+   event every row owes (its pending event and its ack) — and Spark's own operator computes
+   the barrier's output right there, from the live rows, as plain Spark would;
+4. after the phase's jobs, the round is complete exactly when the births equal the XOR of
+   every event (the staged ones and the Python stages'), no row failed in a Python stage, and
+   no Spark task failed or was retried. The XOR of the events of a set of record trees equals
+   the XOR of their births only when every row of every tree was accounted for (the
+   property the acker relies on for one tree, DESIGN.md), so a lost row, a failed row or a
+   row counted twice shows as a mismatch (but for a 2^-64 accident).
+
+A complete round publishes its outputs (a rename for a native sink) and the phase is done:
+nothing was persisted, nothing is pending. Otherwise its outputs are deleted, nothing it did
+is kept, and the phase runs in tracked rounds from its sources (read again, like a retried
+Spark task reads its partition again): per-record acking, replays, dead letters. The
+optimistic round is not an attempt of any record; the cost of a lost one is its jobs.
+
+A phase runs optimistically when it only holds sources, native operators, untracked
+transforms, unions, ``map_in_pandas`` / ``map_in_arrow`` stages, barriers and native sinks, with no
+branch point (``Pipeline(optimistic=False)`` turns it off). Sinks written from Python, grouped
+stages (``apply_in_pandas``), streaming and resumable jobs always run tracked rounds.
+
+>>> a = RoundAccount(records=2, births=5, staged=4, python=1)
+>>> a.verdict() is None
+True
+>>> RoundAccount(records=2, births=5, staged=4, python=0).verdict()
+'the events of the round do not cancel its births (a row was lost or counted twice)'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .lineage import EV, EVENT, KEEP, REC, SRC, q
+
+MASK = (1 << 64) - 1
+
+
+def _f() -> Any:
+    from pyspark.sql import functions
+
+    return functions
+
+
+def round_param() -> Any:
+    """A Spark ``AccumulatorParam`` over ``(xor of 64-bit events, failed rows)`` pairs."""
+    from pyspark.accumulators import AccumulatorParam
+
+    class _RoundParam(AccumulatorParam):
+        def zero(self, value: tuple[int, int]) -> tuple[int, int]:
+            return (0, 0)
+
+        def addInPlace(self, a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+            return (a[0] ^ b[0], a[1] + b[1])
+
+    return _RoundParam()
+
+
+class RoundXor:
+    """The acker of an optimistic round inside a task: the same ``xor`` / ``fail`` calls a
+    runner makes to the acker service, folded into the round's accumulator (one XOR of every
+    event; a count of failed rows). ``failed`` tells the runner that the round is lost, so it
+    skips the rest of its work.
+
+    >>> class Acc:
+    ...     value = (0, 0)
+    ...     def add(self, v): self.value = (self.value[0] ^ v[0], self.value[1] + v[1])
+    >>> r = RoundXor(Acc()); r.xor(np.array([1, 2], np.uint64), np.array([6, 3], np.uint64))
+    >>> r.fail(np.array([7], np.uint64), reason="x"); r.accumulator.value, r.failed
+    ((5, 1), True)
+    """
+
+    def __init__(self, accumulator: Any) -> None:
+        self.accumulator = accumulator
+        self.failed = False
+
+    def xor(self, src: Any, values: Any, **_: Any) -> None:
+        v = np.asarray(values, dtype=np.uint64)
+        if len(v):
+            self.accumulator.add((int(np.bitwise_xor.reduce(v)), 0))
+
+    def fail(self, src: Any, reason: str = "", **_: Any) -> None:
+        self.failed = True
+        self.accumulator.add((0, max(1, len(np.asarray(src)))))
+
+
+def tag_source(df: Any, salt: int, source: int, observation: Any) -> Any:
+    """A source's rows with lineage columns drawn in the JVM, observed on the way (their count
+    ``n`` and the XOR of their ids ``x``, the births): ``_ft_rec`` = ``xxhash64(salt, source,
+    monotonically_increasing_id())`` (distinct rows, distinct ids but for a 2^-64 accident), no
+    pending event. ``_ft_src`` is the round's salt for every row: the round acks its records
+    as one tree, and Python stages pass the column through. The constant columns are added
+    after the observation, so that Spark folds them into the operators that read them."""
+    f = _f()
+    rec = f"xxhash64({int(salt)}L, {int(source)}, monotonically_increasing_id()) AS {REC}"
+    salt_id = int(salt) or 1  # a nonzero id: the kernels refuse id 0
+    payload = [q(c) for c in df.columns]
+    tagged = df.selectExpr(*payload, rec).observe(
+        observation, f.expr("count(1)").alias("n"), f.expr(f"bit_xor({REC})").alias("x")
+    )
+    return tagged.selectExpr(
+        *payload, f"{salt_id}L AS {SRC}", REC, f"0L AS {EV}", f"true AS {KEEP}"
+    )
+
+
+def staged(df: Any, observation: Any) -> Any:
+    """``df`` (rows leaving the phase, ghosts included) observed: the XOR of the event each row
+    owes (``x``) and its live rows (``rows``)."""
+    f = _f()
+    return df.observe(
+        observation,
+        f.expr(f"bit_xor({EVENT})").alias("x"),
+        f.expr(f"count_if({KEEP})").alias("rows"),
+    )
+
+
+def observed(observation: Any) -> dict[str, int] | None:
+    """An observation's values after its job, or None when Spark has none for it (its plan
+    did not run)."""
+    try:
+        values = observation.get
+    except Exception:  # the plan never ran (e.g. adaptive execution dropped it as empty)
+        return None
+    return {k: int(v or 0) for k, v in values.items()}
+
+
+def task_failures(sc: Any, group: str) -> int:
+    """Failed task attempts and stage re-attempts of the jobs of ``group`` (a job group). A
+    retried task or stage may have applied its accumulator updates or observed metrics twice,
+    which a round cannot tell from a correct one, so any retry makes the round fall back."""
+    tracker = sc.statusTracker()
+    bad = 0
+    for job in tracker.getJobIdsForGroup(group):
+        info = tracker.getJobInfo(job)
+        if info is None:
+            bad += 1  # forgotten by Spark: cannot tell, so do not trust it
+            continue
+        if info.status != "SUCCEEDED":
+            bad += 1
+        for stage in info.stageIds:
+            s = tracker.getStageInfo(stage)
+            if s is None:
+                continue
+            bad += int(s.numFailedTasks) + int(s.currentAttemptId)
+    return bad
+
+
+@dataclass
+class RoundAccount:
+    """What an optimistic round saw: its source rows (``records``), the XOR of their ids
+    (``births``), of the events staged where rows left the phase (``staged``) and of the events
+    its Python stages folded into the round's accumulator (``python``); rows that failed in a
+    Python stage, with their reasons; failed Spark task attempts; and observations Spark did not
+    report."""
+
+    records: int = 0
+    births: int = 0
+    staged: int = 0
+    python: int = 0
+    failed_rows: int = 0
+    reasons: list[str] = field(default_factory=list)
+    task_failures: int = 0
+    missing: list[str] = field(default_factory=list)
+
+    def verdict(self) -> str | None:
+        """None when every record of the round completed, else why the round falls back."""
+        if self.missing:
+            return f"Spark reported no metrics for {', '.join(self.missing)}"
+        if self.task_failures:
+            return f"{self.task_failures} Spark task attempt(s) failed or were retried"
+        if self.failed_rows or self.reasons:
+            why = "; ".join(self.reasons[:3]) or "a stage failed rows"
+            return f"{self.failed_rows} row(s) failed: {why}"
+        if (self.births ^ self.staged ^ self.python) & MASK:
+            return (
+                "the events of the round do not cancel its births (a row was lost or counted twice)"
+            )
+        return None
+
+
+def move_dir(spark: Any, src: str, dst: str, replace: bool) -> None:
+    """Move directory ``src`` to ``dst`` through Hadoop's file system API (any file system
+    Spark writes to). With ``replace`` an existing ``dst`` is deleted first; otherwise an
+    existing ``dst`` is an error, as Spark's ``mode("error")``."""
+    jvm = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    s, d = jvm.org.apache.hadoop.fs.Path(src), jvm.org.apache.hadoop.fs.Path(dst)
+    fs = d.getFileSystem(conf)
+    if fs.exists(d):
+        if not replace:
+            raise FileExistsError(f"path {dst} already exists (mode 'error')")
+        fs.delete(d, True)
+    parent = d.getParent()
+    if parent is not None and not fs.exists(parent):
+        fs.mkdirs(parent)
+    if not fs.rename(s, d):
+        raise OSError(f"could not move {src} to {dst}")
+
+
+def remove_dir(spark: Any, path: str) -> None:
+    """Delete ``path`` (recursively) if it exists, on any file system Spark writes to."""
+    jvm = spark._jvm
+    p = jvm.org.apache.hadoop.fs.Path(path)
+    fs = p.getFileSystem(spark._jsc.hadoopConfiguration())
+    if fs.exists(p):
+        fs.delete(p, True)
+
+
+def round_salt(source: str) -> int:
+    """The salt of a source's ids in optimistic rounds: a 63-bit value of the source's name,
+    the same in every run. The ids only need to differ within a round (they never reach the
+    acker or a sink), and a salt that changed per run would change the text of the code Spark
+    generates for the plan, which Spark then compiles anew on every run (~0.1 s) instead of
+    taking it from its cache.
+
+    >>> round_salt("lines") == round_salt("lines") != round_salt("words")
+    True
+    """
+    from .ops import salt_of
+
+    return salt_of(f"optimistic:{source}") or 1
+
+
+def reasons_of(tally: dict[tuple[str, str], int]) -> list[str]:
+    """The failure reasons a round's tally holds, as ``where: reason (n records)``."""
+    from .guard import SEEN
+
+    return [f"{where}: {reason} ({n})" for (where, reason), n in tally.items() if reason != SEEN]
+
+
+def xor_all(values: Sequence[int]) -> int:
+    out = 0
+    for v in values:
+        out ^= v & MASK
+    return out
+
+
+__all__ = [
+    "RoundAccount",
+    "RoundXor",
+    "move_dir",
+    "observed",
+    "reasons_of",
+    "remove_dir",
+    "round_param",
+    "round_salt",
+    "staged",
+    "tag_source",
+    "task_failures",
+    "xor_all",
+]
