@@ -7,8 +7,18 @@ each ``repeat`` times, interleaved so that drift on a noisy machine hits them al
 
 * ``plain``: the job in plain PySpark;
 * ``ft off``: the same operations through ``Pipeline(ft=False)`` (must cost nothing);
-* ``ft on``: ``Pipeline(ft=True)`` with a ``ParquetSink`` (tagging, persisting to the embedded
-  acker, staging of the aggregation's input, acks computed in the JVM, exactly-once output).
+* ``ft on``: ``Pipeline(ft=True)`` with a ``ParquetSink``: nothing fails, so the job completes
+  in one optimistic round (ids drawn in the JVM, the round acked as one XOR tree, the counts
+  published by a rename; :mod:`xorack.spark.optimistic`);
+
+and, with ``fallback=True`` (what the other paths cost, for the record):
+
+* ``ft on, tracked``: ``Pipeline(ft=True, optimistic=False)``: tracked rounds only (every line
+  persisted to the embedded acker, the count staged per chunk, acks computed from what was
+  staged, the counts merged);
+* ``ft on, 1 line fails``: one line of the input fails its first attempt in a ``map_in_arrow``
+  stage: the optimistic round falls back, and the job runs tracked rounds (the failed line is
+  replayed in a second round).
 
 Ratios are of medians from the same run. ``python -m xorack.bench_jobs --lines 1000000``.
 
@@ -57,13 +67,37 @@ def wordcount_plain(spark: Any, inp: str, out: str) -> None:
     counts.write.mode("overwrite").parquet(out)
 
 
-def wordcount_tracked(spark: Any, inp: str, out: str, ft: bool) -> dict[str, Any]:
+@dataclass(frozen=True)
+class FailsOnce:
+    """A ``map_in_arrow`` stage function: the first line of partition 0 fails its first
+    attempt (``FailRecord``); every other line passes unchanged."""
+
+    def __call__(self, batch: Any) -> Any:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        from . import FailRecord
+        from .spark import current_round
+
+        ctx = TaskContext.get()
+        first = ctx is not None and ctx.partitionId() == 0 and current_round() == 0
+        if first and batch.num_rows:
+            mask = pa.array([True] + [False] * (batch.num_rows - 1))
+            raise FailRecord("injected: fails once", rows=mask)
+        return batch
+
+
+def wordcount_tracked(
+    spark: Any, inp: str, out: str, ft: bool, optimistic: bool = True, fail_once: bool = False
+) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     from .spark import ParquetSink, Pipeline
 
-    p = Pipeline(spark, ft=ft)
+    p = Pipeline(spark, ft=ft, optimistic=optimistic)
     lines = p.source(spark.read.parquet(inp), name="lines")
+    if fail_once:
+        lines = lines.map_in_arrow(FailsOnce(), lines.schema, name="fails-once")
     words = lines.select(F.explode(F.split("text", " ")).alias("word"))
     counts = words.where(F.col("word") != "").groupBy("word").agg(F.count("*").alias("n"))
     counts.sink(ParquetSink(out), name="counts")
@@ -73,34 +107,62 @@ def wordcount_tracked(spark: Any, inp: str, out: str, ft: bool) -> dict[str, Any
     return report.as_dict()
 
 
+VARIANTS = ("plain", "ft off", "ft on")
+FALLBACK_VARIANTS = ("ft on, tracked", "ft on, 1 line fails")
+
+
+def _run_variant(spark: Any, variant: str, inp: str, out: str) -> None:
+    if variant == "plain":
+        wordcount_plain(spark, inp, out)
+        return
+    report = wordcount_tracked(
+        spark,
+        inp,
+        out,
+        ft=variant != "ft off",
+        optimistic=variant != "ft on, tracked",
+        fail_once=variant == "ft on, 1 line fails",
+    )
+    if variant == "ft on" and report["optimistic_fallbacks"]:
+        raise RuntimeError(f"wordcount: the optimistic round fell back: {report}")
+
+
 def run_wordcount(
-    spark: Any, lines: int, repeat: int = 3, check: bool = True, warmup: int = 1
+    spark: Any,
+    lines: int,
+    repeat: int = 3,
+    check: bool = True,
+    warmup: int = 1,
+    fallback: bool = False,
 ) -> dict[str, Any]:
-    """The three variants, ``repeat`` times each, interleaved, after ``warmup`` untimed rounds
-    (the first runs of a session pay for the JVM's JIT and the Python workers' start, and
-    would tilt the ratios towards whichever variant ran first); medians, spreads, ratios."""
+    """The variants (the three above; with ``fallback`` also the tracked ones), ``repeat``
+    times each, interleaved, after ``warmup`` untimed rounds (the first runs of a session pay
+    for the JVM's JIT and the Python workers' start, and would tilt the ratios towards
+    whichever variant ran first); medians, spreads, ratios."""
     work = tempfile.mkdtemp(prefix="xorack-wordcount-")
     try:
         inp = f"{work}/input"
         make_input(spark, lines, inp)
-        results = {v: WordcountResult(v, []) for v in ("plain", "ft off", "ft on")}
+        names = VARIANTS + (FALLBACK_VARIANTS if fallback else ())
+        results = {v: WordcountResult(v, []) for v in names}
         for i in range(warmup + repeat):
             for variant in results:
-                out = f"{work}/out-{variant.replace(' ', '-')}"
+                out = f"{work}/out-{variant.replace(' ', '-').replace(',', '')}"
                 t0 = time.perf_counter()
-                if variant == "plain":
-                    wordcount_plain(spark, inp, out)
-                else:
-                    wordcount_tracked(spark, inp, out, ft=variant == "ft on")
+                _run_variant(spark, variant, inp, out)
                 if i >= warmup:
                     results[variant].seconds.append(time.perf_counter() - t0)
         match = None
         if check:
-            read = {
-                v: sorted(spark.read.parquet(f"{work}/out-{v.replace(' ', '-')}").collect())
+            read = [
+                sorted(
+                    spark.read.parquet(
+                        f"{work}/out-{v.replace(' ', '-').replace(',', '')}"
+                    ).collect()
+                )
                 for v in results
-            }
-            match = read["plain"] == read["ft off"] == read["ft on"]
+            ]
+            match = all(r == read[0] for r in read)
         plain = results["plain"].median
         return {
             "lines": lines,
@@ -123,6 +185,10 @@ def format_wordcount(r: dict[str, Any]) -> str:
         )
     lines.append(f"  FT on / plain  {r['ft_on_over_plain']:.2f}   (target <= 1.5)")
     lines.append(f"  FT off / plain {r['ft_off_over_plain']:.2f}   (target <= 1.05)")
+    plain = r["variants"]["plain"]["median"]
+    for v in FALLBACK_VARIANTS:
+        if v in r["variants"]:
+            lines.append(f"  {v} / plain  {r['variants'][v]['median'] / plain:.2f}")
     lines.append(f"  results match  {r['results_match']}")
     return "\n".join(lines)
 
@@ -132,6 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lines", type=int, default=1_000_000, help="input lines (default 1M)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per variant (default 3)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default 1)")
+    ap.add_argument(
+        "--fallback",
+        action="store_true",
+        help="also time FT on with tracked rounds only, and with one line failing (the "
+        "optimistic round falls back)",
+    )
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args(argv)
     if args.lines < 1 or args.repeat < 1 or args.warmup < 0:
@@ -141,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
 
     spark = get_or_create_session(app_name="xorack-bench-jobs", shuffle_partitions=8)
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "65536")
-    r = run_wordcount(spark, args.lines, args.repeat, warmup=args.warmup)
+    r = run_wordcount(spark, args.lines, args.repeat, warmup=args.warmup, fallback=args.fallback)
     print(json.dumps(r, indent=1) if args.json else format_wordcount(r))
     return 0 if r["results_match"] else 1
 

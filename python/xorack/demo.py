@@ -186,6 +186,7 @@ class DemoConfig:
     master: str | None = None  # Spark master URL; None: the embedded local session
     ackers: int = 1  # acker processes (shards); 1: the acker is a thread of the driver
     combine: str = "auto"  # the count's partial aggregates per chunk: "on", "off", "auto"
+    optimistic: str = "auto"  # each phase first in an optimistic round: "on", "off", "auto"
     workdir: str | None = None  # a resumable job's directory (sink, FT storage, staged rows)
 
     @property
@@ -199,6 +200,17 @@ class DemoConfig:
         from .protocol import CHUNK_BITS  # the records of a chunk (Pipeline's default)
 
         return first_round * (1 << CHUNK_BITS) < 1
+
+    @property
+    def optimistic_rounds(self) -> bool:
+        """Whether each phase first runs an optimistic round (``Pipeline(optimistic=)``): one
+        failed sentence anywhere sends the round back to tracked rounds, its work lost. "auto":
+        when fewer than one sentence of the whole input is expected to fail its first attempt
+        (with the default rates, off)."""
+        if self.optimistic != "auto":
+            return self.optimistic == "on"
+        first_round = self.fail_rate + self.poison_rate + self.drop_rate
+        return first_round * self.records < 1
 
 
 # ---- the pipeline's functions (picklable: module-level or frozen dataclasses) ------------------
@@ -315,6 +327,7 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
             max_attempts=cfg.max_attempts,
             ackers=cfg.ackers,
             combine=cfg.combines,
+            optimistic=cfg.optimistic_rounds,
             resume=resumable,
             workdir=os.path.join(workdir, "work") if resumable else None,
         )
@@ -390,6 +403,7 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
         out["records_generated"] = cfg.records
         out["ackers"] = cfg.ackers
         out["combine"] = cfg.combines
+        out["optimistic"] = cfg.optimistic_rounds
         out["poisoned"] = len(poison)
         out["dead_lettered_not_poisoned"] = len(dead - poison)
         out["distinct_words"] = len(counts)
@@ -440,11 +454,17 @@ def _jvm_peak_rss_mb(spark: Any) -> float | None:
 
 def _poll(p: Any, bar: Any, stop: threading.Event) -> None:
     while not stop.wait(0.5):
+        share = p.optimistic_progress()  # an optimistic round: its Spark tasks done
+        if share is not None:
+            bar.n = max(bar.n, min(bar.total, int(share * bar.total)))
+            bar.refresh()
+            continue
         try:
             s = p.client.stats()
         except Exception:  # the service is not up yet or already down
             continue
-        bar.n = min(bar.total, int(s.get("completed", 0)) + int(s.get("dead_lettered", 0)))
+        done = int(s.get("completed", 0)) + int(s.get("dead_lettered", 0))
+        bar.n = max(bar.n, min(bar.total, done))
         bar.refresh()
 
 
@@ -458,9 +478,15 @@ def format_report(r: dict[str, Any]) -> str:
     ackers = f", {shards} acker processes" if shards > 1 else ""
     if r.get("combine") and r["ft"]:
         ackers += ", count combined per chunk"
+    optimistic = ""
+    if r["ft"] and r.get("optimistic_rounds"):
+        optimistic = f", {r['optimistic_rounds']} phase(s) done in an optimistic round"
+    for why in r.get("optimistic_fallbacks") or []:
+        optimistic += f"; an optimistic round fell back ({why})"
     lines = [
         "xorack demo report",
-        f"  FT                     {'on' if r['ft'] else 'off'}  ({r['rounds']} round(s){ackers})",
+        f"  FT                     {'on' if r['ft'] else 'off'}  "
+        f"({r['rounds']} round(s){ackers}{optimistic})",
         f"  source records         {show(r['source_records'])}"
         + ("  (a resumed job: counts over all of its runs)" if r.get("resumed") else ""),
         f"  completed              {show(r['completed'])}",
@@ -604,6 +630,15 @@ def build_parser() -> argparse.ArgumentParser:
         "(with the default rates, off: a failure replays its chunk-mates)",
     )
     ap.add_argument(
+        "--optimistic",
+        choices=("auto", "on", "off"),
+        default=d.optimistic,
+        help="each phase first runs as plain Spark would and is acked as one XOR tree, "
+        "falling back to tracked rounds when anything in it failed (on); off: tracked rounds "
+        "only; auto: on when fewer than one sentence is expected to fail its first attempt "
+        "(with the default rates, off: the optimistic round would only cost)",
+    )
+    ap.add_argument(
         "--workdir",
         default=None,
         metavar="DIR",
@@ -660,6 +695,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         master=args.master,
         ackers=args.ackers,
         combine=args.combine,
+        optimistic=args.optimistic,
         workdir=args.workdir,
     )
     t0 = time.perf_counter()

@@ -75,6 +75,7 @@ def prepare() -> None:
     import pyspark.sql.pandas.serializers
     import pyspark.worker  # noqa: F401
 
+    import xorack.acker
     import xorack.spark.stages  # noqa: F401  (numpy, pandas, pyarrow, the kernels)
 
     # the daemon's objects go to the permanent generation: the gc.collect() a worker runs after

@@ -180,13 +180,13 @@ class RoundAccount:
 
     def verdict(self) -> str | None:
         """None when every record of the round completed, else why the round falls back."""
-        if self.missing:
-            return f"Spark reported no metrics for {', '.join(self.missing)}"
-        if self.task_failures:
-            return f"{self.task_failures} Spark task attempt(s) failed or were retried"
         if self.failed_rows or self.reasons:
             why = "; ".join(self.reasons[:3]) or "a stage failed rows"
             return f"{self.failed_rows} row(s) failed: {why}"
+        if self.task_failures:
+            return f"{self.task_failures} Spark task attempt(s) failed or were retried"
+        if self.missing:  # e.g. adaptive execution dropped an operator whose input was empty
+            return f"Spark reported no metrics for {', '.join(self.missing)}"
         if (self.births ^ self.staged ^ self.python) & MASK:
             return (
                 "the events of the round do not cancel its births (a row was lost or counted twice)"

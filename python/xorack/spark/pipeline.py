@@ -717,6 +717,7 @@ class Pipeline:
         self._workdir: str | None = None  # the running run's staging directory (FT on)
         self._fast_records = 0  # records of input sources completed by optimistic rounds
         self._fast_derived = 0  # records of barrier outputs completed by optimistic rounds
+        self._fast_group: str | None = None  # the Spark job group of a running optimistic round
         self._chunk_bits = 0  # the running round's source ids are drawn in chunks of 2**bits
         self._partial_phases: set[int] = set()  # phases that stage partial aggregates
         self.round = 0
@@ -1331,8 +1332,26 @@ class Pipeline:
         df = df.withColumn(PART, F.spark_partition_id())
         return df.mapInArrow(tagger, self._tagged_schema(node))
 
+    @classmethod
+    def _settled(cls, node: _Node) -> bool:
+        """Whether ``node``'s rows owe no pending event and hold no ghost: a source's, a Python
+        stage's (their events are sent, or their pending columns constant); a native operator
+        or an untracked transform may leave both."""
+        if node.kind in ("source", "stage", "arrow", "group"):
+            return True
+        return node.kind == "union" and all(cls._settled(p) for p in node.parents)
+
+    def _python_input(self, node: _Node, df: Any) -> Any:
+        """The frame a Python stage or sink reads: without the pending-event columns when its
+        input has none to send (two columns fewer to convert to Arrow and pandas, and Spark
+        prunes their constants)."""
+        if self.ft and self._settled(node.parents[0]):
+            return df.drop(EV, KEEP)
+        return df
+
     def _stage_frame(self, node: _Node, df: Any, round_xor: Any = None) -> Any:
         """A stage's output; ``round_xor``: an optimistic round's accumulator."""
+        df = self._python_input(node, df)
         if node.kind == "arrow":
             large = self.spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false")
             arrow = ArrowStageRunner(
@@ -1375,6 +1394,7 @@ class Pipeline:
         return _with_pending(out) if self.ft else out
 
     def _sink_frame(self, node: _Node, df: Any) -> Any:
+        df = self._python_input(node, df)
         runner = SinkRunner(
             name=node.name,
             sink=node.sink,
@@ -1647,10 +1667,12 @@ class Pipeline:
             sc.getLocalProperty("spark.job.description"),
         )
         sc.setJobGroup(group, f"xorack: optimistic round of phase {phase}", False)
+        self._fast_group = group
         try:
             for job in jobs:
                 job.frame.write.mode("overwrite").parquet(job.path)
         finally:
+            self._fast_group = None
             sc.setLocalProperty("spark.jobGroup.id", previous[0])
             sc.setLocalProperty("spark.job.description", previous[1])
         account = optimistic.RoundAccount(task_failures=optimistic.task_failures(sc, group))
@@ -1694,6 +1716,27 @@ class Pipeline:
         report.rounds += 1
         report.optimistic_rounds += 1
         return True
+
+    def optimistic_progress(self) -> float | None:
+        """The share (0..1) of the Spark tasks of a running optimistic round that are done, or
+        None when no optimistic round runs (then ``client.stats()`` counts the records). An
+        optimistic round completes its records all at once at its end; this is for progress
+        bars.
+
+        >>> # share = p.optimistic_progress()  (from another thread, during run())
+        """
+        group = self._fast_group
+        if group is None:
+            return None
+        tracker = self.spark.sparkContext.statusTracker()
+        done = total = 0
+        for job in tracker.getJobIdsForGroup(group):
+            info = tracker.getJobInfo(job)
+            for stage in info.stageIds if info is not None else ():
+                s = tracker.getStageInfo(stage)
+                if s is not None:
+                    done, total = done + s.numCompletedTasks, total + s.numTasks
+        return done / total if total else 0.0
 
     def _derived_source(self, barrier: _Node) -> _Node:
         """The source node of a barrier's output (the next phase reads it)."""

@@ -1,0 +1,291 @@
+"""Optimistic rounds (xorack.spark.optimistic), on real local Spark: a phase that fails nothing
+completes in one round acked as one XOR tree and equals plain Spark; anything that goes wrong
+in it (a failed row, a row lost by an untracked transform, a Spark task retried) makes it fall
+back to tracked rounds, and nothing the lost round wrote reaches a sink."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+import xorack
+from xorack.spark import ParquetSink, Pipeline, SQLiteSink, current_round
+from xorack.spark.optimistic import RoundAccount
+
+pytest.importorskip("pyspark", reason="pyspark is not installed: install xorack[test]")
+from pyspark import cloudpickle
+from pyspark.sql import functions as F
+
+pytestmark = pytest.mark.spark
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+N = 300
+
+
+def _lines(spark, n: int = N):
+    rows = [(i, " ".join(f"w{(i * 7 + j) % 13}" for j in range(i % 6)), i % 5) for i in range(n)]
+    return spark.createDataFrame(rows, "id long, line string, k int").repartition(3)
+
+
+def _rows(df) -> Counter:
+    return Counter(tuple(r) for r in df.collect())
+
+
+def _wordcount(p: Pipeline, lines, stage=None):
+    src = p.source(lines, name="lines")
+    if stage is not None:
+        src = stage(src)
+    words = src.select("id", F.explode(F.split("line", " ")).alias("word"))
+    words = words.where(F.col("word") != "")
+    return words.groupBy("word").agg(F.count("*").alias("n"), F.sum("id").alias("ids"))
+
+
+def _plain_wordcount(lines):
+    words = lines.select("id", F.explode(F.split("line", " ")).alias("word"))
+    words = words.where(F.col("word") != "")
+    return words.groupBy("word").agg(F.count("*").alias("n"), F.sum("id").alias("ids"))
+
+
+def _assert_complete(report, n: int = N) -> None:
+    assert report.lost == 0
+    assert report.source_records == n
+    assert report.completed == n
+    assert report.dead_lettered == 0
+    assert report.replayed == 0
+
+
+# ---- a round that fails nothing completes optimistically and equals plain Spark -------------
+
+
+def test_a_native_wordcount_completes_in_one_optimistic_round(spark, tmp_path):
+    p = Pipeline(spark)
+    sink = ParquetSink(str(tmp_path / "out"))
+    _wordcount(p, _lines(spark)).sink(sink, name="counts")
+    report = p.run()
+    _assert_complete(report)
+    assert report.optimistic_rounds == 1, report.optimistic_fallbacks
+    assert report.optimistic_fallbacks == []
+    assert report.rounds == 1
+    got = _rows(sink.read(spark))
+    assert got == _rows(_plain_wordcount(_lines(spark)))
+    assert report.sink_rows["counts"] == sum(got.values())
+    assert not os.path.exists(sink.staging_dir), "the staging is removed after the publish"
+
+
+def _upper(pdf: pd.DataFrame) -> pd.DataFrame:
+    return pdf.assign(line=pdf["line"].str.upper())
+
+
+def _upper_arrow(batch: pa.RecordBatch) -> pa.RecordBatch:
+    i = batch.schema.get_field_index("line")
+    return batch.set_column(i, "line", pc.utf8_upper(batch.column("line")))
+
+
+@pytest.mark.parametrize("kind", ["pandas", "arrow"])
+def test_python_stages_complete_optimistically(spark, tmp_path, kind):
+    def stage(src):
+        if kind == "pandas":
+            return src.map_in_pandas(_upper, src.schema, name="upper")
+        return src.map_in_arrow(_upper_arrow, src.schema, name="upper")
+
+    p = Pipeline(spark)
+    sink = ParquetSink(str(tmp_path / "out"))
+    _wordcount(p, _lines(spark), stage).sink(sink, name="counts")
+    report = p.run()
+    _assert_complete(report)
+    assert report.optimistic_rounds == 1, report.optimistic_fallbacks
+    plain = _lines(spark).withColumn("line", F.upper("line"))
+    assert _rows(sink.read(spark)) == _rows(_plain_wordcount(plain))
+
+
+def test_joins_complete_optimistically(spark, tmp_path):
+    """A lookup join (native) and a join of two tracked sources (a barrier), then a stage
+    after the join: every phase completes optimistically and equals plain Spark."""
+    labels = spark.createDataFrame([(k, f"k{k}") for k in range(4)], "k int, label string")
+    extra = spark.createDataFrame([(i, i * 10) for i in range(0, N, 2)], "id long, score long")
+    p = Pipeline(spark)
+    a = p.source(_lines(spark), name="lines").join(labels, "k", "left")
+    b = p.source(extra, name="scores")
+    joined = a.join(b, "id", "inner").map_in_pandas(_upper, a.schema.add("score", "long"))
+    sink = ParquetSink(str(tmp_path / "out"))
+    joined.sink(sink, name="joined")
+    report = p.run()
+    assert report.lost == 0
+    assert report.source_records == N + len(range(0, N, 2))
+    assert report.optimistic_rounds == 2, report.optimistic_fallbacks
+    want = _lines(spark).join(labels, "k", "left").join(extra, "id", "inner")
+    want = want.withColumn("line", F.upper("line"))
+    assert _rows(sink.read(spark)) == _rows(want.select(*joined.columns))
+
+
+# ---- anything wrong falls back to tracked rounds, and leaves nothing behind ------------------
+
+
+def _fails_some(pdf: pd.DataFrame) -> pd.DataFrame:
+    bad = (pdf["id"] % 37 == 0) & (current_round() == 0)
+    if bad.any():
+        raise xorack.FailRecord("first attempt", rows=bad.to_numpy())
+    return pdf
+
+
+def _poison(pdf: pd.DataFrame) -> pd.DataFrame:
+    bad = pdf["id"] % 101 == 5
+    if bad.any():
+        raise xorack.FailRecord("poison", rows=bad.to_numpy())
+    return pdf
+
+
+def test_a_failed_row_makes_the_round_fall_back(spark, tmp_path):
+    p = Pipeline(spark)
+    sink = ParquetSink(str(tmp_path / "out"))
+
+    def stage(src):
+        flaky = src.map_in_pandas(_fails_some, src.schema, name="flaky")
+        return flaky.map_in_pandas(_poison, src.schema, name="poison")
+
+    _wordcount(p, _lines(spark), stage).sink(sink, name="counts")
+    report = p.run()
+    poisoned = [i for i in range(N) if i % 101 == 5]
+    assert report.optimistic_rounds == 0
+    assert len(report.optimistic_fallbacks) == 1
+    assert "row(s) failed" in report.optimistic_fallbacks[0]
+    assert "flaky" in report.optimistic_fallbacks[0]
+    assert report.lost == 0
+    assert report.source_records == N
+    assert report.dead_lettered == len(poisoned)
+    assert report.replayed > 0
+    kept = _lines(spark).where(~F.col("id").isin(poisoned))
+    assert _rows(sink.read(spark)) == _rows(_plain_wordcount(kept))
+
+
+def test_rows_lost_by_a_transform_make_the_round_fall_back(spark, tmp_path):
+    p = Pipeline(spark)
+    sink = ParquetSink(str(tmp_path / "out"))
+    words = p.source(_lines(spark), name="lines").select(
+        "id", F.explode(F.split("line", " ")).alias("word")
+    )
+
+    def lossy(df):  # loses some live rows in round 0 (the optimistic round is round 0 too)
+        return df.where((F.col("id") % 11 != 3) | F.lit(p.round > 0))
+
+    counted = words.transform(lossy, name="lossy").groupBy("word").agg(F.count("*").alias("n"))
+    counted.sink(sink, name="counts")
+    report = p.run()
+    assert report.optimistic_rounds == 0
+    assert "do not cancel" in report.optimistic_fallbacks[0]
+    assert report.lost == 0
+    assert report.completed == N
+    assert report.replayed > 0  # the tracked round 0 lost them too (their chunks failed)
+    assert report.vanished_rows.get("lossy", 0) > 0
+    want = _lines(spark).select("id", F.explode(F.split("line", " ")).alias("word"))
+    assert _rows(sink.read(spark)) == _rows(want.groupBy("word").agg(F.count("*").alias("n")))
+
+
+def _dies_once(marker: str):
+    def stage(pdf: pd.DataFrame) -> pd.DataFrame:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx.partitionId() == 0 and ctx.attemptNumber() == 0 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(13)  # the Python worker dies mid-task; Spark retries the task
+        return pdf
+
+    return stage
+
+
+def test_a_retried_spark_task_makes_the_round_fall_back(spark, tmp_path):
+    """A task retried inside an optimistic round may have counted its rows twice in the
+    round's accumulators: the round falls back (the retry succeeded, so the tracked rounds
+    run without a failure)."""
+    marker = str(tmp_path / "died")
+    p = Pipeline(spark)
+    sink = ParquetSink(str(tmp_path / "out"))
+    _wordcount(
+        p, _lines(spark), lambda s: s.map_in_pandas(_dies_once(marker), s.schema, name="dies")
+    ).sink(sink, name="counts")
+    report = p.run()
+    assert os.path.exists(marker), "the worker did not die: nothing was retried"
+    assert report.optimistic_rounds == 0
+    assert "task attempt" in report.optimistic_fallbacks[0]
+    _assert_complete(report)
+    assert _rows(sink.read(spark)) == _rows(_plain_wordcount(_lines(spark)))
+
+
+def _fails_after_the_count(pdf: pd.DataFrame) -> pd.DataFrame:
+    bad = (pdf["word"] == "w3") & (current_round() == 0)
+    if bad.any():
+        raise xorack.FailRecord("after the count", rows=bad.to_numpy())
+    return pdf
+
+
+def test_a_later_phase_falls_back_alone(spark, tmp_path):
+    """The count completes optimistically; the stage after it fails a row, so its phase runs
+    tracked rounds over the count's rows (read from the optimistic round's output)."""
+    p = Pipeline(spark)
+    sink = ParquetSink(str(tmp_path / "out"))
+    counts = _wordcount(p, _lines(spark))
+    after = counts.map_in_pandas(_fails_after_the_count, counts.schema, name="after")
+    after.sink(sink, name="counts")
+    report = p.run()
+    assert report.optimistic_rounds == 1
+    assert len(report.optimistic_fallbacks) == 1
+    assert report.optimistic_fallbacks[0].startswith("phase 1:")
+    assert report.lost == 0
+    assert report.source_records == report.completed == N
+    assert report.replayed == 1  # the count of w3, replayed in phase 1
+    assert report.derived_records == report.sink_rows["counts"] > 0
+    assert _rows(sink.read(spark)) == _rows(_plain_wordcount(_lines(spark)))
+
+
+def test_a_phase_with_a_sink_written_from_python_runs_tracked_rounds(spark, tmp_path):
+    p = Pipeline(spark)
+    sink = SQLiteSink(str(tmp_path / "counts.db"), "counts")
+    _wordcount(p, _lines(spark)).sink(sink, name="counts")
+    report = p.run()
+    assert report.optimistic_rounds == 1  # the count's phase; the SQLite sink's runs tracked
+    assert report.optimistic_fallbacks == []
+    _assert_complete(report)
+    got = Counter(tuple(r) for r in sink.read()[["word", "n", "ids"]].itertuples(index=False))
+    assert got == _rows(_plain_wordcount(_lines(spark)))
+
+
+def test_optimistic_false_runs_tracked_rounds_only(spark, tmp_path):
+    p = Pipeline(spark, optimistic=False)
+    sink = ParquetSink(str(tmp_path / "out"))
+    _wordcount(p, _lines(spark)).sink(sink, name="counts")
+    report = p.run()
+    assert report.optimistic_rounds == 0
+    assert report.optimistic_fallbacks == []
+    _assert_complete(report)
+    assert _rows(sink.read(spark)) == _rows(_plain_wordcount(_lines(spark)))
+
+
+def test_a_sink_in_error_mode_refuses_an_existing_path(spark, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    p = Pipeline(spark)
+    _wordcount(p, _lines(spark)).sink(ParquetSink(str(out), mode="error"), name="counts")
+    with pytest.raises(FileExistsError, match="already exists"):
+        p.run()
+
+
+# ---- the verdict -----------------------------------------------------------------------------
+
+
+def test_the_verdict_of_a_round():
+    ok = RoundAccount(records=3, births=0b1011, staged=0b0011, python=0b1000)
+    assert ok.verdict() is None
+    assert "do not cancel" in RoundAccount(records=3, births=1, staged=0).verdict()
+    assert "task attempt" in RoundAccount(task_failures=1).verdict()
+    assert "row(s) failed" in RoundAccount(failed_rows=2, reasons=["stage 's': boom (2)"]).verdict()
+    assert "no metrics" in RoundAccount(missing=["source 'lines'"]).verdict()
+    # XOR in 64 bits: Spark's signed longs and Python's unsigned ints of the same bits cancel
+    assert RoundAccount(births=-1, staged=(1 << 64) - 1).verdict() is None
