@@ -155,7 +155,8 @@ def test_a_failed_row_makes_the_round_fall_back(spark, tmp_path):
     poisoned = [i for i in range(N) if i % 101 == 5]
     assert report.optimistic_rounds == 0
     assert len(report.optimistic_fallbacks) == 1
-    assert "row(s) failed" in report.optimistic_fallbacks[0]
+    # the first failure cancels the round's jobs (the driver sees the executors' files here)
+    assert "failed" in report.optimistic_fallbacks[0]
     assert "flaky" in report.optimistic_fallbacks[0]
     assert report.lost == 0
     assert report.source_records == N

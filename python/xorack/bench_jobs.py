@@ -69,26 +69,26 @@ def wordcount_plain(spark: Any, inp: str, out: str) -> None:
 
 @dataclass(frozen=True)
 class FailsOnce:
-    """A ``map_in_arrow`` stage function: the first line of partition 0 fails its first
-    attempt (``FailRecord``); every other line passes unchanged."""
+    """A ``map_in_arrow`` stage function: the lines equal to ``text`` fail their first attempt
+    (``FailRecord``); every other line passes unchanged."""
+
+    text: str
 
     def __call__(self, batch: Any) -> Any:
-        import pyarrow as pa
-        from pyspark import TaskContext
+        import pyarrow.compute as pc
 
         from . import FailRecord
         from .spark import current_round
 
-        ctx = TaskContext.get()
-        first = ctx is not None and ctx.partitionId() == 0 and current_round() == 0
-        if first and batch.num_rows:
-            mask = pa.array([True] + [False] * (batch.num_rows - 1))
-            raise FailRecord("injected: fails once", rows=mask)
+        if current_round() == 0:
+            mask = pc.equal(batch.column("text"), self.text)
+            if pc.any(mask).as_py():
+                raise FailRecord("injected: fails once", rows=mask)
         return batch
 
 
 def wordcount_tracked(
-    spark: Any, inp: str, out: str, ft: bool, optimistic: bool = True, fail_once: bool = False
+    spark: Any, inp: str, out: str, ft: bool, optimistic: bool = True, fail_once: str | None = None
 ) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
@@ -96,8 +96,8 @@ def wordcount_tracked(
 
     p = Pipeline(spark, ft=ft, optimistic=optimistic)
     lines = p.source(spark.read.parquet(inp), name="lines")
-    if fail_once:
-        lines = lines.map_in_arrow(FailsOnce(), lines.schema, name="fails-once")
+    if fail_once is not None:  # the lines equal to it fail their first attempt
+        lines = lines.map_in_arrow(FailsOnce(fail_once), lines.schema, name="fails-once")
     words = lines.select(F.explode(F.split("text", " ")).alias("word"))
     counts = words.where(F.col("word") != "").groupBy("word").agg(F.count("*").alias("n"))
     counts.sink(ParquetSink(out), name="counts")
@@ -111,7 +111,7 @@ VARIANTS = ("plain", "ft off", "ft on")
 FALLBACK_VARIANTS = ("ft on, tracked", "ft on, 1 line fails")
 
 
-def _run_variant(spark: Any, variant: str, inp: str, out: str) -> None:
+def _run_variant(spark: Any, variant: str, inp: str, out: str, failing: str) -> None:
     if variant == "plain":
         wordcount_plain(spark, inp, out)
         return
@@ -121,7 +121,7 @@ def _run_variant(spark: Any, variant: str, inp: str, out: str) -> None:
         out,
         ft=variant != "ft off",
         optimistic=variant != "ft on, tracked",
-        fail_once=variant == "ft on, 1 line fails",
+        fail_once=failing if variant == "ft on, 1 line fails" else None,
     )
     if variant == "ft on" and report["optimistic_fallbacks"]:
         raise RuntimeError(f"wordcount: the optimistic round fell back: {report}")
@@ -143,13 +143,14 @@ def run_wordcount(
     try:
         inp = f"{work}/input"
         make_input(spark, lines, inp)
+        failing = spark.read.parquet(inp).first()["text"]  # a line (and its twins) fails once
         names = VARIANTS + (FALLBACK_VARIANTS if fallback else ())
         results = {v: WordcountResult(v, []) for v in names}
         for i in range(warmup + repeat):
             for variant in results:
                 out = f"{work}/out-{variant.replace(' ', '-').replace(',', '')}"
                 t0 = time.perf_counter()
-                _run_variant(spark, variant, inp, out)
+                _run_variant(spark, variant, inp, out, failing)
                 if i >= warmup:
                     results[variant].seconds.append(time.perf_counter() - t0)
         match = None

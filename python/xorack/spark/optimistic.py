@@ -41,6 +41,7 @@ True
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,22 +73,36 @@ def round_param() -> Any:
     return _RoundParam()
 
 
+@dataclass(frozen=True)
+class RoundToken:
+    """What the runners of an optimistic round carry to the executors: the round's
+    accumulator, and where to say at once that a row failed (a file the driver watches, to
+    cancel the round's jobs instead of finishing work it will throw away; None when the
+    driver cannot see the executors' files)."""
+
+    accumulator: Any
+    abort_path: str | None = None
+
+
 class RoundXor:
     """The acker of an optimistic round inside a task: the same ``xor`` / ``fail`` calls a
     runner makes to the acker service, folded into the round's accumulator (one XOR of every
     event; a count of failed rows). ``failed`` tells the runner that the round is lost, so it
-    skips the rest of its work.
+    skips the rest of its work; the first failure also writes its reason to the token's
+    abort file.
 
     >>> class Acc:
     ...     value = (0, 0)
     ...     def add(self, v): self.value = (self.value[0] ^ v[0], self.value[1] + v[1])
-    >>> r = RoundXor(Acc()); r.xor(np.array([1, 2], np.uint64), np.array([6, 3], np.uint64))
+    >>> r = RoundXor(RoundToken(Acc()))
+    >>> r.xor(np.array([1, 2], np.uint64), np.array([6, 3], np.uint64))
     >>> r.fail(np.array([7], np.uint64), reason="x"); r.accumulator.value, r.failed
     ((5, 1), True)
     """
 
-    def __init__(self, accumulator: Any) -> None:
-        self.accumulator = accumulator
+    def __init__(self, token: RoundToken) -> None:
+        self.accumulator = token.accumulator
+        self.abort_path = token.abort_path
         self.failed = False
 
     def xor(self, src: Any, values: Any, **_: Any) -> None:
@@ -96,8 +111,68 @@ class RoundXor:
             self.accumulator.add((int(np.bitwise_xor.reduce(v)), 0))
 
     def fail(self, src: Any, reason: str = "", **_: Any) -> None:
+        if not self.failed and self.abort_path is not None:
+            try:  # best effort: the driver then cancels the round's jobs
+                with open(self.abort_path, "a", encoding="utf-8") as f:
+                    f.write(f"{reason[:300]}\n")
+            except OSError:  # not reachable from this executor: the round runs to its end
+                pass
         self.failed = True
         self.accumulator.add((0, max(1, len(np.asarray(src)))))
+
+
+class AbortWatch:
+    """Watches an optimistic round's abort file while its jobs run, and cancels the round's
+    job group as soon as a runner writes it (a row failed: the round is lost). ``reason()``:
+    what the runner wrote, or None when nothing was.
+
+    >>> import pathlib, tempfile, time
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "abort"
+    >>> cancelled = []
+    >>> with AbortWatch(str(path), lambda: cancelled.append(1), interval=0.01) as watch:
+    ...     _ = path.write_text("stage 's': boom\\n")
+    ...     time.sleep(0.2)
+    >>> cancelled, watch.reason()
+    ([1], "stage 's': boom")
+    """
+
+    def __init__(self, path: str, cancel: Any, interval: float = 0.05) -> None:
+        import threading
+
+        self.path = path
+        self._cancel = cancel
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="xorack-abort-watch", daemon=True)
+        self.cancelled = False
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            if os.path.exists(self.path):
+                self.cancelled = True
+                self._cancel()
+                return
+
+    def reason(self) -> str | None:
+        return first_line(self.path)
+
+    def __enter__(self) -> AbortWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def first_line(path: str) -> str | None:
+    """The first line of a file (an abort file's first reason), or None when unreadable."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return text.splitlines()[0] if text else ""
 
 
 def tag_source(df: Any, salt: int, source: int, observation: Any) -> Any:
@@ -252,7 +327,9 @@ def xor_all(values: Sequence[int]) -> int:
 
 
 __all__ = [
+    "AbortWatch",
     "RoundAccount",
+    "RoundToken",
     "RoundXor",
     "move_dir",
     "observed",

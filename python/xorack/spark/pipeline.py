@@ -1624,6 +1624,13 @@ class Pipeline:
         self._tally = sc.accumulator({}, tally_param())
         self.round = 0
         sc.setLocalProperty(ROUND_PROPERTY, "0")
+        group = f"xorack-optimistic-{os.urandom(6).hex()}"
+        assert self._workdir is not None  # set by run() with FT on
+        # where a runner says at once that a row failed (the driver then cancels the round's
+        # jobs); the executors see the driver's files on one machine, or with a shared workdir
+        local = os.path.isdir(self._workdir)
+        abort = os.path.join(self._workdir, f"{group}.lost") if local else None
+        token = optimistic.RoundToken(acc, abort)
         consumers: dict[int, list[_Node]] = {}
         for node in self._nodes:
             for par in node.parents:
@@ -1654,27 +1661,42 @@ class Pipeline:
             elif node.kind == "native":
                 df = node.fn.apply(inputs[0], True)
             elif node.kind in ("stage", "arrow"):
-                df = self._stage_frame(node, inputs[0], round_xor=acc)
+                df = self._stage_frame(node, inputs[0], round_xor=token)
             elif node.kind in ("barrier", "sink"):
                 jobs.append(self._optimistic_output(node, inputs))
                 continue
             built[id(node)] = df
         if not jobs:
             return False  # nothing of this phase runs (its outputs go to native sinks)
-        group = f"xorack-optimistic-{os.urandom(6).hex()}"
         previous = (
             sc.getLocalProperty("spark.jobGroup.id"),
             sc.getLocalProperty("spark.job.description"),
         )
         sc.setJobGroup(group, f"xorack: optimistic round of phase {phase}", False)
         self._fast_group = group
+        watch = (
+            optimistic.AbortWatch(abort, lambda: sc.cancelJobGroup(group))
+            if abort is not None
+            else contextlib.nullcontext()
+        )
+        lost = None
         try:
-            for job in jobs:
-                job.frame.write.mode("overwrite").parquet(job.path)
+            with watch:
+                for job in jobs:
+                    job.frame.write.mode("overwrite").parquet(job.path)
+        except Exception:
+            if abort is None or not os.path.exists(abort):
+                raise  # not a round this driver cancelled: a real error
+            lost = f"a row failed ({optimistic.first_line(abort)}); the round was cancelled"
         finally:
             self._fast_group = None
             sc.setLocalProperty("spark.jobGroup.id", previous[0])
             sc.setLocalProperty("spark.job.description", previous[1])
+        if lost is not None:
+            for job in jobs:
+                optimistic.remove_dir(self.spark, job.path)
+            report.optimistic_fallbacks.append(f"phase {phase}: {lost}")
+            return False
         account = optimistic.RoundAccount(task_failures=optimistic.task_failures(sc, group))
         counts: list[tuple[_Node, int]] = []
         for node, seen in births:

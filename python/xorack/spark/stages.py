@@ -180,7 +180,8 @@ def acker_of(
     job: str | None = None,
 ) -> Any:
     """What a runner sends its events and failures to: an optimistic round's accumulator
-    (:class:`~xorack.spark.optimistic.RoundXor`) when given, else the acker service."""
+    (``round_xor``, a :class:`~xorack.spark.optimistic.RoundToken`, read through a
+    :class:`~xorack.spark.optimistic.RoundXor`) when given, else the acker service."""
     if round_xor is not None:
         from .optimistic import RoundXor
 
