@@ -70,12 +70,14 @@ def prepare() -> None:
     if dropped:  # the workers' own subprocesses (if any) see the same path
         kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in kept if p not in dropped)
-    # what a worker running xorack's tasks imports anyway; grpc/Flight are not imported here
-    # (no channel may exist before a fork)
+    # what a worker running xorack's tasks imports anyway, the acker's client included: its
+    # modules (pyarrow.flight, gRPC) load here, but no channel exists before a fork (gRPC
+    # starts on a client's first call, in the forked worker)
     import pyspark.sql.pandas.serializers
     import pyspark.worker  # noqa: F401
 
     import xorack.acker
+    import xorack.service
     import xorack.spark.stages  # noqa: F401  (numpy, pandas, pyarrow, the kernels)
 
     # the daemon's objects go to the permanent generation: the gc.collect() a worker runs after

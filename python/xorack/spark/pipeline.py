@@ -89,6 +89,11 @@ REPORT_KEYS = (
 )
 
 
+#: Rows per partition of a barrier output that an optimistic round counted (a small output goes
+#: on in fewer partitions than ``spark.sql.shuffle.partitions``: one task per partition costs a
+#: Python worker's round trip per stage and sink).
+ROWS_PER_PARTITION = 1 << 16
+
 # the acker's counts: None in the report of a run with FT off
 TRACKING_COUNTS = (
     *REPORT_KEYS[: REPORT_KEYS.index("lost") + 1],
@@ -179,6 +184,9 @@ class _Node:
     df: Any = None  # source input DataFrame
     keys: tuple[str, ...] = ()
     fixed_partitions: int = 0  # 0: a source without keys keeps its input's partitioning
+    # a barrier output's partitions in this run, chosen from its size when an optimistic round
+    # counted it (0: fixed_partitions)
+    run_partitions: int = 0
     repartition: bool = False  # the source repartitions its input (by keys, or round-robin)
     phase: int = 0  # barriers split a run into phases; a barrier's output opens a later one
     spec: Any = None  # a barrier's operator (AggregateSpec, JoinSpec)
@@ -194,6 +202,8 @@ class _Node:
     def partitions(self) -> int:
         """The source's partition count: its own, or its input's (asked of Spark once, when
         first needed: with FT off nothing needs it)."""
+        if self.run_partitions:
+            return self.run_partitions
         if not self.fixed_partitions:
             self.fixed_partitions = num_partitions(self.df)
         return self.fixed_partitions
@@ -1493,7 +1503,7 @@ class Pipeline:
                 if node.derived is not None:
                     node.df = None
             for node in self._nodes:
-                node.fast_out, node.fast_rows = None, None
+                node.fast_out, node.fast_rows, node.run_partitions = None, None, 0
             self._workdir = None
             if self.ft:
                 self._dead_letters = self._safe_dead_letters()
@@ -1729,7 +1739,13 @@ class Pipeline:
             if job.barrier is not None:
                 job.barrier.fast_out = job.path
                 if job.sink is None:  # read by the next phase (or by several native sinks)
-                    self._derived_source(job.barrier).df = self.spark.read.parquet(job.path)
+                    derived = self._derived_source(job.barrier)
+                    derived.df = self.spark.read.parquet(job.path)
+                    rows = (optimistic.observed(job.events) or {}).get("rows")
+                    if rows is not None:  # a small output in few partitions, as Spark's
+                        # adaptive execution would coalesce it (a task per partition costs)
+                        wanted = -(-rows // ROWS_PER_PARTITION)
+                        derived.run_partitions = max(1, min(derived.partitions, wanted))
         for node, n in counts:
             if node.derived is None:
                 self._fast_records += n
