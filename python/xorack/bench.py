@@ -1314,7 +1314,8 @@ def render_markdown(report: Report) -> str:
 
 
 def render_plot(report: Report, path: Path) -> bool:
-    """A 2x2 PNG: events/s, bytes/record, partition keys/s, demo and recovery wall times."""
+    """A 2x3 PNG: events/s, bytes/record, partition keys/s, demo and recovery wall times, the
+    demo's FT ON ÷ OFF per size, and the wordcount's variants ÷ plain Spark (with targets)."""
     try:
         import matplotlib
 
@@ -1322,7 +1323,7 @@ def render_plot(report: Report, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, axes = plt.subplots(2, 2, figsize=(14, 10))
+    fig, axes = plt.subplots(2, 3, figsize=(20, 10))
     ax = axes[0][0]
     rows = [r for r in report.tracking if r.events_per_s]
     if rows:
@@ -1390,6 +1391,38 @@ def render_plot(report: Report, path: Path) -> bool:
     else:
         ax.text(0.5, 0.5, "demo pipeline not available", ha="center", va="center")
     ax.set_title("4-5. Demo FT on/off, recovery")
+    ax = axes[0][2]
+    ratios = [d for d in report.demo if d.ratio is not None]
+    if ratios:
+        y = range(len(ratios))
+        med = [cast(Stat, d.ratio).median for d in ratios]
+        err = [
+            [m - cast(Stat, d.ratio).low for m, d in zip(med, ratios, strict=True)],
+            [cast(Stat, d.ratio).high - m for m, d in zip(med, ratios, strict=True)],
+        ]
+        ax.barh(y, med, xerr=err, color="tab:green")
+        ax.set_yticks(y, [f"{d.records:,} records" for d in ratios], fontsize=8)
+        ax.invert_yaxis()
+        ax.axvline(1.15, color="k", ls="--", lw=1, label="target ≤ 1.15")
+        ax.axvline(1.0, color="gray", lw=0.5)
+        ax.legend(fontsize=8)
+        ax.set_xlabel("demo wall time, FT ON ÷ OFF (error bar = min-max)")
+    ax.set_title("4. Demo: the cost of FT on")
+    ax = axes[1][2]
+    if report.jobs:
+        variants = report.jobs["variants"]
+        plain = variants["plain"]["median"]
+        names = list(variants)
+        ax.barh(range(len(names)), [variants[v]["median"] / plain for v in names], color="tab:red")
+        ax.set_yticks(range(len(names)), names, fontsize=8)
+        ax.invert_yaxis()
+        ax.axvline(1.5, color="k", ls="--", lw=1, label="FT on target ≤ 1.5")
+        ax.axvline(1.0, color="gray", lw=0.5)
+        ax.legend(fontsize=8)
+        ax.set_xlabel(f"wordcount ({report.jobs['lines']:,} lines) wall time ÷ plain Spark")
+    else:
+        ax.text(0.5, 0.5, "part 6 not run", ha="center", va="center")
+    ax.set_title("6. A job with native operations vs plain Spark")
     machine = report.machine
     fig.suptitle(f"xorack bench - {machine.get('cpu', '')}, {machine.get('cores')} cores")
     fig.tight_layout()
