@@ -1395,12 +1395,10 @@ def render_plot(report: Report, path: Path) -> bool:
     ratios = [d for d in report.demo if d.ratio is not None]
     if ratios:
         y = range(len(ratios))
-        med = [cast(Stat, d.ratio).median for d in ratios]
-        err = [
-            [m - cast(Stat, d.ratio).low for m, d in zip(med, ratios, strict=True)],
-            [cast(Stat, d.ratio).high - m for m, d in zip(med, ratios, strict=True)],
-        ]
-        ax.barh(y, med, xerr=err, color="tab:green")
+        spread = [cast(Stat, d.ratio) for d in ratios]  # ratios holds rows with a ratio
+        mid = [r.median for r in spread]
+        bars = [[r.median - r.low for r in spread], [r.high - r.median for r in spread]]
+        ax.barh(y, mid, xerr=bars, color="tab:green")
         ax.set_yticks(y, [f"{d.records:,} records" for d in ratios], fontsize=8)
         ax.invert_yaxis()
         ax.axvline(1.15, color="k", ls="--", lw=1, label="target ≤ 1.15")
