@@ -290,3 +290,25 @@ def test_the_verdict_of_a_round():
     assert "no metrics" in RoundAccount(missing=["source 'lines'"]).verdict()
     # XOR in 64 bits: Spark's signed longs and Python's unsigned ints of the same bits cancel
     assert RoundAccount(births=-1, staged=(1 << 64) - 1).verdict() is None
+
+
+def test_a_second_run_into_the_same_sqlite_sink_is_absorbed_whichever_path_it_takes(
+    spark, tmp_path
+):
+    """The counts of a run with tracked rounds only, then of an optimistic run, into one
+    SQLite table: the second run re-creates the record ids of the first (a barrier output's
+    ids do not depend on how many partitions it goes on in), so the table holds each count
+    once."""
+    path = str(tmp_path / "counts.db")
+    reports = []
+    for optimistic in (False, True):
+        p = Pipeline(spark, optimistic=optimistic)
+        _wordcount(p, _lines(spark)).sink(SQLiteSink(path, "counts"), name="counts")
+        reports.append(p.run())
+    assert reports[0].optimistic_rounds == 0
+    assert reports[1].optimistic_rounds == 1
+    stored = SQLiteSink(path, "counts").read()
+    want = _rows(_plain_wordcount(_lines(spark)))
+    assert len(stored) == sum(want.values())
+    assert Counter(tuple(r) for r in stored[["word", "n", "ids"]].itertuples(index=False)) == want
+    assert reports[1].sink_duplicates["counts"] == len(stored)

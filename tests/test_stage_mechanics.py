@@ -176,3 +176,24 @@ def test_content_ranks_count_the_earlier_rows_of_each_hash_across_batches(batche
             expected.append(seen[v])
             seen[v] += 1
         assert ranks(h).tolist() == expected
+
+
+def test_a_keyed_sources_ids_do_not_depend_on_its_partitions(service):
+    """The tagger of a source hash-partitioned by its keys (a barrier's output is one) gives a
+    row the same id in whichever partition it is read (its identical rows always share one),
+    so a second run whose barrier output went on in fewer partitions re-creates the ids of
+    the first; without keys, the partition is part of the id."""
+    from xorack.spark.stages import PART, SourceTagger
+
+    rows = {"w": ["a", "b", "a"], "n": [1, 2, 1]}
+
+    def ids(keys: tuple[str, ...], partition: int) -> list[int]:
+        batch = pa.record_batch({**rows, PART: pa.array([partition] * 3, pa.int32())})
+        tagger = SourceTagger("s", 0, keys, service.location)
+        return [x for b in tagger(iter([batch])) for x in b.column("_ft_rec").to_pylist()]
+
+    keyed = [ids(("w",), part) for part in (0, 3)]
+    assert keyed[0] == keyed[1]
+    assert len(set(keyed[0])) == 3  # the two identical rows are told apart by their rank
+    plain = [ids((), part) for part in (0, 3)]
+    assert not set(plain[0]) & set(plain[1])

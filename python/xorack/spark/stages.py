@@ -354,6 +354,8 @@ def content_ids(
     """Deterministic record ids of source rows: (micro-batch, source, partition, the row's
     content, its rank among identical rows of the task). A Spark task retry that reads the same
     rows in another order re-creates the same id for each row; different rows never share one.
+    ``partition`` -1: a source whose identical rows are always in one partition (hash
+    partitioned by its keys), whose ids do not depend on the partition.
     """
     from .. import acker
 
@@ -510,7 +512,12 @@ class SourceTagger:
             if self.deterministic and self.chunk_bits and self.ordered:  # a stable order
                 rec = position_record_ids(offset, n, self.batch, self.source, partition, salt)
             elif self.deterministic:
-                rec = content_ids(batch, ranks, self.batch, self.source, partition, salt)
+                # a keyed source's identical rows share a partition (hash partitioning by the
+                # keys, coalesced or not by adaptive execution: never split), so its ids leave
+                # the partition out: they do not depend on how many partitions the source
+                # goes on in (a barrier's output is coalesced when small)
+                where = -1 if self.keys else partition
+                rec = content_ids(batch, ranks, self.batch, self.source, where, salt)
             else:
                 rec = acker.new_ids(n)
             offset += n
