@@ -312,3 +312,92 @@ def test_a_second_run_into_the_same_sqlite_sink_is_absorbed_whichever_path_it_ta
     assert len(stored) == sum(want.values())
     assert Counter(tuple(r) for r in stored[["word", "n", "ids"]].itertuples(index=False)) == want
     assert reports[1].sink_duplicates["counts"] == len(stored)
+
+
+# ---- property-style: random pipelines that fail nothing complete optimistically ---------------
+
+from hypothesis import HealthCheck, Phase, example, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_OPS = ("filter", "explode", "inner", "left", "semi", "anti", "with", "pandas", "arrow", "union")
+
+
+def _same(pdf: pd.DataFrame) -> pd.DataFrame:
+    return pdf[pdf["id"] % 7 != 3]  # a pandas stage that drops some rows (acked as dropped)
+
+
+def _same_arrow(batch: pa.RecordBatch) -> pa.RecordBatch:
+    return batch.filter(pc.not_equal(pc.bit_wise_and(batch.column("id"), 3), 1))
+
+
+def _random_pipeline(t, ops: list[str], agg: int, lookup, other):
+    """``ops`` (then an aggregation when ``agg``) on a tracked or plain-pipeline DataFrame with
+    the columns of ``_lines`` (``word`` once exploded); ``other`` gives a second source of the
+    same columns for a union."""
+    exploded = False
+    for i, op in enumerate(ops):
+        if op == "filter":
+            t = t.filter((F.col("id") + i) % 4 != 0)
+        elif op == "explode" and not exploded:
+            t = t.withColumn("word", F.explode(F.split("line", " ")))
+            exploded = True
+        elif op in ("inner", "left", "semi", "anti"):
+            how = {"semi": "left_semi", "anti": "left_anti"}.get(op, op)
+            t = t.join(lookup.withColumnRenamed("label", f"l{i}"), "k", how)
+        elif op == "with":
+            t = t.withColumn("k", (F.col("k") + i) % 5)
+        elif op == "pandas":
+            t = t.map_in_pandas(_same, t.schema, name=f"pandas{i}")
+        elif op == "arrow":
+            t = t.map_in_arrow(_same_arrow, t.schema, name=f"arrow{i}")
+        elif op == "union" and not exploded and i == 0:
+            t = t.union(other())
+    if agg == 1:
+        t = t.groupBy("k").agg(F.count("*").alias("n"), F.sum("id").alias("s"))
+    elif agg == 2 and exploded:
+        t = t.groupBy("word").agg(F.count("*").alias("n"), F.max("id").alias("m"))
+    return t
+
+
+@settings(
+    max_examples=6,
+    deadline=None,
+    derandomize=True,
+    phases=[Phase.explicit, Phase.generate],  # a Spark run per example: no shrinking
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    ops=st.lists(st.sampled_from(_OPS), min_size=1, max_size=5),
+    agg=st.integers(0, 2),
+)
+@example(ops=["explode", "filter", "pandas"], agg=2)
+@example(ops=["union", "explode", "inner", "arrow"], agg=2)
+@example(ops=["pandas", "explode", "left", "with"], agg=1)
+@example(ops=["explode", "semi", "filter", "anti"], agg=0)
+def test_random_pipelines_complete_optimistically_and_equal_plain_spark(
+    spark, tmp_path_factory, ops, agg
+):
+    tmp = tmp_path_factory.mktemp("random")
+    lookup = spark.createDataFrame(
+        [(1, "one"), (1, "uno"), (2, "two"), (4, "four")], "k int, label string"
+    )
+    extra = spark.createDataFrame(
+        [(1000 + i, "x y", i % 5) for i in range(20)], "id long, line string, k int"
+    )
+    outputs = []
+    for ft in (True, False):
+        p = Pipeline(spark, ft=ft)
+        src = p.source(_lines(spark), name="lines")
+        other = lambda p=p: p.source(extra, name="extra")  # noqa: E731
+        out = _random_pipeline(src, ops, agg, lookup, other)
+        sink = ParquetSink(str(tmp / f"out-{ft}"))
+        out.sink(sink, name="out")
+        report = p.run()
+        outputs.append(_rows(sink.read(spark)))
+        if ft:
+            assert report.lost == 0
+            assert report.optimistic_fallbacks == [], report.optimistic_fallbacks
+            assert report.optimistic_rounds >= 1
+            records = N + (len(extra.collect()) if "union" in ops[:1] else 0)
+            assert report.source_records == report.completed == records
+    assert outputs[0] == outputs[1]
