@@ -30,7 +30,7 @@ import pytest
 import test_topology as topology
 from conftest import own_address
 from xorack import ServiceError, demo
-from xorack.spark import Pipeline, SQLiteSink, current_round
+from xorack.spark import ParquetSink, Pipeline, SQLiteSink, current_round
 
 pytest.importorskip("pyspark", reason="pyspark is not installed: install xorack[test]")
 from pyspark import cloudpickle
@@ -262,6 +262,67 @@ def test_an_executor_killed_mid_round_loses_nothing(spark, tmp_path):
     # out first — they timed out and were replayed (the sink absorbed what was written twice)
     assert report.repeats + report.timed_out > 0
     assert report.replayed >= report.timed_out
+
+
+def _run_squares_to_parquet(spark, tmp_path, fn=_square):
+    sink = ParquetSink(str(tmp_path / "squares"))
+    p = Pipeline(spark)
+    p.source(_numbers(spark), name="numbers").map_in_pandas(
+        fn, "n long, sq long", name="square"
+    ).sink(sink, name="squares")
+    return p.run(), sink
+
+
+def _assert_exact_parquet(spark, report, sink) -> None:
+    assert report.lost == 0
+    assert report.completed == report.source_records == N
+    rows = sink.read(spark).toPandas()
+    assert sorted(rows["n"].tolist()) == list(range(N))  # exactly once
+    assert (rows["sq"] == rows["n"] * rows["n"]).all()
+
+
+def test_an_optimistic_round_completes_on_a_cluster(spark, tmp_path):
+    """Births observed, the stage's events in an accumulator, a Parquet sink published by a
+    rename: across two executor JVMs, a round that fails nothing completes optimistically."""
+    report, sink = _run_squares_to_parquet(spark, tmp_path)
+    assert report.optimistic_rounds == 1, report.optimistic_fallbacks
+    assert report.optimistic_fallbacks == []
+    _assert_exact_parquet(spark, report, sink)
+
+
+def test_an_executor_killed_in_an_optimistic_round_falls_back(spark, tmp_path):
+    """SIGKILL to an executor JVM during an optimistic round: Spark reruns its tasks elsewhere,
+    and a round whose tasks were retried may have counted their rows twice, so it falls back
+    to tracked rounds, which end exact."""
+    before = _executor_jvms()
+    assert len(before) == EXECUTORS, before
+    marker = str(tmp_path / "running-on")
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")  # slow batches
+    killed: list[int] = []
+
+    def kill_when_running() -> None:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(marker):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        victim = int(Path(marker).read_text())
+        if victim in _executor_jvms():  # one of ours, never another process
+            os.kill(victim, signal.SIGKILL)
+            killed.append(victim)
+
+    killer = threading.Thread(target=kill_when_running, daemon=True)
+    killer.start()
+    try:
+        fn = SlowSquareThatSignals(marker, pause=0.1)
+        report, sink = _run_squares_to_parquet(spark, tmp_path, fn=fn)
+    finally:
+        killer.join(timeout=130)
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert killed, "the executor was not killed: the test proved nothing"
+    assert report.optimistic_rounds == 0
+    assert "task attempt" in report.optimistic_fallbacks[0]
+    _assert_exact_parquet(spark, report, sink)
 
 
 def test_the_topology_on_a_cluster(spark, tmp_path):
