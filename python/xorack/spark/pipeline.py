@@ -231,6 +231,20 @@ class _FastOutput:
     rows: Any = None
 
 
+@dataclass
+class _OptimisticRound:
+    """An optimistic round of a phase: its accumulator (XOR of the Python stages' events,
+    failed rows), job group and abort file; its writes; its sources' births observations and
+    the records they counted."""
+
+    accumulator: Any
+    group: str
+    abort: str | None
+    jobs: list[_FastOutput] = field(default_factory=list)
+    births: list[tuple[_Node, Any]] = field(default_factory=list)
+    records: list[tuple[_Node, int]] = field(default_factory=list)
+
+
 class _Observations:
     """Several observations read as one: the XOR of their ``x`` (None if one is missing)."""
 
@@ -1625,12 +1639,31 @@ class Pipeline:
         """Run ``phase`` as one optimistic round; True when every record of it completed
         (its outputs are then in place for the next phase and the publish), False when it
         cannot run one or the round fell back (its outputs deleted; the reason reported)."""
-        from pyspark.sql import Observation
-
         if self._optimistic_blocker(phase) is not None:
             return False
+        work = self._build_optimistic(phase)
+        if not work.jobs:
+            return False  # nothing of this phase runs (its outputs go to native sinks)
+        why = self._execute_optimistic(work, phase)  # a row failed: the round was cancelled
+        if why is None:
+            why = self._account_optimistic(work).verdict()
+        if why is not None:
+            for job in work.jobs:
+                optimistic.remove_dir(self.spark, job.path)
+            report.optimistic_fallbacks.append(f"phase {phase}: {why}")
+            return False
+        self._accept_optimistic(work)
+        report.rounds += 1
+        report.optimistic_rounds += 1
+        return True
+
+    def _build_optimistic(self, phase: int) -> _OptimisticRound:
+        """The Spark work of ``phase``'s optimistic round: its sources tagged in the JVM (births
+        observed), its operators' tracked translations (Python stages report to the round's
+        accumulator), and one write where rows leave the phase (:meth:`_optimistic_output`)."""
+        from pyspark.sql import Observation
+
         sc = self.spark.sparkContext
-        acc = sc.accumulator((0, 0), optimistic.round_param())
         self._tally = sc.accumulator({}, tally_param())
         self.round = 0
         sc.setLocalProperty(ROUND_PROPERTY, "0")
@@ -1638,16 +1671,12 @@ class Pipeline:
         assert self._workdir is not None  # set by run() with FT on
         # where a runner says at once that a row failed (the driver then cancels the round's
         # jobs); the executors see the driver's files on one machine, or with a shared workdir
-        local = os.path.isdir(self._workdir)
-        abort = os.path.join(self._workdir, f"{group}.lost") if local else None
-        token = optimistic.RoundToken(acc, abort)
-        consumers: dict[int, list[_Node]] = {}
-        for node in self._nodes:
-            for par in node.parents:
-                consumers.setdefault(id(par), []).append(node)
+        abort = None
+        if os.path.isdir(self._workdir):
+            abort = os.path.join(self._workdir, f"{group}.lost")
+        work = _OptimisticRound(sc.accumulator((0, 0), optimistic.round_param()), group, abort)
+        token = optimistic.RoundToken(work.accumulator, abort)
         built: dict[int, Any] = {}
-        jobs: list[_FastOutput] = []
-        births: list[tuple[_Node, Any]] = []
         for node in self._nodes:
             if self._consumed_phase(node) != phase:
                 continue
@@ -1657,7 +1686,7 @@ class Pipeline:
                 if node.df is None or self._direct(node):
                     continue
                 seen = Observation()
-                births.append((node, seen))
+                work.births.append((node, seen))
                 salt = optimistic.round_salt(node.name)
                 df = optimistic.tag_source(node.prepare(node.df), salt, node.source_index, seen)
             elif all(x is None for x in inputs):
@@ -1673,65 +1702,67 @@ class Pipeline:
             elif node.kind in ("stage", "arrow"):
                 df = self._stage_frame(node, inputs[0], round_xor=token)
             elif node.kind in ("barrier", "sink"):
-                jobs.append(self._optimistic_output(node, inputs))
+                work.jobs.append(self._optimistic_output(node, inputs))
                 continue
             built[id(node)] = df
-        if not jobs:
-            return False  # nothing of this phase runs (its outputs go to native sinks)
+        return work
+
+    def _execute_optimistic(self, work: _OptimisticRound, phase: int) -> str | None:
+        """Run the round's writes in a job group of their own (the verdict reads its tasks'
+        failures, and a failed row cancels it); the reason when a failed row cancelled it."""
+        sc = self.spark.sparkContext
         previous = (
             sc.getLocalProperty("spark.jobGroup.id"),
             sc.getLocalProperty("spark.job.description"),
         )
-        sc.setJobGroup(group, f"xorack: optimistic round of phase {phase}", False)
-        self._fast_group = group
+        sc.setJobGroup(work.group, f"xorack: optimistic round of phase {phase}", False)
+        self._fast_group = work.group
+        abort = work.abort
         watch = (
-            optimistic.AbortWatch(abort, lambda: sc.cancelJobGroup(group))
+            optimistic.AbortWatch(abort, lambda: sc.cancelJobGroup(work.group))
             if abort is not None
             else contextlib.nullcontext()
         )
-        lost = None
         try:
             with watch:
-                for job in jobs:
+                for job in work.jobs:
                     job.frame.write.mode("overwrite").parquet(job.path)
         except Exception:
             if abort is None or not os.path.exists(abort):
                 raise  # not a round this driver cancelled: a real error
-            lost = f"a row failed ({optimistic.first_line(abort)}); the round was cancelled"
+            return f"a row failed ({optimistic.first_line(abort)}); the round was cancelled"
         finally:
             self._fast_group = None
             sc.setLocalProperty("spark.jobGroup.id", previous[0])
             sc.setLocalProperty("spark.job.description", previous[1])
-        if lost is not None:
-            for job in jobs:
-                optimistic.remove_dir(self.spark, job.path)
-            report.optimistic_fallbacks.append(f"phase {phase}: {lost}")
-            return False
-        account = optimistic.RoundAccount(task_failures=optimistic.task_failures(sc, group))
-        counts: list[tuple[_Node, int]] = []
-        for node, seen in births:
+        return None
+
+    def _account_optimistic(self, work: _OptimisticRound) -> optimistic.RoundAccount:
+        """What the round's metrics, accumulators and Spark's task accounting say."""
+        sc = self.spark.sparkContext
+        account = optimistic.RoundAccount(task_failures=optimistic.task_failures(sc, work.group))
+        for node, seen in work.births:
             got = optimistic.observed(seen)
             if got is None:
                 account.missing.append(f"source {node.name!r}")
                 continue
             account.births ^= got["x"]
-            counts.append((node, got["n"]))
-        for job in jobs:
+            account.records += got["n"]
+            work.records.append((node, got["n"]))
+        for job in work.jobs:
             got = optimistic.observed(job.events)
             if got is None:
                 account.missing.append(f"the rows reaching {job.name!r}")
                 continue
             account.staged ^= got["x"]
-        account.python, account.failed_rows = acc.value
+        account.python, account.failed_rows = work.accumulator.value
         account.reasons = optimistic.reasons_of(dict(self._tally.value))
-        account.records = sum(n for _, n in counts)
-        why = account.verdict()
-        if why is not None:
-            for job in jobs:
-                optimistic.remove_dir(self.spark, job.path)
-            report.optimistic_fallbacks.append(f"phase {phase}: {why}")
-            return False
-        for job in jobs:
+        return account
+
+    def _accept_optimistic(self, work: _OptimisticRound) -> None:
+        """A complete round: its sinks' rows wait for the publish, its barriers' outputs are
+        the next phase's sources, its records count as completed."""
+        for job in work.jobs:
             if job.sink is not None:
                 got = optimistic.observed(job.rows)
                 job.sink.fast_out = job.path
@@ -1746,14 +1777,11 @@ class Pipeline:
                         # adaptive execution would coalesce it (a task per partition costs)
                         wanted = -(-rows // ROWS_PER_PARTITION)
                         derived.run_partitions = max(1, min(derived.partitions, wanted))
-        for node, n in counts:
+        for node, n in work.records:
             if node.derived is None:
                 self._fast_records += n
             else:
                 self._fast_derived += n
-        report.rounds += 1
-        report.optimistic_rounds += 1
-        return True
 
     def optimistic_progress(self) -> float | None:
         """The share (0..1) of the Spark tasks of a running optimistic round that are done, or
