@@ -253,6 +253,7 @@ def test_a_phase_with_a_sink_written_from_python_runs_tracked_rounds(spark, tmp_
     report = p.run()
     assert report.optimistic_rounds == 1  # the count's phase; the SQLite sink's runs tracked
     assert report.optimistic_fallbacks == []
+    assert report.tracked_phases == ["phase 1: sink 'counts' is written from Python"]
     _assert_complete(report)
     got = Counter(tuple(r) for r in sink.read()[["word", "n", "ids"]].itertuples(index=False))
     assert got == _rows(_plain_wordcount(_lines(spark)))
@@ -267,6 +268,140 @@ def test_optimistic_false_runs_tracked_rounds_only(spark, tmp_path):
     assert report.optimistic_fallbacks == []
     _assert_complete(report)
     assert _rows(sink.read(spark)) == _rows(_plain_wordcount(_lines(spark)))
+
+
+# ---- shapes a round must leave to the tracked rounds, or run with care -----------------------
+
+
+def _both(spark, tmp_path, build, optimistic: bool):
+    """``build(p) -> {sink name: Tracked}`` run with FT on (``optimistic``) and with FT off
+    (plain Spark); returns (report, {name: rows with FT on}, {name: rows with FT off})."""
+    got = {}
+    report = None
+    for ft in (True, False):
+        p = Pipeline(spark, ft=ft, optimistic=optimistic)
+        sinks = {}
+        for name, t in build(p).items():
+            sinks[name] = ParquetSink(str(tmp_path / f"{name}-{ft}-{optimistic}"))
+            t.sink(sinks[name], name=name)
+        r = p.run()
+        report = r if ft else report
+        got[ft] = {
+            name: Counter(repr(tuple(r)) for r in s.read(spark).collect())
+            for name, s in sinks.items()
+        }
+    return report, got[True], got[False]
+
+
+def _keyed(spark, n: int = 200):
+    rows = [(i, i % 7, f"s{i % 11}") for i in range(n)]
+    return spark.createDataFrame(rows, "id long, k int, s string").repartition(3)
+
+
+@pytest.mark.parametrize("optimistic", [True, False])
+def test_a_join_with_an_aggregate_of_another_source_meets_every_row(spark, tmp_path, optimistic):
+    """One side of the join comes straight from a source (phase 0), the other out of an
+    aggregation (phase 1): its rows must wait for the other side across phases. An optimistic
+    round left the first side's rows unread (it hung waiting for their metrics, or joined them
+    with nothing); those phases run tracked rounds."""
+
+    def build(p):
+        a = p.source(_keyed(spark).select("k", "id"), name="a")
+        b = p.source(_keyed(spark).select("k", "s"), name="b")
+        return {"j": a.join(b.groupBy("k").agg(F.count("*").alias("n")), "k")}
+
+    report, on, off = _both(spark, tmp_path, build, optimistic)
+    assert sum(off["j"].values()) == 200
+    assert on == off
+    assert report.lost == 0 and report.source_records == 400
+    if optimistic:
+        assert report.tracked_phases and all(
+            "meets rows of two phases" in why for why in report.tracked_phases
+        ), report.tracked_phases
+
+
+@pytest.mark.parametrize("optimistic", [True, False])
+def test_a_union_of_a_source_and_an_aggregate_reaches_its_sink_whole(spark, tmp_path, optimistic):
+    """The sink gets rows in phase 0 (the source's) and in phase 1 (the aggregate's): each
+    phase's rows must be published, none overwritten by the other's."""
+
+    def build(p):
+        a = p.source(_keyed(spark).select("k", F.col("id").alias("n")), name="a")
+        b = p.source(_keyed(spark).select("k", "id"), name="b")
+        return {"u": a.union(b.groupBy("k").agg(F.sum("id").alias("n")))}
+
+    report, on, off = _both(spark, tmp_path, build, optimistic)
+    assert sum(off["u"].values()) == 207
+    assert on == off
+    assert report.lost == 0 and report.source_records == 400
+
+
+def _ghosts_then_cast(p):
+    """Every fifth row has an empty array (it generates nothing: a ghost) and a value an ANSI
+    cast refuses; plain Spark drops that row before the aggregate casts."""
+    spark = p.spark
+    rows = [
+        (i, "x" if i % 5 == 0 else str(i), [] if i % 5 == 0 else [i, i + 1]) for i in range(100)
+    ]
+    df = spark.createDataFrame(rows, "id long, v string, a array<int>").repartition(2)
+    ex = p.source(df, name="src").select("id", "v", F.explode("a").alias("e"))
+    return {
+        "g": ex.groupBy("id").agg(F.sum(F.col("v").cast("int")).alias("t")),  # combined
+        "c": ex.groupBy("id").agg(
+            F.sort_array(F.collect_set(F.col("v").cast("int"))).alias("t")
+        ),  # staged
+        "w": ex.withColumn("t", F.col("v").cast("int")),  # a later native operator
+    }
+
+
+@pytest.mark.parametrize("optimistic", [True, False])
+def test_a_generators_ghost_rows_are_never_evaluated(spark, tmp_path, optimistic):
+    report, on, off = _both(spark, tmp_path, _ghosts_then_cast, optimistic)
+    assert sum(off["g"].values()) == 80
+    assert on == off
+    assert report.lost == 0 and report.source_records == 100 and report.dead_lettered == 0
+
+
+@pytest.mark.parametrize("optimistic", [True, False])
+def test_an_aggregate_over_star_sees_the_payload_only(spark, tmp_path, optimistic):
+    """``struct("*")`` inside an aggregate expands to the payload columns, as in plain Spark,
+    never to the lineage columns beside them (an optimistic round aggregates the tracked rows
+    themselves: that phase runs tracked rounds)."""
+
+    def build(p):
+        src = p.source(_keyed(spark).select("k", "id"), name="src")
+        rows = F.sort_array(F.collect_list(F.struct("*")))
+        return {"g": src.groupBy("k").agg(rows.alias("rows"))}
+
+    report, on, off = _both(spark, tmp_path, build, optimistic)
+    assert sum(off["g"].values()) == 7
+    assert on == off
+    if optimistic:
+        assert report.tracked_phases == [
+            "phase 0: the aggregate 'aggregate' reads more than its payload columns (a `*`?)"
+        ]
+
+
+@pytest.mark.parametrize("optimistic", [True, False])
+def test_aggregate_outputs_named_with_a_dot(spark, tmp_path, optimistic):
+    def build(p):
+        src = p.source(_keyed(spark).select("k", "id"), name="src")
+        return {"g": src.groupBy("k").agg(F.sum("id").alias("a.b"), F.avg("id"))}
+
+    report, on, off = _both(spark, tmp_path, build, optimistic)
+    assert sum(off["g"].values()) == 7
+    assert on == off
+    assert report.optimistic_rounds == int(optimistic)
+
+
+def test_an_empty_source_completes_with_empty_sinks(spark, tmp_path):
+    def build(p):
+        src = p.source(spark.createDataFrame([], "k int, v long"), name="src")
+        return {"g": src.groupBy("k").agg(F.sum("v").alias("t")), "f": src.filter("v > 0")}
+
+    report, on, off = _both(spark, tmp_path, build, True)
+    assert on == off == {"g": Counter(), "f": Counter()}
+    assert report.source_records == 0 and report.lost == 0
 
 
 def test_a_sink_in_error_mode_refuses_an_existing_path(spark, tmp_path):

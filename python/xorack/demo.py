@@ -483,6 +483,9 @@ def format_report(r: dict[str, Any]) -> str:
         optimistic = f", {r['optimistic_rounds']} phase(s) done in an optimistic round"
     for why in r.get("optimistic_fallbacks") or []:
         optimistic += f"; an optimistic round fell back ({why})"
+    if r["ft"] and r.get("optimistic_rounds"):  # (with none, every phase ran tracked rounds)
+        for why in r.get("tracked_phases") or []:
+            optimistic += f"; tracked rounds in {why}"
     lines = [
         "xorack demo report",
         f"  FT                     {'on' if r['ft'] else 'off'}  "

@@ -205,7 +205,7 @@ class Staging:
         df = spark.read.parquet(*self.paths).where(_f().col(KEEP))
         if ended is not None:
             df = df.join(ended, SRC, "left_anti")
-        return df.select(*self.payload)
+        return df.selectExpr(*map(q, self.payload))
 
     def remove(self) -> None:
         """Delete the staged rows (local or ``file:`` paths; elsewhere they are left)."""
@@ -249,7 +249,8 @@ class PartialStaging(Staging):
             parts.append(df)
         rows = reduce(lambda a, b: a.unionByName(b), parts)
         merges = [p.merge(i) for i, p in enumerate(self.plan)]
-        return rows.groupBy(*self.keys).agg(*merges).select(*self.output.fieldNames())
+        out = rows.groupBy(*self.keys).agg(*merges)
+        return out.selectExpr(*map(q, self.output.fieldNames()))
 
     def remove(self) -> None:
         super().remove()

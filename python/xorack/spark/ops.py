@@ -276,10 +276,13 @@ class Select:
         is_child = f"({KEEP} AND ({POS} IS NOT NULL OR {str(gen.outer).lower()}))"
         lineage = fan_out(salt_of(self.name), POS, is_child, count="_ft_n")
         check_output_names("select", [*names_before, *names, *names_after])
+        # a parent that generated nothing leaves a ghost: its other columns are nulled, as every
+        # ghost's are (ghost_payload), so that no later expression fails on a row Spark drops
+        kept = f"CASE WHEN {is_child} THEN {{}} END" if not gen.outer else "{}"
         return step.selectExpr(
-            *[f"{x} AS {q(n)}" for x, n in zip(b, names_before, strict=True)],
+            *[f"{kept.format(x)} AS {q(n)}" for x, n in zip(b, names_before, strict=True)],
             *generated,
-            *[f"{x} AS {q(n)}" for x, n in zip(a, names_after, strict=True)],
+            *[f"{kept.format(x)} AS {q(n)}" for x, n in zip(a, names_after, strict=True)],
             *lineage,
         )
 

@@ -50,7 +50,7 @@ from .barrier import (
     send_staged_events,
 )
 from .guard import FailureTally, RunawayFailure, tally_param
-from .lineage import EV, EVENT, KEEP, LINEAGE
+from .lineage import EV, EVENT, KEEP, LINEAGE, q
 from .schema import empty_frame, num_partitions
 from .sinks import NativeSink, Sink
 from .stages import (
@@ -144,16 +144,22 @@ class RunReport:
     # the run continued a job an earlier driver left unfinished (Pipeline(resume=True)): the
     # record counts are the whole job's; failed/timed_out/replayed/orphans this run's
     resumed: bool = False
-    # phases completed by an optimistic round (acked as one tree: nothing persisted), and why
-    # the optimistic rounds that fell back to tracked rounds did (Pipeline(optimistic=))
+    # phases completed by an optimistic round (acked as one tree: nothing persisted), why
+    # the optimistic rounds that fell back to tracked rounds did, and why a phase did not try
+    # one (Pipeline(optimistic=); with optimistic=False, this stays empty)
     optimistic_rounds: int = 0
     optimistic_fallbacks: list[str] = field(default_factory=list)
+    tracked_phases: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """The report as a dict whose first keys are :data:`REPORT_KEYS`, in that order."""
         d = dataclasses.asdict(self)
         rest = {k: v for k, v in d.items() if k not in REPORT_KEYS}
         return {**{k: d[k] for k in REPORT_KEYS}, **rest}
+
+
+class _NotOptimistic(Exception):
+    """A phase's optimistic round cannot be built (the message says why): it runs tracked."""
 
 
 @dataclass(frozen=True)
@@ -1241,7 +1247,7 @@ class Pipeline:
                     else:
                         df = inputs[0]
                         if df.columns != list(node.columns):  # FT off: rarely more columns
-                            df = df.select(*node.columns)
+                            df = df.selectExpr(*map(q, node.columns))
                         work.plain_writes.append((node, df))
                     df = None
                 else:  # a sink written from Python
@@ -1328,7 +1334,7 @@ class Pipeline:
             route = F.array(*[F.lit(int(r)) for r in hashing.route_keys(node.partitions)])
             tagged = tagged.withColumn("_ft_route", F.element_at(route, F.spark_partition_id() + 1))
             replayed = tagged.unionByName(replayed)
-        df = replayed.repartition(node.partitions, "_ft_route").select(*cols)
+        df = replayed.repartition(node.partitions, "_ft_route").selectExpr(*map(q, cols))
         return _with_pending(df), k
 
     def _source_frame(self, node: _Node, df: Any, ordered: bool = True) -> Any:
@@ -1601,12 +1607,25 @@ class Pipeline:
 
     # ---- optimistic rounds (xorack.spark.optimistic) -------------------------------------
 
-    @staticmethod
-    def _consumed_phase(node: _Node) -> int:
-        """The phase whose rows ``node`` processes (a barrier's: its inputs')."""
-        if node.kind == "barrier":
-            return max(p.phase for p in node.parents)
-        return node.phase
+    def _phase_nodes(self, phase: int) -> list[_Node]:
+        """The nodes whose rows an optimistic round of ``phase`` runs through, in declaration
+        order: the phase's sources and every node their rows reach, up to the barriers and the
+        sinks (a union or a sink declared in a later phase gets this phase's rows too, as in
+        the tracked rounds)."""
+        touched: set[int] = set()
+        nodes = []
+        for node in self._nodes:
+            if node.kind == "source":
+                hit = node.phase == phase
+            else:
+                hit = any(id(par) in touched for par in node.parents)
+            if hit:
+                touched.add(id(node))
+                nodes.append(node)
+        return nodes
+
+    def _phase_count(self) -> int:
+        return 1 + max((n.phase for n in self._nodes), default=0)
 
     def _optimistic_blocker(self, phase: int) -> str | None:
         """Why ``phase`` cannot run an optimistic round, or None when it can."""
@@ -1622,15 +1641,28 @@ class Pipeline:
         for node in self._nodes:
             for par in node.parents:
                 fanout[id(par)] = fanout.get(id(par), 0) + 1
-        for node in self._nodes:
-            if self._consumed_phase(node) != phase:
-                continue
+        nodes = self._phase_nodes(phase)
+        here = {id(n) for n in nodes}
+        for node in nodes:
             if node.kind == "group":
                 return f"apply_in_pandas stage {node.name!r}"
             if node.kind == "sink" and not getattr(node.sink, "native", False):
                 return f"sink {node.name!r} is written from Python"
-            if node.kind != "barrier" and fanout.get(id(node), 0) > 1:
-                return f"{node.name!r} is a branch point"
+            if node.kind == "sink" and any(
+                id(node) in {id(n) for n in self._phase_nodes(other)}
+                for other in range(self._phase_count())
+                if other != phase
+            ):  # its rows of each phase would be published apart
+                return f"sink {node.name!r} gets rows of two phases"
+            if node.kind == "barrier" and not all(id(par) in here for par in node.parents):
+                # its other side's rows arrive in another phase: they would have to be kept
+                # for it across phases, which the tracked rounds' staging does
+                return f"{node.name!r} meets rows of two phases"
+            if node.kind not in ("barrier", "sink"):
+                if fanout.get(id(node), 0) > 1:
+                    return f"{node.name!r} is a branch point"
+                if not fanout.get(id(node), 0):
+                    return f"the rows of {node.name!r} reach no sink"
             if node.kind == "source" and node.df is not None and node.df.isStreaming:
                 return "streaming runs tracked rounds"
         return None
@@ -1639,9 +1671,16 @@ class Pipeline:
         """Run ``phase`` as one optimistic round; True when every record of it completed
         (its outputs are then in place for the next phase and the publish), False when it
         cannot run one or the round fell back (its outputs deleted; the reason reported)."""
-        if self._optimistic_blocker(phase) is not None:
+        blocker = self._optimistic_blocker(phase)
+        if blocker is None:
+            try:
+                work = self._build_optimistic(phase)
+            except _NotOptimistic as e:
+                blocker = str(e)
+        if blocker is not None:
+            if self.optimistic:
+                report.tracked_phases.append(f"phase {phase}: {blocker}")
             return False
-        work = self._build_optimistic(phase)
         if not work.jobs:
             return False  # nothing of this phase runs (its outputs go to native sinks)
         why = self._execute_optimistic(work, phase)  # a row failed: the round was cancelled
@@ -1677,9 +1716,7 @@ class Pipeline:
         work = _OptimisticRound(sc.accumulator((0, 0), optimistic.round_param()), group, abort)
         token = optimistic.RoundToken(work.accumulator, abort)
         built: dict[int, Any] = {}
-        for node in self._nodes:
-            if self._consumed_phase(node) != phase:
-                continue
+        for node in self._phase_nodes(phase):
             inputs = [built.get(id(p)) for p in node.parents]
             df: Any = None
             if node.kind == "source":
@@ -1825,19 +1862,27 @@ class Pipeline:
         barrier, sink = None, None
         if node.kind == "sink":
             sink = node
-            out = optimistic.staged(inputs[0], events).where(F.col(KEEP)).select(*node.columns)
+            out = optimistic.staged(inputs[0], events).where(F.col(KEEP))
+            out = out.selectExpr(*map(q, node.columns))
         elif isinstance(node.spec, AggregateSpec):
             barrier = node
             spec = node.spec
             xor = F.expr(f"bit_xor({EVENT})").alias("_ft_x")
             grouped = inputs[0].groupBy(*spec.keys, KEEP).agg(*spec.exprs, xor)
+            got = [fl for fl in grouped.schema.fields if fl.name not in (KEEP, "_ft_x")]
+            if [(fl.name, fl.dataType.simpleString()) for fl in got] != [
+                (fl.name, fl.dataType.simpleString()) for fl in node.schema.fields
+            ]:  # an expression read the lineage columns too (a `*`, as in struct("*"))
+                raise _NotOptimistic(
+                    f"the aggregate {node.name!r} reads more than its payload columns (a `*`?)"
+                )
             # the XOR of the groups' events, and the output's rows (the live groups)
             counts = [
                 F.expr("bit_xor(_ft_x)").alias("x"),
                 F.expr(f"count_if({KEEP})").alias("rows"),
             ]
             grouped = grouped.observe(events, *counts)
-            out = grouped.where(F.col(KEEP)).select(*node.columns)
+            out = grouped.where(F.col(KEEP)).selectExpr(*map(q, node.columns))
         else:  # a join of two tracked frames: each side's rows observed
             barrier = node
             lives, seen = [], []
@@ -1847,7 +1892,7 @@ class Pipeline:
                     continue
                 seen.append(Observation())
                 x = optimistic.staged(x, seen[-1])
-                lives.append(x.where(F.col(KEEP)).select(*par.columns))
+                lives.append(x.where(F.col(KEEP)).selectExpr(*map(q, par.columns)))
             out = node.spec.compute(lives)
             events = _Observations(seen)
         if barrier is not None:
@@ -1856,7 +1901,7 @@ class Pipeline:
             if self._direct(derived) and len(readers) == 1:
                 sink = readers[0]
                 if list(sink.columns) != list(node.columns):
-                    out = out.select(*sink.columns)
+                    out = out.selectExpr(*map(q, sink.columns))
         if sink is None:
             assert barrier is not None
             path = os.path.join(self._workdir, node.name, "fast")
@@ -2108,7 +2153,7 @@ class Pipeline:
                     node.staging[0].remove()
                     continue
                 if self._direct(parent):  # a barrier's output, written as Spark computes it
-                    rows = node.sink.write(parent.df.select(*node.columns))
+                    rows = node.sink.write(parent.df.selectExpr(*map(q, node.columns)))
                 else:
                     if ended_df is None and len(ended):
                         ended_df = ids_frame(self.spark, ended)
