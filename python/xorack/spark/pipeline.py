@@ -1327,14 +1327,14 @@ class Pipeline:
             replayed, k = self._replay_frame(node)
         if replayed is None:
             return (_with_pending(tagged) if self.ft and tagged is not None else tagged), 0
-        cols = [F.col(c) for c in (*node.columns, SRC, REC)]
+        cols = [q(c) for c in (*node.columns, SRC, REC)]
         if tagged is not None:
             import xorack.hashing as hashing
 
             route = F.array(*[F.lit(int(r)) for r in hashing.route_keys(node.partitions)])
             tagged = tagged.withColumn("_ft_route", F.element_at(route, F.spark_partition_id() + 1))
             replayed = tagged.unionByName(replayed)
-        df = replayed.repartition(node.partitions, "_ft_route").selectExpr(*map(q, cols))
+        df = replayed.repartition(node.partitions, "_ft_route").selectExpr(*cols)
         return _with_pending(df), k
 
     def _source_frame(self, node: _Node, df: Any, ordered: bool = True) -> Any:
