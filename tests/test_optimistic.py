@@ -313,11 +313,11 @@ def test_a_join_with_an_aggregate_of_another_source_meets_every_row(spark, tmp_p
     report, on, off = _both(spark, tmp_path, build, optimistic)
     assert sum(off["j"].values()) == 200
     assert on == off
-    assert report.lost == 0 and report.source_records == 400
+    assert report.lost == 0
+    assert report.source_records == 400
     if optimistic:
-        assert report.tracked_phases and all(
-            "meets rows of two phases" in why for why in report.tracked_phases
-        ), report.tracked_phases
+        assert report.tracked_phases, "the phases say why they ran tracked rounds"
+        assert all("meets rows of two phases" in why for why in report.tracked_phases)
 
 
 @pytest.mark.parametrize("optimistic", [True, False])
@@ -333,7 +333,8 @@ def test_a_union_of_a_source_and_an_aggregate_reaches_its_sink_whole(spark, tmp_
     report, on, off = _both(spark, tmp_path, build, optimistic)
     assert sum(off["u"].values()) == 207
     assert on == off
-    assert report.lost == 0 and report.source_records == 400
+    assert report.lost == 0
+    assert report.source_records == 400
 
 
 def _ghosts_then_cast(p):
@@ -359,7 +360,9 @@ def test_a_generators_ghost_rows_are_never_evaluated(spark, tmp_path, optimistic
     report, on, off = _both(spark, tmp_path, _ghosts_then_cast, optimistic)
     assert sum(off["g"].values()) == 80
     assert on == off
-    assert report.lost == 0 and report.source_records == 100 and report.dead_lettered == 0
+    assert report.lost == 0
+    assert report.source_records == 100
+    assert report.dead_lettered == 0
 
 
 @pytest.mark.parametrize("optimistic", [True, False])
@@ -401,7 +404,8 @@ def test_an_empty_source_completes_with_empty_sinks(spark, tmp_path):
 
     report, on, off = _both(spark, tmp_path, build, True)
     assert on == off == {"g": Counter(), "f": Counter()}
-    assert report.source_records == 0 and report.lost == 0
+    assert report.source_records == 0
+    assert report.lost == 0
 
 
 def test_a_sink_in_error_mode_refuses_an_existing_path(spark, tmp_path):
