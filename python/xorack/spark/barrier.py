@@ -62,6 +62,7 @@ import pyarrow as pa
 
 from .._checks import sorted_distinct
 from .lineage import EVT, KEEP, SRC, q, staged_event
+from .ops import reads_star
 from .schema import empty_frame
 
 CHUNK = "_ft_chunk"
@@ -152,6 +153,8 @@ def combining_plan(spec: AggregateSpec, input_schema: Any, output_schema: Any) -
         return None
     plan = []
     for expr, out in zip(spec.exprs, fields, strict=True):
+        if reads_star(expr):  # the partials are taken on tracked rows: `*` would read lineage
+            return None
         try:
             node = expr._jc.node()
             if node.getClass().getSimpleName() == "Alias":

@@ -16,6 +16,7 @@ analyzed once, on the real frames of each round.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,6 +100,51 @@ def _condition(cond: Any) -> Any:
     return cond
 
 
+_STAR = re.compile(r"\*\s*[),]")  # a `*` argument: `hash(*)`, `struct(t.*)` (not `x * 2`)
+_COUNT_STAR = re.compile(r"(?i)\bcount\(\s*\*\s*\)")  # count(*) counts rows: no columns read
+
+
+def reads_star(c: Any) -> bool:
+    """Whether the expression ``c`` (a Column or SQL text) has a ``*`` inside it, as in
+    ``F.hash("*")`` or ``F.struct("*")``: on a tracked frame that would read the lineage columns
+    too. A column name, a top-level ``*`` and ``count(*)`` read no lineage.
+
+    >>> reads_star("hash(*) % 2 = 0"), reads_star("x * 2"), reads_star("count(*) > 1")
+    (True, False, False)
+    """
+    if isinstance(c, str):
+        text = c
+    else:
+        try:
+            text = str(c._jc.node().sql())
+        except Exception:  # not a classic Column (Spark Connect): not inspected
+            return False
+    return bool(_STAR.search(_COUNT_STAR.sub("", text)))
+
+
+def refuse_star(what: str, cols: Sequence[Any]) -> None:
+    """A clear error for an expression of ``cols`` that reads ``*`` (see :func:`reads_star`)."""
+    starred = [c for c in cols if not isinstance(c, str) and reads_star(c)]
+    if starred:
+        raise TrackedOperationError(
+            f"{what}: {starred[0]} has a `*` inside it, which on a tracked DataFrame would also "
+            "read xorack's lineage columns; name the columns instead, e.g. "
+            "F.struct(*[F.col(c) for c in t.columns])"
+        )
+
+
+def live_only(c: Any) -> Any:
+    """``c`` evaluated on live rows only (null on a ghost, a row removed upstream): Spark never
+    evaluates a removed row's expressions, so neither may a tracked frame (an ANSI cast,
+    ``raise_error``, ``assert_true`` would fail on it). A plain column reference is left as it
+    is (a ghost's payload is null already). Python UDFs are evaluated by Spark for every row
+    even inside ``when``; they see a ghost's nulls (README: Limits)."""
+    f = _f()
+    if isinstance(c, str):
+        return c
+    return f.when(f.col(KEEP), c)
+
+
 # --------------------------------------------------------------------------------------------
 # generators inside select / withColumn
 
@@ -153,6 +199,17 @@ def _generator_of(col: Any) -> _Generator | None:
     return _Generator(name, argument, aliases)
 
 
+def _is_star(c: Any) -> bool:
+    """``"*"`` or ``F.col("*")``: every column (on a tracked frame: the payload)."""
+    if isinstance(c, str):
+        return c == "*"
+    try:
+        node = c._jc.node()
+        return node.getClass().getSimpleName() == "UnresolvedStar" and str(node.sql()) == "*"
+    except Exception:  # not a classic Column
+        return False
+
+
 @dataclass(frozen=True)
 class Select:
     """``select(*cols)`` — at most one generator among ``cols`` (each generated row is a child
@@ -166,6 +223,10 @@ class Select:
     _probes: dict[tuple[str, ...], Any] = field(
         default_factory=dict, compare=False, repr=False, hash=False
     )
+    # the output's names, by input columns (a guarded expression is aliased to its own name)
+    _names: dict[tuple[str, ...], list[str]] = field(
+        default_factory=dict, compare=False, repr=False, hash=False
+    )
 
     def describe(self) -> str:
         return f"select({', '.join(map(str, self.cols))})"
@@ -175,7 +236,7 @@ class Select:
         position), if any."""
         cols: list[Any] = []
         for c in self.cols:
-            cols.extend(payload if isinstance(c, str) and c == "*" else [c])
+            cols.extend(payload if _is_star(c) else [c])
         gens = [(i, g) for i, g in ((i, _generator_of(c)) for i, c in enumerate(cols)) if g]
         if len(gens) > 1:
             raise TrackedOperationError(
@@ -187,10 +248,12 @@ class Select:
     def declare(self, proto: Any) -> Any:
         """The declaration-time analysis on a payload-only frame (see the module's doc)."""
         cols, gen = self._columns(list(proto.columns))
+        refuse_star("select", cols)
         if gen is not None:
             self._probe(proto, cols, *gen)
         out = proto.select(*cols)
         check_output_names("select", out.columns)
+        self._names[tuple(proto.columns)] = list(out.columns)
         return out
 
     def apply(self, df: Any, ft: bool) -> Any:
@@ -198,9 +261,16 @@ class Select:
             return df.select(*self.cols)
         cols, gen = self._columns(payload_of(df))
         if gen is None:
-            out = df.select(*cols, *LINEAGE)
-            check_output_names("select", payload_of(out))
-            return out
+            key = tuple(payload_of(df))
+            names = self._names.get(key)
+            if names is None:  # (declare() asked it for the same payload)
+                names = self._names[key] = list(df.select(*cols).columns)
+            check_output_names("select", names)
+            guarded = [
+                c if isinstance(c, str) else live_only(c).alias(n)
+                for c, n in zip(cols, names, strict=True)
+            ]
+            return df.select(*guarded, *LINEAGE)
         return self._generate(df, cols, *gen)
 
     def _probe(self, df: Any, cols: list[Any], at: int, gen: _Generator) -> Any:
@@ -221,7 +291,6 @@ class Select:
     def _generate(self, df: Any, cols: list[Any], at: int, gen: _Generator) -> Any:
         from pyspark.sql.types import ArrayType, MapType, StructType
 
-        f = _f()
         before = [as_column(c) for c in cols[:at]]
         after = [as_column(c) for c in cols[at + 1 :]]
         t, names_before, names_after = self._probe(df, cols, at, gen)
@@ -252,9 +321,9 @@ class Select:
         b = [f"_ft_b{i}" for i in range(len(before))]
         a = [f"_ft_a{i}" for i in range(len(after))]
         step = df.select(
-            *[c.alias(n) for c, n in zip(before, b, strict=True)],
-            f.when(f.col(KEEP), gen.argument).alias("_ft_arg"),
-            *[c.alias(n) for c, n in zip(after, a, strict=True)],
+            *[live_only(c).alias(n) for c, n in zip(before, b, strict=True)],
+            live_only(gen.argument).alias("_ft_arg"),
+            *[live_only(c).alias(n) for c, n in zip(after, a, strict=True)],
             *LINEAGE,
         )
         step = step.selectExpr(
@@ -322,15 +391,16 @@ class WithColumns:
         select = self._select(list(proto.columns))
         if select is not None:
             return select.declare(proto)
+        refuse_star("withColumn", [c for _, c in self.mapping])
         return proto.withColumns(dict(self.mapping))
 
     def apply(self, df: Any, ft: bool) -> Any:
         select = self._select(payload_of(df) if ft else list(df.columns))
         if select is not None:
             return select.apply(df, ft)
-        out = df.withColumns(dict(self.mapping))
         if not ft:
-            return out
+            return df.withColumns(dict(self.mapping))
+        out = df.withColumns({n: live_only(c) for n, c in self.mapping})
         payload = payload_of(df)
         new = [n for n, _ in self.mapping if n not in payload]
         return with_lineage_last(out, [*payload, *new])
@@ -390,6 +460,7 @@ class Filter:
 
     def declare(self, proto: Any) -> Any:
         """The declaration-time analysis on a payload-only frame (see the module's doc)."""
+        refuse_star("filter", [_condition(self.cond)])
         return self.apply(proto, ft=False)
 
     def apply(self, df: Any, ft: bool) -> Any:
@@ -397,9 +468,10 @@ class Filter:
             return df.where(_condition(self.cond))
         payload = payload_of(df)
         if isinstance(self.cond, str):  # SQL text: evaluated once, into a column of its own
-            step = df.selectExpr(*map(q, payload), *LINEAGE, f"({self.cond}) AS _ft_cond")
+            cond = f"CASE WHEN {KEEP} THEN ({self.cond}) END AS _ft_cond"
+            step = df.selectExpr(*map(q, payload), *LINEAGE, cond)
         else:
-            step = df.withColumn("_ft_cond", _condition(self.cond))
+            step = df.withColumn("_ft_cond", live_only(_condition(self.cond)))
         lineage = drop_where("_ft_cond")
         keep = f"({KEEP} AND coalesce(_ft_cond, false))"
         return step.selectExpr(*ghost_payload(payload, keep), *lineage)
@@ -479,7 +551,7 @@ class LookupJoin:
         right = list(self.other.columns)
         self._check(payload, right)
         if self.how in ("left_semi", "left_anti"):
-            lk = self.other.select(*keys).distinct().withColumn(POS, f.lit(0))
+            lk = self.other.selectExpr(*map(q, keys)).distinct().withColumn(POS, f.lit(0))
             lk = f.broadcast(lk) if _has_broadcast_hint(self.other) else lk
             j = df.join(lk, on=keys, how="left")
             passes = f"({POS} IS {'NOT ' if self.how == 'left_semi' else ''}NULL)"
@@ -489,9 +561,10 @@ class LookupJoin:
             return out.selectExpr(*ghost_payload(order), *LINEAGE)
         from pyspark.sql import Window
 
-        rank = Window.partitionBy(*keys).orderBy(f.xxhash64(*[f.col(c) for c in right]))
+        by = [f.col(q(k)) for k in keys]
+        rank = Window.partitionBy(*by).orderBy(f.xxhash64(*[f.col(q(c)) for c in right]))
         lk = self.other.withColumn(POS, f.row_number().over(rank) - 1)
-        lk = lk.withColumn("_ft_n", f.count(f.lit(1)).over(Window.partitionBy(*keys)))
+        lk = lk.withColumn("_ft_n", f.count(f.lit(1)).over(Window.partitionBy(*by)))
         lk = f.broadcast(lk) if _has_broadcast_hint(self.other) else lk
         salt = salt_of(self.name)
         j = df.join(lk, on=keys, how="left")

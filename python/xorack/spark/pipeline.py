@@ -217,7 +217,9 @@ class _Node:
     def prepare(self, df: Any) -> Any:
         """The source's own partitioning applied to an input DataFrame (or micro-batch)."""
         if self.keys:
-            return df.repartition(self.partitions, *self.keys)
+            from pyspark.sql import functions as F
+
+            return df.repartition(self.partitions, *[F.col(q(k)) for k in self.keys])
         if self.repartition:
             return df.repartition(self.partitions)
         return df
@@ -1308,14 +1310,16 @@ class Pipeline:
             if self.resume and (node.repartition or node.derived is not None):
                 # a shuffle's (or a barrier's) output order within a partition varies from run
                 # to run: a resumed job skips a prefix of each partition, so fix the order
-                prepared = prepared.sortWithinPartitions(*node.columns)
+                prepared = prepared.sortWithinPartitions(*[F.col(q(c)) for c in node.columns])
             elif self.ft and self.deterministic_ids and self._chunk_bits and _shuffled(prepared):
                 # chunked source ids follow the rows' positions: after a shuffle a retried task
                 # may read the partition in another order, so order it by content (rows with
                 # the same hash are the same row but for a 2**-64 accident); a type Spark
                 # cannot hash (a map) keeps random ids: a retry then makes copies
                 if _hashable(prepared.schema):
-                    prepared = prepared.sortWithinPartitions(F.xxhash64(*node.columns))
+                    prepared = prepared.sortWithinPartitions(
+                        F.xxhash64(*[F.col(q(c)) for c in node.columns])
+                    )
                 else:
                     ordered = False
             tagged = self._source_frame(node, prepared, ordered)
@@ -1360,7 +1364,14 @@ class Pipeline:
         from pyspark.sql import functions as F
 
         df = df.withColumn(PART, F.spark_partition_id())
-        return df.mapInArrow(tagger, self._tagged_schema(node))
+        schema = self._tagged_schema(node)
+        # PySpark's mapInArrow reads its input by column name, a name with a dot as a struct
+        # field: such columns cross the tagger under names of their own
+        odd = {c: f"_ft_c{i}" for i, c in enumerate(node.columns) if "." in c or "`" in c}
+        if not odd:
+            return df.mapInArrow(tagger, schema)
+        tagger = dataclasses.replace(tagger, names=tuple(c for c in df.columns if c != PART))
+        return df.withColumnsRenamed(odd).mapInArrow(tagger, schema)
 
     @classmethod
     def _settled(cls, node: _Node) -> bool:
@@ -1868,13 +1879,15 @@ class Pipeline:
             barrier = node
             spec = node.spec
             xor = F.expr(f"bit_xor({EVENT})").alias("_ft_x")
+            if any(ops.reads_star(e) for e in spec.exprs):  # it would read the lineage too
+                raise _NotOptimistic(f"the aggregate {node.name!r} reads `*`")
             grouped = inputs[0].groupBy(*spec.keys, KEEP).agg(*spec.exprs, xor)
             got = [fl for fl in grouped.schema.fields if fl.name not in (KEEP, "_ft_x")]
             if [(fl.name, fl.dataType.simpleString()) for fl in got] != [
                 (fl.name, fl.dataType.simpleString()) for fl in node.schema.fields
-            ]:  # an expression read the lineage columns too (a `*`, as in struct("*"))
+            ]:  # an expression read the lineage columns too (not as a `*` we can see)
                 raise _NotOptimistic(
-                    f"the aggregate {node.name!r} reads more than its payload columns (a `*`?)"
+                    f"the aggregate {node.name!r} reads more than its payload columns"
                 )
             # the XOR of the groups' events, and the output's rows (the live groups)
             counts = [

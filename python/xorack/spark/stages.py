@@ -485,6 +485,9 @@ class SourceTagger:
     ordered: bool = True  # a retried task reads each partition in the same order
     progress: bool = False  # note each persist's end row in its partition (a resumable job)
     skip: tuple[tuple[int, int], ...] = ()  # ((batch << 16) | partition, rows persisted before)
+    # the input columns' real names when they cross mapInArrow under others (PySpark reads a
+    # name with a dot as a struct field); empty: as they come
+    names: tuple[str, ...] = ()
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from .. import acker, hashing
@@ -503,6 +506,8 @@ class SourceTagger:
             i = batch.schema.get_field_index(PART)
             partition = int(batch.column(i)[0].as_py())
             batch = batch.remove_column(i)
+            if self.names:
+                batch = pa.RecordBatch.from_arrays(batch.columns, names=list(self.names))
             missing = [k for k in self.keys if k not in batch.schema.names]
             if missing:
                 raise StageSchemaError(
