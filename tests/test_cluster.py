@@ -187,13 +187,18 @@ class SlowSquareThatSignals:
     def __call__(self, pdf: pd.DataFrame) -> pd.DataFrame:
         if current_round() == 0:
             try:
-                fd = os.open(self.marker + ".tmp", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                pass
-            else:
-                os.write(fd, str(_executor_jvm_of_this_worker()).encode())
-                os.close(fd)
-                os.rename(self.marker + ".tmp", self.marker)
+                jvm = _executor_jvm_of_this_worker()
+            except (RuntimeError, OSError):  # a worker whose JVM is gone: another one signals
+                jvm = None
+            if jvm is not None:
+                try:
+                    fd = os.open(self.marker + ".tmp", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                except FileExistsError:
+                    pass
+                else:
+                    os.write(fd, str(jvm).encode())
+                    os.close(fd)
+                    os.rename(self.marker + ".tmp", self.marker)
             time.sleep(self.pause)
         return _square(pdf)
 
