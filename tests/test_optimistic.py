@@ -440,6 +440,27 @@ def test_a_star_inside_an_expression_is_refused_with_a_clear_error(spark):
     src.select(F.col("*")).filter("id * 2 > 10").groupBy("k").agg(F.count("*").alias("n"))
 
 
+def test_a_window_function_is_refused_with_a_clear_error(spark, tmp_path):
+    """A window reads other rows (of other records; removed rows would count): refused. The
+    same job with FT off runs as plain Spark."""
+    from pyspark.sql import Window
+
+    from xorack.spark import TrackedOperationError
+
+    rank = F.row_number().over(Window.partitionBy("k").orderBy("id"))
+    p = Pipeline(spark)
+    src = p.source(_keyed(spark), name="src")
+    with pytest.raises(TrackedOperationError, match=r"withColumn: .*window function.*groupBy"):
+        src.withColumn("r", rank)
+    with pytest.raises(TrackedOperationError, match=r"select: .*window function"):
+        src.select("id", F.expr("count(1) OVER (PARTITION BY k)").alias("n"))
+    off = Pipeline(spark, ft=False)
+    sink = ParquetSink(str(tmp_path / "off"))
+    off.source(_keyed(spark), name="src").withColumn("r", rank).sink(sink, name="o")
+    off.run()
+    assert sink.read(spark).count() == 200
+
+
 @pytest.mark.parametrize("optimistic", [True, False])
 def test_an_aggregate_of_expressions_over_star_runs_tracked_rounds(spark, tmp_path, optimistic):
     def build(p):

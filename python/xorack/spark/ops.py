@@ -104,6 +104,19 @@ _STAR = re.compile(r"\*\s*[),]")  # a `*` argument: `hash(*)`, `struct(t.*)` (no
 _COUNT_STAR = re.compile(r"(?i)\bcount\(\s*\*\s*\)")  # count(*) counts rows: no columns read
 
 
+_OVER = re.compile(r"(?i)\bover\s*\(")  # a window function: `row_number() OVER (...)`
+
+
+def _sql_of(c: Any) -> str | None:
+    """The SQL text of a Column (or SQL text itself); None when it cannot be read."""
+    if isinstance(c, str):
+        return c
+    try:
+        return str(c._jc.node().sql())
+    except Exception:  # not a classic Column (Spark Connect): not inspected
+        return None
+
+
 def reads_star(c: Any) -> bool:
     """Whether the expression ``c`` (a Column or SQL text) has a ``*`` inside it, as in
     ``F.hash("*")`` or ``F.struct("*")``: on a tracked frame that would read the lineage columns
@@ -112,25 +125,31 @@ def reads_star(c: Any) -> bool:
     >>> reads_star("hash(*) % 2 = 0"), reads_star("x * 2"), reads_star("count(*) > 1")
     (True, False, False)
     """
-    if isinstance(c, str):
-        text = c
-    else:
-        try:
-            text = str(c._jc.node().sql())
-        except Exception:  # not a classic Column (Spark Connect): not inspected
-            return False
-    return bool(_STAR.search(_COUNT_STAR.sub("", text)))
+    text = _sql_of(c)
+    return text is not None and bool(_STAR.search(_COUNT_STAR.sub("", text)))
 
 
-def refuse_star(what: str, cols: Sequence[Any]) -> None:
-    """A clear error for an expression of ``cols`` that reads ``*`` (see :func:`reads_star`)."""
-    starred = [c for c in cols if not isinstance(c, str) and reads_star(c)]
-    if starred:
-        raise TrackedOperationError(
-            f"{what}: {starred[0]} has a `*` inside it, which on a tracked DataFrame would also "
-            "read xorack's lineage columns; name the columns instead, e.g. "
-            "F.struct(*[F.col(c) for c in t.columns])"
-        )
+def check_expressions(what: str, cols: Sequence[Any]) -> None:
+    """A clear error for an expression of a row operation that a tracked frame cannot compute
+    as Spark does: a ``*`` inside it (it would read the lineage columns too, see
+    :func:`reads_star`), or a window function (it reads other rows, of other source records:
+    a replayed record would be computed without them, and a removed row would count)."""
+    exprs = [c for c in cols if not isinstance(c, str)]
+    for c in exprs:
+        if reads_star(c):
+            raise TrackedOperationError(
+                f"{what}: {c} has a `*` inside it, which on a tracked DataFrame would also read "
+                "xorack's lineage columns; name the columns instead, e.g. "
+                "F.struct(*[F.col(c) for c in t.columns])"
+            )
+        text = _sql_of(c)
+        if text is not None and _OVER.search(text):
+            raise TrackedOperationError(
+                f"{what}: {c} is a window function, which reads other rows: on a tracked "
+                "DataFrame they may belong to other source records, and a replayed record "
+                "would be computed without them. Aggregate with groupBy(...).agg(...) and join "
+                "the result back, or compute the window before p.source() or after the sink"
+            )
 
 
 def live_only(c: Any) -> Any:
@@ -248,7 +267,7 @@ class Select:
     def declare(self, proto: Any) -> Any:
         """The declaration-time analysis on a payload-only frame (see the module's doc)."""
         cols, gen = self._columns(list(proto.columns))
-        refuse_star("select", cols)
+        check_expressions("select", cols)
         if gen is not None:
             self._probe(proto, cols, *gen)
         out = proto.select(*cols)
@@ -391,7 +410,7 @@ class WithColumns:
         select = self._select(list(proto.columns))
         if select is not None:
             return select.declare(proto)
-        refuse_star("withColumn", [c for _, c in self.mapping])
+        check_expressions("withColumn", [c for _, c in self.mapping])
         return proto.withColumns(dict(self.mapping))
 
     def apply(self, df: Any, ft: bool) -> Any:
@@ -460,7 +479,7 @@ class Filter:
 
     def declare(self, proto: Any) -> Any:
         """The declaration-time analysis on a payload-only frame (see the module's doc)."""
-        refuse_star("filter", [_condition(self.cond)])
+        check_expressions("filter", [_condition(self.cond)])
         return self.apply(proto, ft=False)
 
     def apply(self, df: Any, ft: bool) -> Any:
