@@ -441,8 +441,9 @@ def test_a_star_inside_an_expression_is_refused_with_a_clear_error(spark):
 
 
 def test_a_window_function_is_refused_with_a_clear_error(spark, tmp_path):
-    """A window reads other rows (of other records; removed rows would count): refused. The
-    same job with FT off runs as plain Spark."""
+    """A window reads other rows (of other records; removed rows would count): refused, as is
+    an aggregate in a select (a global aggregate). The same job with FT off runs as plain
+    Spark."""
     from pyspark.sql import Window
 
     from xorack.spark import TrackedOperationError
@@ -454,6 +455,8 @@ def test_a_window_function_is_refused_with_a_clear_error(spark, tmp_path):
         src.withColumn("r", rank)
     with pytest.raises(TrackedOperationError, match=r"select: .*window function"):
         src.select("id", F.expr("count(1) OVER (PARTITION BY k)").alias("n"))
+    with pytest.raises(TrackedOperationError, match=r"without groupBy.*group by a constant"):
+        src.select(F.sum("id").alias("total"))  # a global aggregate
     off = Pipeline(spark, ft=False)
     sink = ParquetSink(str(tmp_path / "off"))
     off.source(_keyed(spark), name="src").withColumn("r", rank).sink(sink, name="o")

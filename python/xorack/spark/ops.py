@@ -229,6 +229,14 @@ def _is_star(c: Any) -> bool:
         return False
 
 
+def _plan_kind(df: Any) -> str | None:
+    """The class of the top operator of ``df``'s analyzed plan (``Project``, ``Aggregate``...)."""
+    try:
+        return str(df._jdf.queryExecution().analyzed().getClass().getSimpleName())
+    except Exception:  # not a classic DataFrame (Spark Connect): not inspected
+        return None
+
+
 @dataclass(frozen=True)
 class Select:
     """``select(*cols)`` — at most one generator among ``cols`` (each generated row is a child
@@ -271,6 +279,12 @@ class Select:
         if gen is not None:
             self._probe(proto, cols, *gen)
         out = proto.select(*cols)
+        if _plan_kind(out) == "Aggregate":
+            raise TrackedOperationError(
+                f"{self.describe()}: an aggregate function without groupBy aggregates every row "
+                "into one, which a tracked DataFrame does by key: group by a constant, e.g. "
+                "t.withColumn('all', F.lit(1)).groupBy('all').agg(...)"
+            )
         check_output_names("select", out.columns)
         self._names[tuple(proto.columns)] = list(out.columns)
         return out
