@@ -155,7 +155,7 @@ def check_expressions(what: str, cols: Sequence[Any]) -> None:
 def live_only(c: Any) -> Any:
     """``c`` evaluated on live rows only (null on a ghost, a row removed upstream): Spark never
     evaluates a removed row's expressions, so neither may a tracked frame (an ANSI cast,
-    ``raise_error``, ``assert_true`` would fail on it). A plain column reference is left as it
+    ``raise_error``, ``assert_true`` would fail on it). A column given by name is left as it
     is (a ghost's payload is null already). Python UDFs are evaluated by Spark for every row
     even inside ``when``; they see a ghost's nulls (README: Limits)."""
     f = _f()
