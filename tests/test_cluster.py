@@ -203,6 +203,27 @@ class SlowSquareThatSignals:
         return _square(pdf)
 
 
+def _kill_when_signalled(marker: str, killed: list[int]) -> threading.Thread:
+    """A started thread that SIGKILLs the executor JVM named in ``marker`` once a worker writes
+    it (see :class:`SlowSquareThatSignals`), appending its pid to ``killed``; it gives up after
+    120 s."""
+
+    def kill_when_running() -> None:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(marker):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        victim = int(Path(marker).read_text())
+        if victim in _executor_jvms():  # one of ours, never another process
+            os.kill(victim, signal.SIGKILL)
+            killed.append(victim)
+
+    killer = threading.Thread(target=kill_when_running, daemon=True)
+    killer.start()
+    return killer
+
+
 # ---- the tests -------------------------------------------------------------------------------
 
 
@@ -238,20 +259,7 @@ def test_an_executor_killed_mid_round_loses_nothing(spark, tmp_path):
     marker = str(tmp_path / "running-on")
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")  # many slow batches
     killed: list[int] = []
-
-    def kill_when_running() -> None:
-        deadline = time.monotonic() + 120
-        while not os.path.exists(marker):
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.05)
-        victim = int(Path(marker).read_text())
-        if victim in _executor_jvms():  # one of ours, never another process
-            os.kill(victim, signal.SIGKILL)
-            killed.append(victim)
-
-    killer = threading.Thread(target=kill_when_running, daemon=True)
-    killer.start()
+    killer = _kill_when_signalled(marker, killed)
     try:
         report, sink, _ = _run_squares(spark, tmp_path, fn=SlowSquareThatSignals(marker))
     finally:
@@ -304,20 +312,7 @@ def test_an_executor_killed_in_an_optimistic_round_falls_back(spark, tmp_path):
     marker = str(tmp_path / "running-on")
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")  # slow batches
     killed: list[int] = []
-
-    def kill_when_running() -> None:
-        deadline = time.monotonic() + 120
-        while not os.path.exists(marker):
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.05)
-        victim = int(Path(marker).read_text())
-        if victim in _executor_jvms():  # one of ours, never another process
-            os.kill(victim, signal.SIGKILL)
-            killed.append(victim)
-
-    killer = threading.Thread(target=kill_when_running, daemon=True)
-    killer.start()
+    killer = _kill_when_signalled(marker, killed)
     try:
         fn = SlowSquareThatSignals(marker, pause=0.1)
         report, sink = _run_squares_to_parquet(spark, tmp_path, fn=fn)

@@ -1493,7 +1493,7 @@ class Pipeline:
                     for node in self._nodes:
                         for st in node.staging:
                             st.remove()
-            phases = 1 + max((n.phase for n in self._nodes), default=0) if self.ft else 1
+            phases = self._phase_count() if self.ft else 1
             for phase in range(phases):
                 self.phase = phase
                 if phase > 0:
@@ -1654,16 +1654,19 @@ class Pipeline:
                 fanout[id(par)] = fanout.get(id(par), 0) + 1
         nodes = self._phase_nodes(phase)
         here = {id(n) for n in nodes}
+        elsewhere = {  # the nodes other phases' rows reach
+            id(n)
+            for other in range(self._phase_count())
+            if other != phase
+            for n in self._phase_nodes(other)
+        }
         for node in nodes:
             if node.kind == "group":
                 return f"apply_in_pandas stage {node.name!r}"
             if node.kind == "sink" and not getattr(node.sink, "native", False):
                 return f"sink {node.name!r} is written from Python"
-            if node.kind == "sink" and any(
-                id(node) in {id(n) for n in self._phase_nodes(other)}
-                for other in range(self._phase_count())
-                if other != phase
-            ):  # its rows of each phase would be published apart
+            if node.kind == "sink" and id(node) in elsewhere:
+                # its rows of each phase would be published apart
                 return f"sink {node.name!r} gets rows of two phases"
             if node.kind == "barrier" and not all(id(par) in here for par in node.parents):
                 # its other side's rows arrive in another phase: they would have to be kept
