@@ -61,6 +61,17 @@ def _assert_complete(report, n: int = N) -> None:
     assert report.replayed == 0
 
 
+def _stored(sink: SQLiteSink) -> Counter:
+    return Counter(tuple(r) for r in sink.read()[["word", "n", "ids"]].itertuples(index=False))
+
+
+def _lossy_transform(p, src):
+    def lossy(df):  # loses some live rows in round 0 (the optimistic round is round 0 too)
+        return df.where((F.col("id") % 11 != 3) | F.lit(p.round > 0))
+
+    return src.transform(lossy, name="lossy")
+
+
 # ---- a round that fails nothing completes optimistically and equals plain Spark -------------
 
 
@@ -103,6 +114,33 @@ def test_python_stages_complete_optimistically(spark, tmp_path, kind):
     assert report.optimistic_rounds == 1, report.optimistic_fallbacks
     plain = _lines(spark).withColumn("line", F.upper("line"))
     assert _rows(sink.read(spark)) == _rows(_plain_wordcount(plain))
+
+
+@pytest.mark.parametrize("kind", ["pandas", "arrow"])
+def test_rows_lost_after_a_stage_that_draws_the_source_ids_make_the_round_fall_back(
+    spark, tmp_path, kind
+):
+    """The source comes into its Python stage untagged (the stage draws the ids and counts the
+    births); rows a transform then loses still make the round fall back, and the SQLite sink
+    the count's round wrote keeps nothing of it."""
+    p = Pipeline(spark)
+    sink = SQLiteSink(str(tmp_path / "counts.db"), "counts")
+
+    def stage(src):
+        if kind == "pandas":
+            upper = src.map_in_pandas(_upper, src.schema, name="upper")
+        else:
+            upper = src.map_in_arrow(_upper_arrow, src.schema, name="upper")
+        return _lossy_transform(p, upper)
+
+    _wordcount(p, _lines(spark), stage).sink(sink, name="counts")
+    report = p.run()
+    assert report.optimistic_rounds == 0
+    assert "do not cancel" in report.optimistic_fallbacks[0]
+    assert report.lost == 0
+    assert report.source_records == report.completed == N
+    plain = _rows(_plain_wordcount(_lines(spark).withColumn("line", F.upper("line"))))
+    assert _stored(sink) == plain
 
 
 def test_joins_complete_optimistically(spark, tmp_path):
@@ -173,10 +211,7 @@ def test_rows_lost_by_a_transform_make_the_round_fall_back(spark, tmp_path):
         "id", F.explode(F.split("line", " ")).alias("word")
     )
 
-    def lossy(df):  # loses some live rows in round 0 (the optimistic round is round 0 too)
-        return df.where((F.col("id") % 11 != 3) | F.lit(p.round > 0))
-
-    counted = words.transform(lossy, name="lossy").groupBy("word").agg(F.count("*").alias("n"))
+    counted = _lossy_transform(p, words).groupBy("word").agg(F.count("*").alias("n"))
     counted.sink(sink, name="counts")
     report = p.run()
     assert report.optimistic_rounds == 0
@@ -246,17 +281,95 @@ def test_a_later_phase_falls_back_alone(spark, tmp_path):
     assert _rows(sink.read(spark)) == _rows(_plain_wordcount(_lines(spark)))
 
 
-def test_a_phase_with_a_sink_written_from_python_runs_tracked_rounds(spark, tmp_path):
+def test_an_aggregate_read_by_a_python_sink_is_written_by_its_optimistic_round(spark, tmp_path):
+    """The count's round writes the counts into the SQLite sink itself (as plain Spark would):
+    no second phase, no Parquet in between."""
     p = Pipeline(spark)
     sink = SQLiteSink(str(tmp_path / "counts.db"), "counts")
     _wordcount(p, _lines(spark)).sink(sink, name="counts")
     report = p.run()
-    assert report.optimistic_rounds == 1  # the count's phase; the SQLite sink's runs tracked
-    assert report.optimistic_fallbacks == []
-    assert report.tracked_phases == ["phase 1: sink 'counts' is written from Python"]
+    assert report.optimistic_rounds == report.rounds == 1
+    assert report.optimistic_fallbacks == report.tracked_phases == []
     _assert_complete(report)
-    got = Counter(tuple(r) for r in sink.read()[["word", "n", "ids"]].itertuples(index=False))
-    assert got == _rows(_plain_wordcount(_lines(spark)))
+    want = _rows(_plain_wordcount(_lines(spark)))
+    assert report.derived_records == report.sink_rows["counts"] == sum(want.values())
+    assert report.sink_duplicates["counts"] == report.retracted_rows == 0
+    assert _stored(sink) == want
+
+
+def test_a_python_sink_that_does_not_read_an_aggregate_runs_tracked_rounds(spark, tmp_path):
+    p = Pipeline(spark)
+    sink = SQLiteSink(str(tmp_path / "words.db"), "words")
+    src = p.source(_lines(spark), name="lines")
+    src.select("id", F.explode(F.split("line", " ")).alias("word")).sink(sink, name="words")
+    report = p.run()
+    assert report.optimistic_rounds == 0
+    assert report.tracked_phases == ["phase 0: sink 'words' is written from Python"]
+    _assert_complete(report)
+    want = _lines(spark).select("id", F.explode(F.split("line", " ")).alias("word"))
+    assert Counter(map(tuple, sink.read()[["id", "word"]].itertuples(index=False))) == _rows(want)
+
+
+@pytest.mark.parametrize("failure", ["lost rows", "retried task"])
+def test_a_python_sink_keeps_nothing_of_an_optimistic_round_that_falls_back(
+    spark, tmp_path, failure
+):
+    """The round writes its counts into the SQLite sink, then falls back (wrong counts from
+    rows a transform lost, or a Spark task retried): its rows are retracted before the tracked
+    rounds write theirs, so the table holds the right counts, each once."""
+    marker = str(tmp_path / "died")
+    p = Pipeline(spark)
+    sink = SQLiteSink(str(tmp_path / "counts.db"), "counts")
+    if failure == "lost rows":
+        stage = lambda s: _lossy_transform(p, s)  # noqa: E731
+    else:
+        stage = lambda s: s.map_in_pandas(_dies_once(marker), s.schema, name="dies")  # noqa: E731
+    _wordcount(p, _lines(spark), stage).sink(sink, name="counts")
+    report = p.run()
+    assert report.optimistic_rounds == 0
+    assert len(report.optimistic_fallbacks) == 1
+    assert ("do not cancel" if failure == "lost rows" else "task attempt") in (
+        report.optimistic_fallbacks[0]
+    )
+    assert report.tracked_phases == ["phase 1: sink 'counts' is written from Python"]
+    if failure == "retried task":
+        _assert_complete(report)
+    assert report.lost == 0
+    assert report.completed == N
+    want = _rows(_plain_wordcount(_lines(spark)))
+    assert report.retracted_rows >= len(want)  # the round's rows (one per word), taken back
+    assert report.sink_duplicates["counts"] == 0
+    assert _stored(sink) == want
+
+
+class _FailsFirstWrite(SQLiteSink):
+    """A SQLite sink whose writes of round 0 raise (a database that refuses them once)."""
+
+    def open_writer(self, partition: int):
+        writer = super().open_writer(partition)
+        write = writer.write
+
+        def failing(rows, rec, src=None, reown=True):
+            if current_round() == 0:
+                raise OSError("the database is unavailable")
+            return write(rows, rec, src=src, reown=reown)
+
+        writer.write = failing
+        return writer
+
+
+def test_a_failed_write_into_a_python_sink_makes_the_round_fall_back(spark, tmp_path):
+    p = Pipeline(spark)
+    sink = _FailsFirstWrite(str(tmp_path / "counts.db"), "counts")
+    _wordcount(p, _lines(spark)).sink(sink, name="counts")
+    report = p.run()
+    assert report.optimistic_rounds == 0
+    assert "the database is unavailable" in report.optimistic_fallbacks[0]
+    assert report.lost == 0
+    assert report.completed == N
+    assert report.derived_records > 0
+    assert report.replayed > 0
+    assert _stored(sink) == _rows(_plain_wordcount(_lines(spark)))
 
 
 def test_optimistic_false_runs_tracked_rounds_only(spark, tmp_path):
@@ -545,17 +658,18 @@ def test_a_second_run_into_the_same_sqlite_sink_is_absorbed_whichever_path_it_ta
     once."""
     path = str(tmp_path / "counts.db")
     reports = []
-    for optimistic in (False, True):
+    for optimistic in (False, True, False):
         p = Pipeline(spark, optimistic=optimistic)
         _wordcount(p, _lines(spark)).sink(SQLiteSink(path, "counts"), name="counts")
         reports.append(p.run())
-    assert reports[0].optimistic_rounds == 0
-    assert reports[1].optimistic_rounds == 1
+    assert [r.optimistic_rounds for r in reports] == [0, 1, 0]
     stored = SQLiteSink(path, "counts").read()
     want = _rows(_plain_wordcount(_lines(spark)))
     assert len(stored) == sum(want.values())
-    assert Counter(tuple(r) for r in stored[["word", "n", "ids"]].itertuples(index=False)) == want
+    assert _stored(SQLiteSink(path, "counts")) == want
+    # the optimistic run wrote the counts itself, with the tracked rounds' record ids
     assert reports[1].sink_duplicates["counts"] == len(stored)
+    assert reports[2].sink_duplicates["counts"] == len(stored)
 
 
 # ---- property-style: random pipelines that fail nothing complete optimistically ---------------

@@ -31,6 +31,7 @@ from .stages import (
     _count,
     acker_of,
     anchor_outputs,
+    born_ids,
     call_bisecting,
     i64,
     u64,
@@ -134,6 +135,7 @@ class ArrowStageRunner:
     tls_root_certs: bytes | None = None  # PEM the executors trust for a grpc+tls:// acker
     job: str | None = None  # the pipeline run's namespace on the acker
     round_xor: Any = None  # an optimistic round's accumulator (see StageRunner)
+    born: Any = None  # an optimistic round's untagged source rows (see StageRunner)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         if not self.ft:
@@ -146,6 +148,10 @@ class ArrowStageRunner:
         for batch in batches:
             if getattr(client, "failed", False):
                 continue  # an optimistic round that failed a row is lost: skip its work
+            if self.born is not None:
+                src, rec = born_ids(batch.num_rows, self.born, client)
+                batch = batch.append_column(SRC, pa.array(i64(src), pa.int64()))
+                batch = batch.append_column(REC, pa.array(i64(rec), pa.int64()))
             yield from self.process(batch, client)
 
     def _select(self, out: pa.RecordBatch, lineage: bool) -> pa.RecordBatch:
@@ -229,8 +235,11 @@ class ArrowStageRunner:
         if out.num_rows == 0:
             return []
         k = len(self.schema)
-        arrays = [*out.columns[:k], pa.array(i64(out_src)), pa.array(i64(out_rec))]
-        names = [*self.schema.names, SRC, REC]
+        if self.round_xor is None:
+            arrays = [*out.columns[:k], pa.array(i64(out_src)), pa.array(i64(out_rec))]
+            names = [*self.schema.names, SRC, REC]
+        else:  # an optimistic round's rows carry no attempt id out (see StageRunner)
+            arrays, names = [*out.columns[:k], pa.array(i64(out_rec))], [*self.schema.names, REC]
         return pa.Table.from_arrays(arrays, names=names).combine_chunks().to_batches()
 
 

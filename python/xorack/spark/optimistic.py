@@ -236,6 +236,27 @@ def task_failures(sc: Any, group: str) -> int:
     return bad
 
 
+def await_tasks(sc: Any, group: str, timeout: float = 60.0, interval: float = 0.05) -> bool:
+    """Wait until no task of the jobs of ``group`` runs any more (a cancelled job's tasks are
+    killed after the job has failed); False when some still ran after ``timeout`` seconds."""
+    import time
+
+    tracker = sc.statusTracker()
+    deadline = time.monotonic() + timeout
+    while True:
+        running = 0
+        for job in tracker.getJobIdsForGroup(group):
+            info = tracker.getJobInfo(job)
+            for stage in info.stageIds if info is not None else ():
+                s = tracker.getStageInfo(stage)
+                running += int(s.numActiveTasks) if s is not None else 0
+        if not running:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+
+
 @dataclass
 class RoundAccount:
     """What an optimistic round saw: its source rows (``records``), the XOR of their ids
@@ -331,6 +352,7 @@ __all__ = [
     "RoundAccount",
     "RoundToken",
     "RoundXor",
+    "await_tasks",
     "move_dir",
     "observed",
     "reasons_of",

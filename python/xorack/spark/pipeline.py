@@ -56,12 +56,14 @@ from .sinks import NativeSink, Sink
 from .stages import (
     BRANCH,
     DET,
+    GROUP_XOR,
     ORIG_PART,
     PART,
     REC,
     ROUND_PROPERTY,
     SRC,
     SUMMARY_SCHEMA,
+    DerivedTagger,
     GroupStageRunner,
     SinkRunner,
     SourceTagger,
@@ -203,6 +205,9 @@ class _Node:
     # an optimistic round's output: a barrier's rows, or a native sink's, ready to publish
     fast_out: str | None = None
     fast_rows: int | None = None  # the rows of a native sink's fast_out
+    # a barrier whose output an optimistic round wrote into the Python sink that reads it
+    # (its phase has nothing left to run)
+    written: bool = False
 
     @property
     def partitions(self) -> int:
@@ -228,7 +233,9 @@ class _Node:
 @dataclass
 class _FastOutput:
     """One write of an optimistic round: a native sink's rows, a barrier's output, or both (a
-    barrier read only by one native sink); ``rows`` counts a sink's rows as they are written."""
+    barrier read only by one native sink, or an aggregate read only by one Python sink: then
+    ``src`` is the round's attempt id in that sink and ``frame`` its writers' summaries);
+    ``rows`` counts a sink's rows as they are written."""
 
     name: str  # where the rows leave the phase (a sink's or a barrier's name)
     sink: _Node | None
@@ -237,6 +244,8 @@ class _FastOutput:
     frame: Any
     events: Any  # the observation of the XOR of the events the rows owe
     rows: Any = None
+    src: int = 0
+    summary: list[Any] = field(default_factory=list)  # a Python sink's, once written
 
 
 @dataclass
@@ -250,6 +259,8 @@ class _OptimisticRound:
     abort: str | None
     jobs: list[_FastOutput] = field(default_factory=list)
     births: list[tuple[_Node, Any]] = field(default_factory=list)
+    # sources whose rows a Python stage tags, and the accumulator counting them
+    stage_births: list[tuple[_Node, Any]] = field(default_factory=list)
     records: list[tuple[_Node, int]] = field(default_factory=list)
 
 
@@ -749,6 +760,9 @@ class Pipeline:
         self._workdir: str | None = None  # the running run's staging directory (FT on)
         self._fast_records = 0  # records of input sources completed by optimistic rounds
         self._fast_derived = 0  # records of barrier outputs completed by optimistic rounds
+        # attempt ids of optimistic rounds that fell back after writing Python sinks (their
+        # rows are retracted with the ended attempts')
+        self._lost_round_srcs: list[int] = []
         self._fast_group: str | None = None  # the Spark job group of a running optimistic round
         self._chunk_bits = 0  # the running round's source ids are drawn in chunks of 2**bits
         self._partial_phases: set[int] = set()  # phases that stage partial aggregates
@@ -1079,12 +1093,14 @@ class Pipeline:
 
     # ---- building one round -------------------------------------------------------------------
 
-    def _tagged_schema(self, node: _Node) -> Any:
+    def _tagged_schema(self, node: _Node, without_src: bool = False) -> Any:
         from pyspark.sql.types import LongType, StructField, StructType
 
         fields = list(node.schema.fields)
+        if self.ft and not without_src:
+            fields.append(StructField(SRC, LongType(), False))
         if self.ft:
-            fields += [StructField(SRC, LongType(), False), StructField(REC, LongType(), False)]
+            fields.append(StructField(REC, LongType(), False))
         return StructType(fields)
 
     def _fetched_replays(self, node: _Node) -> tuple[Any, int]:
@@ -1390,8 +1406,18 @@ class Pipeline:
             return df.drop(EV, KEEP)
         return df
 
-    def _stage_frame(self, node: _Node, df: Any, round_xor: Any = None) -> Any:
-        """A stage's output; ``round_xor``: an optimistic round's accumulator."""
+    def _births_in_stage(self, source: _Node) -> bool:
+        """Whether an optimistic round leaves ``source``'s ids to the Python stage that alone
+        reads it (a ``map_in_pandas`` or ``map_in_arrow`` stage)."""
+        readers = [n for n in self._nodes if any(p is source for p in n.parents)]
+        return len(readers) == 1 and readers[0].kind in ("stage", "arrow")
+
+    def _stage_frame(
+        self, node: _Node, df: Any, round_xor: Any = None, born: tuple[Any, int] | None = None
+    ) -> Any:
+        """A stage's output; ``round_xor``: an optimistic round's accumulator; ``born``: the
+        round's count of the rows of the source the stage reads untagged, and the attempt id
+        they get (the stage draws their ids)."""
         df = self._python_input(node, df)
         if node.kind == "arrow":
             large = self.spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false")
@@ -1407,9 +1433,10 @@ class Pipeline:
                 deterministic=self.deterministic_ids,
                 tally=self._tally,
                 round_xor=round_xor,
+                born=born,
             )
-            out = df.mapInArrow(arrow, self._tagged_schema(node))
-            return _with_pending(out) if self.ft else out
+            out = df.mapInArrow(arrow, self._tagged_schema(node, round_xor is not None))
+            return self._stage_output(node, out, round_xor is not None)
         runner = StageRunner(
             name=node.name,
             fn=node.fn,
@@ -1424,6 +1451,7 @@ class Pipeline:
             single_record_groups=node.kind == "group",
             tally=self._tally,
             round_xor=round_xor,
+            born=born,
         )
         if node.kind == "group":
             grouped = df.groupBy(*node.keys)
@@ -1431,10 +1459,22 @@ class Pipeline:
                 as_function(GroupStageRunner(runner)), self._tagged_schema(node)
             )
         else:
-            out = df.mapInPandas(runner, self._tagged_schema(node))
+            out = df.mapInPandas(runner, self._tagged_schema(node, round_xor is not None))
+        return self._stage_output(node, out, round_xor is not None)
+
+    def _stage_output(self, node: _Node, out: Any, optimistic_round: bool) -> Any:
+        """A Python stage's output with the lineage columns: an optimistic round's runner
+        leaves the attempt id out (nothing in the round reads it: a constant here, which Spark
+        folds away)."""
+        if optimistic_round:  # one projection: the attempt id and the pending columns
+            src = optimistic.round_salt(node.name)
+            pending = (f"{src}L AS {SRC}", REC, f"0L AS {EV}", f"true AS {KEEP}")
+            return out.selectExpr(*map(q, node.columns), *pending)
         return _with_pending(out) if self.ft else out
 
-    def _sink_frame(self, node: _Node, df: Any) -> Any:
+    def _sink_frame(self, node: _Node, df: Any, round_xor: Any = None) -> Any:
+        """A Python sink's writers over ``df`` (their summaries); ``round_xor``: an optimistic
+        round's accumulator."""
         df = self._python_input(node, df)
         runner = SinkRunner(
             name=node.name,
@@ -1446,6 +1486,7 @@ class Pipeline:
             job=self._job,
             ft=self.ft,
             tally=self._tally,
+            round_xor=round_xor,
         )
         return df.mapInPandas(runner, SUMMARY_SCHEMA)
 
@@ -1467,6 +1508,7 @@ class Pipeline:
         workdir = self._open_staging() if self.ft else None
         self._workdir = workdir
         self._fast_records = self._fast_derived = 0
+        self._lost_round_srcs = []
         ended: list[np.ndarray] = []
         derived_persisted = 0
         finished = not self.resume  # a resumable job keeps its staged rows until it finishes
@@ -1535,6 +1577,7 @@ class Pipeline:
                     node.df = None
             for node in self._nodes:
                 node.fast_out, node.fast_rows, node.run_partitions = None, None, 0
+                node.written = False
             self._workdir = None
             if self.ft:
                 self._dead_letters = self._safe_dead_letters()
@@ -1555,6 +1598,8 @@ class Pipeline:
         """Rounds until every record of the phase is completed or dead-lettered: the first
         round runs the phase's sources, the next ones their replays."""
         sc = self.spark.sparkContext
+        if self.ft and phase > 0 and not self._phase_input(phase):
+            return  # its barriers' outputs were written by an optimistic round, or go direct
         if self.ft and self._run_optimistic(phase, report):
             return  # every record of the phase completed in one optimistic round
         max_rounds = self.max_attempts + 1 if self.ft else 1
@@ -1627,7 +1672,7 @@ class Pipeline:
         nodes = []
         for node in self._nodes:
             if node.kind == "source":
-                hit = node.phase == phase
+                hit = node.phase == phase and not (node.derived and node.derived.written)
             else:
                 hit = any(id(par) in touched for par in node.parents)
             if hit:
@@ -1637,6 +1682,14 @@ class Pipeline:
 
     def _phase_count(self) -> int:
         return 1 + max((n.phase for n in self._nodes), default=0)
+
+    def _phase_input(self, phase: int) -> bool:
+        """Whether a source of ``phase`` has rows to run (a barrier output that an optimistic
+        round wrote into its Python sink has none; one going straight to native sinks is
+        written at the publish)."""
+        return any(
+            n.phase == phase and n.df is not None and not self._direct(n) for n in self._sources
+        )
 
     def _optimistic_blocker(self, phase: int) -> str | None:
         """Why ``phase`` cannot run an optimistic round, or None when it can."""
@@ -1701,11 +1754,10 @@ class Pipeline:
         if why is None:
             why = self._account_optimistic(work).verdict()
         if why is not None:
-            for job in work.jobs:
-                optimistic.remove_dir(self.spark, job.path)
+            self._discard_optimistic(work, report)
             report.optimistic_fallbacks.append(f"phase {phase}: {why}")
             return False
-        self._accept_optimistic(work)
+        self._accept_optimistic(work, report)
         report.rounds += 1
         report.optimistic_rounds += 1
         return True
@@ -1730,16 +1782,26 @@ class Pipeline:
         work = _OptimisticRound(sc.accumulator((0, 0), optimistic.round_param()), group, abort)
         token = optimistic.RoundToken(work.accumulator, abort)
         built: dict[int, Any] = {}
+        born: dict[int, tuple[Any, int]] = {}  # sources whose ids a Python stage draws
         for node in self._phase_nodes(phase):
             inputs = [built.get(id(p)) for p in node.parents]
             df: Any = None
             if node.kind == "source":
                 if node.df is None or self._direct(node):
                     continue
-                seen = Observation()
-                work.births.append((node, seen))
                 salt = optimistic.round_salt(node.name)
-                df = optimistic.tag_source(node.prepare(node.df), salt, node.source_index, seen)
+                if self._births_in_stage(node):
+                    # its rows go straight into a Python stage, which draws their ids there
+                    # and counts them: no ids and no observed metric in the JVM (an observed
+                    # metric splits the generated code of the stage it is in)
+                    count = sc.accumulator(0)
+                    work.stage_births.append((node, count))
+                    born[id(node)] = (count, salt)
+                    df = node.prepare(node.df)
+                else:
+                    seen = Observation()
+                    work.births.append((node, seen))
+                    df = optimistic.tag_source(node.prepare(node.df), salt, node.source_index, seen)
             elif all(x is None for x in inputs):
                 continue
             elif node.kind == "union":
@@ -1751,9 +1813,11 @@ class Pipeline:
             elif node.kind == "native":
                 df = node.fn.apply(inputs[0], True)
             elif node.kind in ("stage", "arrow"):
-                df = self._stage_frame(node, inputs[0], round_xor=token)
+                df = self._stage_frame(
+                    node, inputs[0], round_xor=token, born=born.get(id(node.parents[0]))
+                )
             elif node.kind in ("barrier", "sink"):
-                work.jobs.append(self._optimistic_output(node, inputs))
+                work.jobs.append(self._optimistic_output(node, inputs, token))
                 continue
             built[id(node)] = df
         return work
@@ -1777,7 +1841,10 @@ class Pipeline:
         try:
             with watch:
                 for job in work.jobs:
-                    job.frame.write.mode("overwrite").parquet(job.path)
+                    if job.src:  # a Python sink's writers: their summaries
+                        job.summary = job.frame.collect()
+                    else:
+                        job.frame.write.mode("overwrite").parquet(job.path)
         except Exception:
             if abort is None or not os.path.exists(abort):
                 raise  # not a round this driver cancelled: a real error
@@ -1800,7 +1867,12 @@ class Pipeline:
             account.births ^= got["x"]
             account.records += got["n"]
             work.records.append((node, got["n"]))
+        for node, count in work.stage_births:  # their births are in the stage's events
+            account.records += int(count.value)
+            work.records.append((node, int(count.value)))
         for job in work.jobs:
+            if job.src:  # its events are in the accumulator (see DerivedTagger)
+                continue
             got = optimistic.observed(job.events)
             if got is None:
                 account.missing.append(f"the rows reaching {job.name!r}")
@@ -1810,10 +1882,33 @@ class Pipeline:
         account.reasons = optimistic.reasons_of(dict(self._tally.value))
         return account
 
-    def _accept_optimistic(self, work: _OptimisticRound) -> None:
-        """A complete round: its sinks' rows wait for the publish, its barriers' outputs are
-        the next phase's sources, its records count as completed."""
+    def _discard_optimistic(self, work: _OptimisticRound, report: RunReport) -> None:
+        """A round that falls back: its outputs are deleted, and the rows it wrote into Python
+        sinks retracted once its tasks are over (again at the publish: a task the cancel had
+        not stopped yet may have written after that)."""
+        srcs = [job.src for job in work.jobs if job.src]
+        if srcs:
+            optimistic.await_tasks(self.spark.sparkContext, work.group)
         for job in work.jobs:
+            if job.src:
+                assert job.sink is not None
+                self._lost_round_srcs.append(job.src)
+                report.retracted_rows += int(
+                    job.sink.sink.retract(np.array([job.src], dtype=np.uint64))
+                )
+            else:
+                optimistic.remove_dir(self.spark, job.path)
+
+    def _accept_optimistic(self, work: _OptimisticRound, report: RunReport) -> None:
+        """A complete round: its sinks' rows wait for the publish (a Python sink's are in place),
+        its barriers' outputs are the next phase's sources, its records count as completed."""
+        for job in work.jobs:
+            if job.src:  # the barrier's output is in its Python sink: its phase is done
+                assert job.barrier is not None
+                job.barrier.written = True
+                self._add_summaries(job.summary, report)
+                self._fast_derived += sum(int(r.rows) for r in job.summary)
+                continue
             if job.sink is not None:
                 got = optimistic.observed(job.rows)
                 job.sink.fast_out = job.path
@@ -1859,15 +1954,16 @@ class Pipeline:
         """The source node of a barrier's output (the next phase reads it)."""
         return next(n for n in self._sources if n.derived is barrier)
 
-    def _optimistic_output(self, node: _Node, inputs: list[Any]) -> _FastOutput:
+    def _optimistic_output(self, node: _Node, inputs: list[Any], token: Any) -> _FastOutput:
         """What an optimistic round writes where rows leave the phase at ``node`` (``inputs``:
         the tracked frames reaching it, lineage included): a native sink's live rows (into its
         staging directory, published at the end), or a barrier's output computed by Spark's
         own operator from the live rows — written straight into the staging of the one native
-        sink that alone reads it, else for the next phase. The events the rows owe are XORed
-        on the way: per group inside an aggregation (the group's rows are read there anyway;
-        ghosts form groups of their own, left out of the output), else by an observed metric
-        over the rows."""
+        sink that alone reads it, or by the writers of the one Python sink that alone reads an
+        aggregate (:meth:`_round_sink_output`), else for the next phase. The events the rows
+        owe are XORed on the way: per group inside an aggregation (the group's rows are read
+        there anyway; ghosts form groups of their own, left out of the output), else by an
+        observed metric over the rows."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
@@ -1881,20 +1977,25 @@ class Pipeline:
         elif isinstance(node.spec, AggregateSpec):
             barrier = node
             spec = node.spec
-            xor = F.expr(f"bit_xor({EVENT})").alias("_ft_x")
+            xor = F.expr(f"bit_xor({EVENT})").alias(GROUP_XOR)
             if any(ops.reads_star(e) for e in spec.exprs):  # it would read the lineage too
                 raise _NotOptimistic(f"the aggregate {node.name!r} reads `*`")
             grouped = inputs[0].groupBy(*spec.keys, KEEP).agg(*spec.exprs, xor)
-            got = [fl for fl in grouped.schema.fields if fl.name not in (KEEP, "_ft_x")]
+            got = [fl for fl in grouped.schema.fields if fl.name not in (KEEP, GROUP_XOR)]
             if [(fl.name, fl.dataType.simpleString()) for fl in got] != [
                 (fl.name, fl.dataType.simpleString()) for fl in node.schema.fields
             ]:  # an expression read the lineage columns too (not as a `*` we can see)
                 raise _NotOptimistic(
                     f"the aggregate {node.name!r} reads more than its payload columns"
                 )
+            derived = self._derived_source(node)
+            readers = [n for n in self._nodes if any(p is derived for p in n.parents)]
+            if self._round_writes(derived, readers):  # the groups' events XORed in Python
+                groups = grouped.selectExpr(*map(q, node.columns), KEEP, GROUP_XOR)
+                return self._round_sink_output(derived, readers[0], groups, token)
             # the XOR of the groups' events, and the output's rows (the live groups)
             counts = [
-                F.expr("bit_xor(_ft_x)").alias("x"),
+                F.expr(f"bit_xor({GROUP_XOR})").alias("x"),
                 F.expr(f"count_if({KEEP})").alias("rows"),
             ]
             grouped = grouped.observe(events, *counts)
@@ -1928,6 +2029,47 @@ class Pipeline:
         rows = Observation()
         out = out.observe(rows, F.count(F.lit(1)).alias("rows"))
         return _FastOutput(node.name, sink, barrier, path, out, events, rows)
+
+    @staticmethod
+    def _round_writes(derived: _Node, readers: list[_Node]) -> bool:
+        """Whether an optimistic round writes ``derived`` (a barrier's output) straight into
+        its one reader, a Python sink: the barrier is a keyed aggregate (its rows are distinct,
+        so the ids the output's tracked tagger would give them do not depend on where they
+        are), and the sink can retract the round's rows should it fall back."""
+        if len(readers) != 1 or readers[0].kind != "sink":
+            return False
+        sink = readers[0].sink
+        return (
+            not getattr(sink, "native", False)
+            and bool(getattr(sink, "round_writes", False))
+            and isinstance(derived.derived.spec if derived.derived else None, AggregateSpec)
+            and bool(derived.keys)
+            and not any("." in c or "`" in c for c in derived.columns)
+        )
+
+    def _round_sink_output(
+        self, derived: _Node, sink: _Node, groups: Any, token: Any
+    ) -> _FastOutput:
+        """An aggregate's output written by an optimistic round into the Python sink that alone
+        reads it (the next phase folded into the round). ``groups``: the aggregate's groups,
+        ghosts' included, with the XOR of their rows' events (``_ft_x``), which the
+        :class:`DerivedTagger` folds into the round's accumulator (no observed metric in the
+        JVM) before it gives each live row the record id the output's tracked tagger would
+        give it and the round's attempt id; the sink's writers ack them there."""
+        assert derived.derived is not None
+        src = (int.from_bytes(os.urandom(8), "little") >> 1) or 1
+        tagger = DerivedTagger(
+            name=derived.name,
+            source=derived.source_index,
+            src=src,
+            round_xor=token,
+            deterministic=self.deterministic_ids,
+            id_salt=self.id_salt,
+        )
+        tagged = groups.mapInArrow(tagger, self._tagged_schema(derived))
+        frame = self._sink_frame(sink, tagged, round_xor=token)
+        barrier = derived.derived
+        return _FastOutput(barrier.name, sink, barrier, "", frame, None, src=src)
 
     def _publish_optimistic(self, node: _Node) -> int:
         """Publish a native sink's rows written by an optimistic round; returns their count."""
@@ -2075,7 +2217,7 @@ class Pipeline:
         for node in self._sources:
             if node.derived is not None and node.phase == phase:
                 barrier = node.derived
-                if barrier.fast_out is not None:  # computed by an optimistic round
+                if barrier.fast_out is not None or barrier.written:  # by an optimistic round
                     continue
                 if isinstance(barrier.staging[0], PartialStaging):
                     node.df = barrier.staging[0].merged(self.spark)
@@ -2181,7 +2323,8 @@ class Pipeline:
                 report.sink_rows[node.name] = int(rows)
                 node.staging[0].remove()
             elif hasattr(node.sink, "retract"):
-                gone = int(node.sink.retract(ended))
+                lost = np.asarray(self._lost_round_srcs, dtype=np.uint64)
+                gone = int(node.sink.retract(np.concatenate([ended, lost]) if len(lost) else ended))
                 report.retracted_rows += gone
                 report.sink_rows[node.name] = report.sink_rows.get(node.name, 0) - gone
 
@@ -2220,7 +2363,12 @@ class Pipeline:
         summary = frames[0]
         for f in frames[1:]:
             summary = summary.unionByName(f)
-        for row in summary.collect():
+        self._add_summaries(summary.collect(), report)
+
+    @staticmethod
+    def _add_summaries(rows: list[Any], report: RunReport) -> None:
+        """Python sinks' summary rows (sink, partition, rows, duplicates) into ``report``."""
+        for row in rows:
             stored = int(row.rows) - int(row.duplicates)
             report.sink_rows[row.sink] = report.sink_rows.get(row.sink, 0) + stored
             dups = report.sink_duplicates

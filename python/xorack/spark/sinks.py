@@ -98,6 +98,10 @@ class SQLiteSink:
     table: str = "sink"
     timeout: float = 120.0
     schema: Any = None
+    #: its writer's ``write`` takes ``src=`` and ``reown=``, and :meth:`retract` removes rows by
+    #: attempt: an optimistic round can write it and take its rows back (see
+    #: ``Pipeline(optimistic=)``); a sink of your own may declare the same
+    round_writes: ClassVar[bool] = True
 
     def _connect(self) -> sqlite3.Connection:
         con = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
@@ -223,8 +227,16 @@ class _SQLiteWriter:
         return self._kinds
 
     def write(
-        self, rows: pd.DataFrame, rec: np.ndarray | None, src: np.ndarray | None = None
+        self,
+        rows: pd.DataFrame,
+        rec: np.ndarray | None,
+        src: np.ndarray | None = None,
+        reown: bool = True,
     ) -> int:
+        """Insert ``rows`` keyed by ``rec`` (rows already stored are absorbed); returns the
+        duplicates. With ``src`` the rows keep their attempt ids, and an absorbed row takes
+        the new attempt's id unless ``reown`` is False (an optimistic round's writes: the
+        round's rows alone can then be retracted)."""
         if not len(rows):
             return 0
         if self._con is None:
@@ -256,7 +268,7 @@ class _SQLiteWriter:
             before = con.total_changes
             con.executemany(sql, zip(keys, *values, strict=True))
             inserted = con.total_changes - before
-            if src is not None and inserted < len(rows):
+            if src is not None and reown and inserted < len(rows):
                 # rows stored by an earlier attempt of the same record: they now belong to
                 # this attempt (retract() must keep them if this attempt completes)
                 con.executemany(

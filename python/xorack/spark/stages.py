@@ -26,11 +26,12 @@ import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from numpy.typing import ArrayLike
 
 from .._checks import count_distinct
@@ -244,11 +245,11 @@ def _ordinals(parent: np.ndarray) -> np.ndarray:
 
 
 def with_lineage(
-    frame: pd.DataFrame, columns: Sequence[str], src: np.ndarray, rec: np.ndarray
+    frame: pd.DataFrame, columns: Sequence[str], src: np.ndarray | None, rec: np.ndarray
 ) -> pd.DataFrame:
     """A new frame: the ``columns`` of ``frame`` (sharing its arrays: no copy of the payload)
-    followed by ``_ft_src`` and ``_ft_rec`` (``uint64`` ids as Spark ``bigint``), with a fresh
-    0..n-1 index whatever ``frame``'s index is.
+    followed by ``_ft_src`` (unless ``src`` is None) and ``_ft_rec`` (``uint64`` ids as Spark
+    ``bigint``), with a fresh 0..n-1 index whatever ``frame``'s index is.
 
     >>> f = pd.DataFrame({"w": ["a", "b"], "x": [1, 2]}, index=[7, 9])
     >>> with_lineage(f, ["w"], np.array([5, 5], np.uint64), np.array([1, 2], np.uint64))
@@ -261,7 +262,8 @@ def with_lineage(
         col = frame[c]  # numpy columns as ndarrays (an object NumpyExtensionArray is re-checked)
         extension = isinstance(col.dtype, pd.api.extensions.ExtensionDtype)
         data[c] = col.array if extension else col.to_numpy(copy=False)
-    data[SRC] = i64(src)
+    if src is not None:
+        data[SRC] = i64(src)
     data[REC] = i64(rec)
     return pd.DataFrame(data, copy=False)
 
@@ -496,7 +498,7 @@ class SourceTagger:
         ranks = ContentRanks()
         skip = dict(self.skip)
         offset = 0  # rows of the partition read so far (this task reads one partition)
-        salt = (_salt(f"source:{self.name}") ^ self.id_salt) & 0x7FFF_FFFF_FFFF_FFFF
+        salt = source_salt(self.name, self.id_salt)
         for batch in batches:
             n = batch.num_rows
             if n == 0:
@@ -567,6 +569,62 @@ class SourceTagger:
                 **({"idempotent": True} if self.deterministic and self.ordered else {}),
             )
             src = np.asarray(src, dtype=np.uint64)
+            yield batch.append_column(SRC, pa.array(i64(src), pa.int64())).append_column(
+                REC, pa.array(i64(rec), pa.int64())
+            )
+
+
+#: The column of an optimistic aggregate's groups holding the XOR of their rows' events.
+GROUP_XOR = "_ft_x"
+
+
+def source_salt(name: str, id_salt: int = 0) -> int:
+    """The salt of a source's record ids (its name and the pipeline's ``id_salt``)."""
+    return (_salt(f"source:{name}") ^ id_salt) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+@dataclass(frozen=True)
+class DerivedTagger:
+    """``mapInArrow`` function of an optimistic round that writes an aggregate's output
+    straight into the one Python sink reading it (the next phase folded into this round): each
+    row gets the record id the output's tracked tagger would give it (a keyed source's content
+    id, so that a second run into the sink absorbs the rows whichever path it takes) and the
+    round's own attempt id ``src`` (the sink retracts the round's rows if the round falls
+    back). The ids' XOR goes into the round's accumulator as their births; the sink's acks
+    cancel it. Nothing is persisted: the round's records are its sources'.
+    """
+
+    name: str
+    source: int
+    src: int
+    round_xor: Any  # xorack.spark.optimistic.RoundToken
+    deterministic: bool = True
+    id_salt: int = 0
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from .. import acker
+        from .optimistic import RoundXor
+
+        client = RoundXor(self.round_xor)
+        ranks = ContentRanks()
+        salt = source_salt(self.name, self.id_salt)
+        for batch in batches:
+            names = batch.schema.names
+            if GROUP_XOR in names:  # the groups' events; ghost groups leave no row
+                client.xor(None, u64(batch.column(GROUP_XOR)))
+                keep = batch.column(KEEP)
+                batch = batch.drop_columns([KEEP, GROUP_XOR])
+                if keep.null_count or not pc.all(keep).as_py():
+                    batch = batch.filter(pc.fill_null(keep, False))
+            n = batch.num_rows
+            if n == 0:
+                continue
+            if self.deterministic:  # a keyed source's ids (batch 0, no partition)
+                rec = content_ids(batch, ranks, 0, self.source, -1, salt)
+            else:
+                rec = np.asarray(acker.new_ids(n), dtype=np.uint64)
+            client.xor(None, rec)
+            src = np.full(n, self.src, dtype=np.uint64)
             yield batch.append_column(SRC, pa.array(i64(src), pa.int64())).append_column(
                 REC, pa.array(i64(rec), pa.int64())
             )
@@ -794,6 +852,21 @@ def settle_frame(pdf: pd.DataFrame, client: Any, ack_kept: bool) -> pd.DataFrame
     return out if keep.all() else out[keep]
 
 
+def born_ids(n: int, born: tuple[Any, int], client: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Lineage for ``n`` source rows that reach an optimistic round's Python stage untagged:
+    random record ids (their XOR goes into the round's accumulator as their births, which the
+    stage's events then cancel), the round's attempt id, and the count of the source's rows
+    (``born``: (accumulator, attempt id))."""
+    from .. import acker
+
+    count, src = born
+    rec = np.asarray(acker.new_ids(n), dtype=np.uint64) if n else np.empty(0, np.uint64)
+    if n:
+        count.add(n)
+        client.xor(None, rec)
+    return np.full(n, src, dtype=np.uint64), rec
+
+
 def anchor_outputs(
     stage: str,
     in_src: np.ndarray,
@@ -867,6 +940,9 @@ class StageRunner:
     # an optimistic round's accumulator (xorack.spark.optimistic): events and failures go
     # there instead of to the acker service, and a failing batch is not bisected
     round_xor: Any = None
+    # an optimistic round whose source rows come in untagged: (the accumulator counting them,
+    # their attempt id); the runner draws their ids (see born_ids)
+    born: Any = None
 
     def __call__(self, pdfs: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         if not self.ft:
@@ -878,6 +954,9 @@ class StageRunner:
         for pdf in pdfs:
             if getattr(client, "failed", False):
                 continue  # an optimistic round that failed a row is lost: skip its work
+            if self.born is not None:
+                src, rec = born_ids(len(pdf), self.born, client)
+                pdf[SRC], pdf[REC] = i64(src), i64(rec)
             done = self.process(pdf, client)
             if done is not None:
                 yield done
@@ -949,7 +1028,8 @@ class StageRunner:
             out = out.iloc[kept]
         if not len(out):
             return None
-        return with_lineage(out, self.columns, out_src, out_rec)
+        # an optimistic round's rows carry no attempt id out (the pipeline adds a constant)
+        return with_lineage(out, self.columns, out_src if self.round_xor is None else None, out_rec)
 
 
 @dataclass(frozen=True)
@@ -1023,6 +1103,10 @@ class SinkRunner:
     tally: Any = None  # the round's failure accumulator (the runaway guard), or None
     tls_root_certs: bytes | None = None  # PEM the executors trust for a grpc+tls:// acker
     job: str | None = None  # the pipeline run's namespace on the acker
+    # an optimistic round's accumulator (xorack.spark.optimistic): acks and failures go there,
+    # rows already in the sink keep their attempt (the round's rows alone can be retracted),
+    # and nothing more is written once a task of the round failed a row
+    round_xor: Any = None
 
     def __call__(self, pdfs: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         from pyspark import TaskContext
@@ -1030,7 +1114,7 @@ class SinkRunner:
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
         client = (  # with FT on the pipeline always gives the acker's location
-            _client(cast(str, self.location), self.token, self.tls_root_certs, self.job)
+            acker_of(self.round_xor, self.location, self.token, self.tls_root_certs, self.job)
             if self.ft
             else None
         )
@@ -1079,8 +1163,13 @@ class SinkRunner:
             ev = np.zeros(len(pdf), dtype=np.uint64)
         src, rec = u64(pdf[SRC]), u64(pdf[REC])
         live = pdf[keep] if not keep.all() else pdf
+        if self.round_xor is not None and _round_lost(client):
+            return 0, 0  # the round falls back: what it writes now would only be retracted
         try:
-            dups = _write_rows(writer, live[list(self.columns)], rec[keep], src[keep])
+            if self.round_xor is not None:
+                dups = writer.write(live[list(self.columns)], rec[keep], src=src[keep], reown=False)
+            else:
+                dups = _write_rows(writer, live[list(self.columns)], rec[keep], src[keep])
         except Exception as exc:  # the write rolled back: replay these records
             reason = f"sink {self.name}: {type(exc).__name__}: {exc}"[:500]
             failed = np.unique(src[keep])
@@ -1098,6 +1187,13 @@ class SinkRunner:
         if len(ev_src):
             client.xor(ev_src, ev_val)
         return int(keep.sum()), dups
+
+
+def _round_lost(client: Any) -> bool:
+    """Whether an optimistic round is lost: a row of this task failed, or another task said so
+    in the round's abort file."""
+    path = getattr(client, "abort_path", None)
+    return bool(client.failed) or (path is not None and os.path.exists(path))
 
 
 def _write_rows(writer: Any, rows: pd.DataFrame, rec: np.ndarray, src: np.ndarray) -> int:
