@@ -358,6 +358,51 @@ class _FailsFirstWrite(SQLiteSink):
         return writer
 
 
+def test_a_python_sink_in_a_phase_that_stages_partials_keeps_its_tracked_ids(spark, tmp_path):
+    """The counts' phase also feeds a combining aggregate, so its tracked rounds draw the counts'
+    ids by position: the count's round then leaves the SQLite sink to them (the ids would
+    differ), and runs of either kind into one table still absorb each other's rows."""
+    path = str(tmp_path / "counts.db")
+    reports = []
+    for optimistic in (True, False, True):
+        p = Pipeline(spark, optimistic=optimistic)
+        _wordcount(p, _lines(spark)).sink(SQLiteSink(path, "counts"), name="counts")
+        per_k = p.source(_keyed(spark), name="keyed").groupBy("k").agg(F.count("*").alias("n"))
+        per_k.groupBy("n").count().sink(
+            ParquetSink(str(tmp_path / f"sizes-{len(reports)}")), name="sizes"
+        )
+        reports.append(p.run())
+    assert reports[0].tracked_phases == ["phase 1: sink 'counts' is written from Python"]
+    want = _rows(_plain_wordcount(_lines(spark)))
+    assert _stored(SQLiteSink(path, "counts")) == want
+    assert [r.sink_duplicates["counts"] for r in reports] == [0, len(want), len(want)]
+
+
+class _OldWriterSink(SQLiteSink):
+    """A sink of an earlier release: its writer's write takes no ``reown=``."""
+
+    def open_writer(self, partition: int):
+        writer = super().open_writer(partition)
+        write = writer.write
+
+        def old_write(rows, rec, src=None):
+            return write(rows, rec, src=src)
+
+        writer.write = old_write
+        return writer
+
+
+def test_a_sink_whose_writer_cannot_keep_attempts_says_so_and_ends_exact(spark, tmp_path):
+    p = Pipeline(spark)
+    sink = _OldWriterSink(str(tmp_path / "counts.db"), "counts")
+    _wordcount(p, _lines(spark)).sink(sink, name="counts")
+    report = p.run()
+    assert report.optimistic_rounds == 0
+    assert "takes no reown=" in report.optimistic_fallbacks[0]
+    _assert_complete(report)
+    assert _stored(sink) == _rows(_plain_wordcount(_lines(spark)))
+
+
 def test_a_failed_write_into_a_python_sink_makes_the_round_fall_back(spark, tmp_path):
     p = Pipeline(spark)
     sink = _FailsFirstWrite(str(tmp_path / "counts.db"), "counts")

@@ -2030,13 +2030,16 @@ class Pipeline:
         out = out.observe(rows, F.count(F.lit(1)).alias("rows"))
         return _FastOutput(node.name, sink, barrier, path, out, events, rows)
 
-    @staticmethod
-    def _round_writes(derived: _Node, readers: list[_Node]) -> bool:
+    def _round_writes(self, derived: _Node, readers: list[_Node]) -> bool:
         """Whether an optimistic round writes ``derived`` (a barrier's output) straight into
         its one reader, a Python sink: the barrier is a keyed aggregate (its rows are distinct,
         so the ids the output's tracked tagger would give them do not depend on where they
-        are), and the sink can retract the round's rows should it fall back."""
+        are: content ids, which its phase's tracked rounds draw unless that phase stages
+        partial aggregates — then its first round draws ids by position), and the sink can
+        retract the round's rows should it fall back."""
         if len(readers) != 1 or readers[0].kind != "sink":
+            return False
+        if derived.phase in self._partial_phases and self.deterministic_ids:
             return False
         sink = readers[0].sink
         return (

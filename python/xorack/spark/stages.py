@@ -1167,6 +1167,12 @@ class SinkRunner:
             return 0, 0  # the round falls back: what it writes now would only be retracted
         try:
             if self.round_xor is not None:
+                if not _takes(writer, "reown"):
+                    raise StageSchemaError(
+                        "its writer's write() takes no reown= (the sink says round_writes, "
+                        "which an optimistic round needs it for): accept reown=, or set "
+                        "round_writes = False on the sink's class"
+                    )
                 dups = writer.write(live[list(self.columns)], rec[keep], src=src[keep], reown=False)
             else:
                 dups = _write_rows(writer, live[list(self.columns)], rec[keep], src[keep])
@@ -1196,20 +1202,30 @@ def _round_lost(client: Any) -> bool:
     return bool(client.failed) or (path is not None and os.path.exists(path))
 
 
-def _write_rows(writer: Any, rows: pd.DataFrame, rec: np.ndarray, src: np.ndarray) -> int:
-    """``writer.write`` (durable on return), with the rows' attempt ids for writers that keep
-    them (so that rows of attempts that did not complete can be retracted after the run)."""
-    takes_src = getattr(writer, "_xorack_takes_src", None)
-    if takes_src is None:  # looked up once per writer (one per task)
+def _takes(writer: Any, argument: str) -> bool:
+    """Whether ``writer.write`` takes the keyword ``argument`` (looked up once per writer: one
+    per task)."""
+    known = getattr(writer, "_xorack_takes", None)
+    if known is None:
+        known = {}
+        with contextlib.suppress(AttributeError):
+            writer._xorack_takes = known
+    if argument not in known:
         import inspect
 
         try:
-            takes_src = "src" in inspect.signature(writer.write).parameters
+            known[argument] = argument in inspect.signature(writer.write).parameters
         except (TypeError, ValueError):
-            takes_src = False
-        with contextlib.suppress(AttributeError):
-            writer._xorack_takes_src = takes_src
-    return writer.write(rows, rec, src=src) if takes_src else writer.write(rows, rec)
+            known[argument] = False
+    return bool(known[argument])
+
+
+def _write_rows(writer: Any, rows: pd.DataFrame, rec: np.ndarray, src: np.ndarray) -> int:
+    """``writer.write`` (durable on return), with the rows' attempt ids for writers that keep
+    them (so that rows of attempts that did not complete can be retracted after the run)."""
+    if _takes(writer, "src"):
+        return writer.write(rows, rec, src=src)
+    return writer.write(rows, rec)
 
 
 def check_columns(name: str, have: Sequence[str], need: Sequence[str], what: str) -> None:
