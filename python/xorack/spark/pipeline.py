@@ -1406,10 +1406,14 @@ class Pipeline:
             return df.drop(EV, KEEP)
         return df
 
+    def _readers(self, node: _Node) -> list[_Node]:
+        """The nodes that read ``node``'s rows, in declaration order."""
+        return [n for n in self._nodes if any(p is node for p in n.parents)]
+
     def _births_in_stage(self, source: _Node) -> bool:
         """Whether an optimistic round leaves ``source``'s ids to the Python stage that alone
         reads it (a ``map_in_pandas`` or ``map_in_arrow`` stage)."""
-        readers = [n for n in self._nodes if any(p is source for p in n.parents)]
+        readers = self._readers(source)
         return len(readers) == 1 and readers[0].kind in ("stage", "arrow")
 
     def _stage_frame(
@@ -1970,6 +1974,9 @@ class Pipeline:
         assert self._workdir is not None  # set by run() with FT on
         events: Any = Observation()
         barrier, sink = None, None
+        if node.kind == "barrier":  # its output and who reads it
+            derived = self._derived_source(node)
+            readers = self._readers(derived)
         if node.kind == "sink":
             sink = node
             out = optimistic.staged(inputs[0], events).where(F.col(KEEP))
@@ -1988,8 +1995,6 @@ class Pipeline:
                 raise _NotOptimistic(
                     f"the aggregate {node.name!r} reads more than its payload columns"
                 )
-            derived = self._derived_source(node)
-            readers = [n for n in self._nodes if any(p is derived for p in n.parents)]
             if self._round_writes(derived, readers):  # the groups' events XORed in Python
                 groups = grouped.selectExpr(*map(q, node.columns), KEEP, GROUP_XOR)
                 return self._round_sink_output(derived, readers[0], groups, token)
@@ -2012,13 +2017,10 @@ class Pipeline:
                 lives.append(x.where(F.col(KEEP)).selectExpr(*map(q, par.columns)))
             out = node.spec.compute(lives)
             events = _Observations(seen)
-        if barrier is not None:
-            derived = self._derived_source(barrier)
-            readers = [n for n in self._nodes if any(p is derived for p in n.parents)]
-            if self._direct(derived) and len(readers) == 1:
-                sink = readers[0]
-                if list(sink.columns) != list(node.columns):
-                    out = out.selectExpr(*map(q, sink.columns))
+        if barrier is not None and self._direct(derived) and len(readers) == 1:
+            sink = readers[0]
+            if list(sink.columns) != list(node.columns):
+                out = out.selectExpr(*map(q, sink.columns))
         if sink is None:
             assert barrier is not None
             path = os.path.join(self._workdir, node.name, "fast")
@@ -2267,7 +2269,7 @@ class Pipeline:
         time, which saves its phase (tagging, persisting, staging, acking)."""
         if node.derived is None:
             return False
-        consumers = [n for n in self._nodes if any(p is node for p in n.parents)]
+        consumers = self._readers(node)
         return bool(consumers) and all(
             n.kind == "sink" and getattr(n.sink, "native", False) for n in consumers
         )
