@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-import acker_helpers
+from helpers.acker import FAST_RETRY
 from xorack import FTLayer, kernels
 from xorack.service import AckerClient, AckerService
 
@@ -29,10 +29,11 @@ SEPARATE_GROUPS = ("cluster", "driver_crash")
 
 
 def pytest_collection_modifyitems(config, items):
-    """The cluster group (tests/test_cluster.py) needs a Spark JVM of its own (one SparkContext
-    per JVM, and the other tests share a local one); the driver-crash group (tests/test_resume.py)
-    starts two or three driver processes per test, each with its own Spark (~1 min a test). Each
-    runs only when ``-m`` names it: ``python -m pytest -m cluster``, ``-m driver_crash``."""
+    """The cluster group (tests/spark/test_cluster.py) needs a Spark JVM of its own (one
+    SparkContext per JVM, and the other tests share a local one); the driver-crash group
+    (tests/spark/test_resume.py) starts two or three driver processes per test, each with its own
+    Spark (~1 min a test). Each runs only when ``-m`` names it: ``python -m pytest -m cluster``,
+    ``-m driver_crash``."""
     named = config.getoption("markexpr") or ""
     for group in SEPARATE_GROUPS:
         if group in named:
@@ -148,6 +149,6 @@ def service(ft):
 
 @pytest.fixture
 def client(service):
-    c = AckerClient(service.location, retry=acker_helpers.FAST_RETRY)
+    c = AckerClient(service.location, retry=FAST_RETRY)
     yield c
     c.close()

@@ -2,9 +2,9 @@
 ``_native.pyi``) and the numpy fallback ``xorack._fallback``.
 
 It is checked twice: by mypy (the ``TYPE_CHECKING`` block below assigns both modules to
-:class:`KernelBackend`), and at run time by ``tests/test_kernel_api.py``, which compares the names
-and parameter counts of the real extension, the fallback and this protocol. A kernel added to
-one backend goes here, into ``_native.pyi`` and into the other backend.
+:class:`KernelBackend`), and at run time by ``tests/kernels/test_kernel_api.py``, which
+compares the names and parameter counts of the real extension, the fallback and this protocol.
+A kernel added to one backend goes here, into ``_native.pyi`` and into the other backend.
 
 Parameters are positional-only: the extension's are unnamed (``arg0``, ...).
 

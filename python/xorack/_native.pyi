@@ -1,5 +1,5 @@
 # Types of the C++ extension xorack._native (cpp/bindings*.cpp). Keep in step with the bindings:
-# tests/test_kernel_api.py compares this API (xorack/_kernel_api.py) with the built module.
+# tests/kernels/test_kernel_api.py compares this API (xorack/_kernel_api.py) with the built module.
 from typing import SupportsIndex, SupportsInt
 
 import numpy as np

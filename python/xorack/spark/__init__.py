@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from .guard import RunawayFailure
 from .ops import TrackedOperationError
-from .pipeline import REPORT_KEYS, GroupedTracked, Pipeline, RoundInfo, RunReport, Tracked
-from .sinks import NativeSink, ParquetSink, Sink, SQLiteSink
+from .pipeline import Pipeline
+from .report import REPORT_KEYS, PhaseNote, Reason, RoundInfo, RunReport
+from .sinks import NativeSink, ParquetSink, Sink, SinkCapabilities, SQLiteSink
 from .stages import LINEAGE_COLUMNS, StageSchemaError, current_attempt, current_round
+from .tracked import GroupedTracked, Tracked
 
 __all__ = [
     "LINEAGE_COLUMNS",
@@ -17,12 +19,15 @@ __all__ = [
     "GroupedTracked",
     "NativeSink",
     "ParquetSink",
+    "PhaseNote",
     "Pipeline",
+    "Reason",
     "RoundInfo",
     "RunReport",
     "RunawayFailure",
     "SQLiteSink",
     "Sink",
+    "SinkCapabilities",
     "StageSchemaError",
     "Tracked",
     "TrackedOperationError",

@@ -35,8 +35,8 @@ stages (``apply_in_pandas``), streaming and resumable jobs always run tracked ro
 >>> a = RoundAccount(records=2, births=5, staged=4, python=1)
 >>> a.verdict() is None
 True
->>> RoundAccount(records=2, births=5, staged=4, python=0).verdict()
-'the events of the round do not cancel its births (a row was lost or counted twice)'
+>>> RoundAccount(records=2, births=5, staged=4, python=0).verdict()[0]
+<Reason.UNBALANCED: 'unbalanced'>
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from .lineage import EV, EVENT, KEEP, REC, SRC, q
+from .report import Reason
 
 MASK = (1 << 64) - 1
 
@@ -274,18 +275,26 @@ class RoundAccount:
     task_failures: int = 0
     missing: list[str] = field(default_factory=list)
 
-    def verdict(self) -> str | None:
+    def verdict(self) -> tuple[Reason, str] | None:
         """None when every record of the round completed, else why the round falls back."""
         if self.failed_rows or self.reasons:
             why = "; ".join(self.reasons[:3]) or "a stage failed rows"
-            return f"{self.failed_rows} row(s) failed: {why}"
+            return Reason.ROW_FAILED, f"{self.failed_rows} row(s) failed: {why}"
         if self.task_failures:
-            return f"{self.task_failures} Spark task attempt(s) failed or were retried"
+            return (
+                Reason.TASK_FAILED,
+                f"{self.task_failures} Spark task attempt(s) failed or were retried",
+            )
         if self.missing:  # e.g. adaptive execution dropped an operator whose input was empty
-            return f"Spark reported no metrics for {', '.join(self.missing)}"
+            return (
+                Reason.METRICS_MISSING,
+                f"Spark reported no metrics for {', '.join(self.missing)}",
+            )
         if (self.births ^ self.staged ^ self.python) & MASK:
             return (
-                "the events of the round do not cancel its births (a row was lost or counted twice)"
+                Reason.UNBALANCED,
+                "the events of the round do not cancel its births (a row was lost or counted "
+                "twice)",
             )
         return None
 

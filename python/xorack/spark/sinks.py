@@ -22,6 +22,7 @@ deterministic functions.
 
 from __future__ import annotations
 
+import inspect
 import sqlite3
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -76,6 +77,77 @@ class NativeSink(Protocol):
     def read(self, spark: Any) -> Any: ...
 
 
+@dataclass(frozen=True)
+class SinkCapabilities:
+    """What a sink can do, declared on its class (``capabilities: ClassVar[SinkCapabilities]``)
+    and read by the run, which never probes a sink for attributes.
+
+    * ``native``: Spark writes it (``write(df)``); its rows are staged by the rounds and
+      published once, when every record is completed or dead-lettered. Otherwise the sink is
+      written from Python, inside the executor tasks (``open_writer``).
+    * ``idempotent``: a row written twice under one record id is stored once.
+    * ``retractable``: ``retract(src_ids)`` removes the rows of attempts that ended without
+      completing (all-or-nothing per source record for a sink written from Python).
+    * ``round_writable``: an optimistic round may write it directly and take its rows back
+      should it fall back (its writer's ``write`` takes ``src=`` and ``reown=``).
+    * ``typed``: ``create(columns, schema=)`` stores Spark's types, and ``check_schema(schema)``
+      refuses an unsupported type at declaration.
+    * ``adopts``: ``adopt(spark, directory)`` publishes a directory of Parquet files that Spark
+      wrote for it by moving it (no second write).
+
+    >>> SQLiteSink.capabilities.retractable, ParquetSink.capabilities.native
+    (True, True)
+    """
+
+    native: bool = False
+    idempotent: bool = False
+    retractable: bool = False
+    round_writable: bool = False
+    typed: bool = False
+    adopts: bool = False
+
+
+def capabilities_of(sink: Any) -> SinkCapabilities:
+    """The capabilities ``sink`` declares; a sink of your own written before they existed gets
+    them from the protocol it implements (``native = True`` on the class, a ``retract``
+    method, ``round_writes = True``), once, at declaration. Raises ``TypeError`` when ``sink``
+    is neither a :class:`Sink` nor a :class:`NativeSink`."""
+    declared = getattr(type(sink), "capabilities", None)
+    if isinstance(declared, SinkCapabilities):
+        caps = declared
+    else:
+        native = bool(getattr(sink, "native", False))
+        caps = SinkCapabilities(
+            native=native,
+            retractable=callable(getattr(sink, "retract", None)),
+            round_writable=bool(getattr(sink, "round_writes", False)),
+            typed=_takes_schema(sink),
+            adopts=callable(getattr(sink, "adopt", None)),
+        )
+    needs = ("create", "write") if caps.native else ("create", "open_writer")
+    if not all(callable(getattr(sink, m, None)) for m in needs):
+        raise TypeError(
+            f"sink: expected a xorack.spark.Sink (create, open_writer) or a native sink "
+            f"such as ParquetSink (create, write), got {type(sink)}"
+        )
+    return caps
+
+
+def _takes_schema(sink: Any) -> bool:
+    try:
+        return "schema" in inspect.signature(sink.create).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+
+
+def create_sink(sink: Any, columns: list[str], schema: Any) -> None:
+    """Create a sink written from Python, with the payload schema when it is typed."""
+    if capabilities_of(sink).typed:
+        sink.create(columns, schema=schema)
+    else:
+        sink.create(columns)
+
+
 def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -98,10 +170,18 @@ class SQLiteSink:
     table: str = "sink"
     timeout: float = 120.0
     schema: Any = None
-    #: its writer's ``write`` takes ``src=`` and ``reown=``, and :meth:`retract` removes rows by
-    #: attempt: an optimistic round can write it and take its rows back (see
-    #: ``Pipeline(optimistic=)``); a sink of your own may declare the same
-    round_writes: ClassVar[bool] = True
+    #: keyed by record id; its writer's ``write`` takes ``src=`` and ``reown=``, and
+    #: :meth:`retract` removes rows by attempt: an optimistic round can write it and take its
+    #: rows back (see ``Pipeline(optimistic=)``); a sink of your own may declare the same
+    capabilities: ClassVar[SinkCapabilities] = SinkCapabilities(
+        idempotent=True, retractable=True, round_writable=True, typed=True
+    )
+    round_writes: ClassVar[bool] = True  # the same, for code written before capabilities
+
+    def check_schema(self, schema: Any) -> None:
+        """Refuse a payload schema with a type the table cannot store
+        (:class:`~xorack.spark.sink_types.UnsupportedSinkType`), at declaration."""
+        sink_types.check_sink_schema(schema)
 
     def _connect(self) -> sqlite3.Connection:
         con = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
@@ -313,6 +393,10 @@ class ParquetSink:
     path: str
     mode: str = "overwrite"
     native: ClassVar[bool] = True
+    #: Spark writes it; ``mode="overwrite"`` makes a re-run replace the output
+    capabilities: ClassVar[SinkCapabilities] = SinkCapabilities(
+        native=True, idempotent=True, adopts=True
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path:

@@ -26,15 +26,17 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from .pipeline import TRACKING_COUNTS, RunReport, _create_sink
+from .batch import fill_job
+from .build import RoundBuilder
+from .context import RunContext
+from .report import RunReport
+from .rows import Source
 from .stages import ATTEMPTS_PROPERTY, ROUND_PROPERTY, encode_attempts, u64
-
-if TYPE_CHECKING:
-    from .pipeline import Pipeline
+from .tracked_rounds import run_summaries
 
 
 class _StoppedBeforeBatch(Exception):
@@ -43,18 +45,20 @@ class _StoppedBeforeBatch(Exception):
 
 class StreamingRun:
     """A running streaming query over a :class:`~xorack.spark.Pipeline` with one streaming
-    source. Built by :meth:`Pipeline.start_stream`."""
+    source, on the run context ``ctx`` (public: nothing of the pipeline's own). Built by
+    :meth:`Pipeline.start_stream`."""
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        ctx: RunContext,
         timeout: float = 30.0,
         trigger_seconds: float | None = None,
         checkpoint_location: str | None = None,
         available_now: bool = False,
     ) -> None:
-        barriers = [n.name for n in pipeline._nodes if n.kind == "barrier"]
-        native = [n.name for n in pipeline._nodes if getattr(n.sink, "native", False)]
+        plan = ctx.plan
+        barriers = [n.name for n in plan.barriers()]
+        native = [n.name for n in plan.native_sinks()]
         if barriers or native:
             raise ValueError(
                 "start_stream: aggregations and tracked joins "
@@ -63,11 +67,11 @@ class StreamingRun:
                 "(or run the pipeline in batch with p.run()). Native row operations (filter, "
                 "select, explode, lookup joins) work in streaming."
             )
-        streaming = [n for n in pipeline._sources if n.df is not None and n.df.isStreaming]
-        if len(streaming) != 1 or len(pipeline._sources) != 1:
+        streaming = [s for s in plan.sources if s.df is not None and s.df.isStreaming]
+        if len(streaming) != 1 or len(plan.sources) != 1:
             raise ValueError(
                 "start_stream: the pipeline needs exactly one source, a streaming DataFrame "
-                f"(got {len(pipeline._sources)} source(s), {len(streaming)} streaming)"
+                f"(got {len(plan.sources)} source(s), {len(streaming)} streaming)"
             )
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
@@ -76,13 +80,13 @@ class StreamingRun:
                 "start_stream: available_now=True reads the input to its end as fast as it can; "
                 f"it takes no trigger_seconds (got {trigger_seconds}): give one or the other"
             )
-        self.pipeline = pipeline
+        self.ctx = ctx
         self.timeout = float(timeout)
-        self.ft = pipeline.ft
+        self.ft = ctx.ft
         self.available_now = bool(available_now)
         self.report = RunReport(ft=self.ft)
         self.batches = 0
-        self._source = streaming[0]
+        self._source: Source = streaming[0]
         self._lock = threading.Lock()
         self._last_batch = -1
         self._start = time.perf_counter()
@@ -90,27 +94,28 @@ class StreamingRun:
         self._error: BaseException | None = None
         self._stopping = False
         self._stopped = False
-        sinks = pipeline._sink_nodes()
-        pipeline._on_replays = self._replays_taken
+        sinks = plan.python_sinks()
+        plan.sinks()  # a plan without a sink is an error
+        ctx.on_replays = self._replays_taken
         self._embedded_rotation = False
         self._interval = self.timeout
         if self.ft:
-            pipeline._location = pipeline._start_service()
+            ctx.start_service()
         try:
-            if pipeline.resume:  # restarted from its checkpoint: Spark re-runs the micro-batch
-                # the crash cut short; the rows its earlier run persisted are skipped (their
-                # records are replayed by the FT layer, or completed)
-                pipeline._resume_skip = pipeline.client.job_state()["progress"]
-                self.report.resumed = bool(pipeline._resume_skip)
+            if ctx.config.resume:  # restarted from its checkpoint: Spark re-runs the
+                # micro-batch the crash cut short; the rows its earlier run persisted are
+                # skipped (their records are replayed by the FT layer, or completed)
+                ctx.resume_skip = ctx.client.job_state()["progress"]
+                self.report.resumed = bool(ctx.resume_skip)
             if self.ft:
-                ft = pipeline._ft_layer
+                ft = ctx.ft_layer
                 num_buckets = getattr(ft, "num_buckets", 3)
                 self._interval = self.timeout / num_buckets
                 self._embedded_rotation = ft is not None and hasattr(ft, "start")
                 if self._embedded_rotation:
                     ft.start(self._interval)  # background rotations on wall-clock time
             for node in sinks:
-                _create_sink(node)
+                node.create()
             writer = self._source.df.writeStream.foreachBatch(self._on_batch)
             if trigger_seconds is not None:
                 writer = writer.trigger(processingTime=f"{trigger_seconds} seconds")
@@ -120,10 +125,9 @@ class StreamingRun:
                 writer = writer.option("checkpointLocation", checkpoint_location)
             self.query = writer.start()
         except BaseException:
-            pipeline._on_replays = None
-            pipeline._resume_skip = {}
-            pipeline._stop_service()
-            pipeline._location = None
+            ctx.on_replays = None
+            ctx.resume_skip = {}
+            ctx.stop_service()
             raise
 
     def _replays_taken(self, tables: list[Any]) -> None:
@@ -135,11 +139,11 @@ class StreamingRun:
         attempt = np.concatenate(
             [t.column("_ft_attempt").to_numpy(zero_copy_only=False) for t in tables]
         )
-        sc = self.pipeline.spark.sparkContext
+        sc = self.ctx.spark.sparkContext
         sc.setLocalProperty(ATTEMPTS_PROPERTY, encode_attempts(src, attempt))
 
     def _on_batch(self, batch_df: Any, batch_id: int) -> None:
-        p = self.pipeline
+        ctx = self.ctx
         try:
             with self._lock:
                 if self._stopping:
@@ -148,23 +152,24 @@ class StreamingRun:
                     raise _StoppedBeforeBatch(
                         f"micro-batch {batch_id} started after stop(): left uncommitted"
                     )
-                sc = p.spark.sparkContext
+                sc = ctx.spark.sparkContext
                 sc.setLocalProperty(ROUND_PROPERTY, str(batch_id))
                 sc.setLocalProperty(ATTEMPTS_PROPERTY, encode_attempts([], []))  # all fresh
-                p.round = int(batch_id)
+                ctx.round = int(batch_id)
+                fresh = {self._source.index: batch_df}
                 if not self.ft:
-                    work = p._build({self._source.source_index: batch_df}, replays_wanted=False)
-                    p._run_frames(work.summaries, self.report)
+                    work = RoundBuilder(ctx, fresh, replays_wanted=False).build()
+                    run_summaries(work.summaries, self.report)
                     self.batches += 1
                     self._last_batch = int(batch_id)
                     return
                 if not self._embedded_rotation:
                     now = time.monotonic()
                     while now >= self._next_rotation:  # an external acker: rotate from here
-                        p.client.rotate()
+                        ctx.client.rotate()
                         self._next_rotation += self._interval
-                work = p._build({self._source.source_index: batch_df}, replays_wanted=True)
-                p._run_frames(work.summaries, self.report)
+                work = RoundBuilder(ctx, fresh, replays_wanted=True).build()
+                run_summaries(work.summaries, self.report)
                 self.batches += 1
                 self._last_batch = int(batch_id)
         except _StoppedBeforeBatch:
@@ -210,7 +215,7 @@ class StreamingRun:
         """Stop the query; with ``drain``, run what is still pending in batch rounds (timed
         out now: no micro-batch is running any more) until it completes or is dead-lettered.
         Returns the report of the whole run (a second call returns it again)."""
-        p = self.pipeline
+        ctx = self.ctx
         if self._stopped:
             return self.report
         self._stopped = True
@@ -219,21 +224,19 @@ class StreamingRun:
                 self._stopping = True
             self.query.stop()
             if self._embedded_rotation:
-                p._ft_layer.stop()
+                ctx.ft_layer.stop()
             with self._lock:
                 if self.ft:
                     self._finish(drain)
                 else:
-                    for k in TRACKING_COUNTS:
-                        setattr(self.report, k, None)
+                    self.report.untracked()
         finally:
-            p.spark.sparkContext.setLocalProperty(ROUND_PROPERTY, None)
-            p.spark.sparkContext.setLocalProperty(ATTEMPTS_PROPERTY, None)
-            p._on_replays = None
-            p._resume_skip = {}
-            p.round = 0
-            p._stop_service()
-            p._location = None
+            ctx.spark.sparkContext.setLocalProperty(ROUND_PROPERTY, None)
+            ctx.spark.sparkContext.setLocalProperty(ATTEMPTS_PROPERTY, None)
+            ctx.on_replays = None
+            ctx.resume_skip = {}
+            ctx.round = 0
+            ctx.stop_service()
         self.report.rounds += self.batches
         self.report.wall_seconds = round(time.perf_counter() - self._start, 3)
         if self._error is not None:
@@ -242,32 +245,29 @@ class StreamingRun:
 
     def _finish(self, drain: bool) -> None:
         """With FT on, after the query stopped: drain, retract, fill the report."""
-        p = self.pipeline
+        ctx = self.ctx
         if drain:
-            sc = p.spark.sparkContext
-            for r in range(p.max_attempts + 1):
-                p.round = self._last_batch + 1 + r
-                sc.setLocalProperty(ROUND_PROPERTY, str(p.round))
+            sc = ctx.spark.sparkContext
+            for r in range(ctx.config.max_attempts + 1):
+                ctx.round = self._last_batch + 1 + r
+                sc.setLocalProperty(ROUND_PROPERTY, str(ctx.round))
                 sc.setLocalProperty(ATTEMPTS_PROPERTY, encode_attempts([], []))
-                p.client.expire_all()
-                stats = p.client.stats()
+                ctx.client.expire_all()
+                stats = ctx.client.stats()
                 if not stats.get("pending", 0):
                     break
-                work = p._build({}, replays_wanted=True)
-                p._run_frames(work.summaries, self.report)
+                work = RoundBuilder(ctx, {}, replays_wanted=True).build()
+                run_summaries(work.summaries, self.report)
                 self.report.rounds += 1
         # all or nothing: the rows of attempts that ended without completing go
-        ended = p.client.take_ended()
-        for node in p._sink_nodes():
-            if hasattr(node.sink, "retract"):
-                gone = int(node.sink.retract(ended))
-                self.report.retracted_rows += gone
-                rows = self.report.sink_rows
-                rows[node.name] = rows.get(node.name, 0) - gone
-        p._fill(self.report, p.client.stats())
-        if p.resume:
-            p._fill_job(self.report)  # the counts of the whole job, over its restarts
-        p._dead_letters = p._safe_dead_letters()
+        ended = ctx.client.take_ended()
+        for node in ctx.plan.python_sinks():
+            if node.caps.retractable:
+                self.report.add_retracted(node.name, int(node.sink.retract(ended)))
+        self.report.fill(ctx.client.stats())
+        if ctx.config.resume:
+            fill_job(ctx, self.report)  # the counts of the whole job, over its restarts
+        ctx.dead_letters = ctx.fetch_dead_letters()
 
 
 __all__ = ["StreamingRun"]

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 import test_topology as topology
+
 from conftest import own_address
 from xorack import ServiceError, demo
 from xorack.spark import ParquetSink, Pipeline, SQLiteSink, current_round

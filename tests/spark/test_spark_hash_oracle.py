@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 import xorack
-from test_spark_hash import EXTRA_KINDS, SPARK_KINDS, random_column
+from helpers.columns import EXTRA_KINDS, SPARK_KINDS, random_column
 from xorack import hashing
 
 pytestmark = pytest.mark.spark

@@ -12,12 +12,12 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
-from acker_helpers import FAST_RETRY, start_serve
+from helpers.acker import FAST_RETRY, start_serve
 from xorack import FTLayer, ServiceError
 from xorack.service import AckerClient, AckerService, check_job
 
 U64 = np.uint64
-PYTHONPATH = str(Path(__file__).resolve().parents[1] / "python")
+PYTHONPATH = str(Path(__file__).resolve().parents[2] / "python")
 
 
 def _rows(tag: str, n: int) -> pa.RecordBatch:

@@ -252,14 +252,16 @@ def test_a_shuffled_source_is_ordered_by_content_before_chunked_ids_are_drawn(sp
     retried task may read the partition in another order (remote blocks come in any order), so
     the source is sorted by a content hash first. A scan keeps its order: no sort; a column
     Spark cannot hash (a map) keeps random ids instead."""
-    from xorack.spark.pipeline import _hashable
+    from xorack.spark.build import RoundBuilder, hashable
+    from xorack.spark.context import RunContext
 
     def plan(df, chunk_bits):
         p = Pipeline(spark)
-        p.source(df, name="events")
-        p._location, p._chunk_bits = "grpc://127.0.0.1:9", chunk_bits  # planned, never run
-        (node,) = p._sources
-        tagged, _ = p._source_input(node, df, replays_wanted=False)
+        p.source(df, name="events").sink(SQLiteSink("/nonexistent/never.db"))
+        ctx = RunContext(p.config, p.plan())
+        ctx.location, ctx.chunk_bits = "grpc://127.0.0.1:9", chunk_bits  # planned, never run
+        (node,) = ctx.plan.sources
+        tagged = RoundBuilder(ctx, {node.index: df}, replays_wanted=False).source(node)
         return tagged._jdf.queryExecution().analyzed().toString()
 
     shuffled = _events(spark)
@@ -267,8 +269,8 @@ def test_a_shuffled_source_is_ordered_by_content_before_chunked_ids_are_drawn(sp
     assert "xxhash64" not in plan(shuffled, 0)  # no chunks: ids derived from the records
     assert "xxhash64" not in plan(spark.range(10).withColumn("k", F.lit(1)), 10)
     maps = spark.range(3).select(F.create_map(F.lit("a"), F.col("id")).alias("m"))
-    assert not _hashable(maps.schema)
-    assert _hashable(shuffled.schema)
+    assert not hashable(maps.schema)
+    assert hashable(shuffled.schema)
 
 
 def _lose_first_round(frames):
@@ -617,31 +619,11 @@ def test_spark_example_movielens_averages_with_malformed_lines(spark, tmp_path):
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-_OPS = ("filter", "explode", "inner", "left", "semi", "anti", "with", "flaky")
+from helpers.pipelines import random_pipeline  # noqa: E402
 
-
-def _random_pipeline(t, ops: list[str], agg: int, lookup):
-    """Apply ``ops`` (then an aggregation when ``agg``) to a tracked or a plain-pipeline
-    DataFrame with the columns of ``_events`` (``word`` once exploded)."""
-    exploded = False
-    for i, op in enumerate(ops):
-        if op == "filter":
-            t = t.filter((F.col("id") + i) % 4 != 0)
-        elif op == "explode" and not exploded:
-            t = t.withColumn("word", F.explode(F.split("line", " ")))
-            exploded = True
-        elif op in ("inner", "left", "semi", "anti"):
-            how = {"semi": "left_semi", "anti": "left_anti"}.get(op, op)
-            t = t.join(lookup.withColumnRenamed("label", f"l{i}"), "k", how)
-        elif op == "with":
-            t = t.withColumn("x", F.col("x") + F.lit(i))
-        elif op == "flaky":
-            t = t.map_in_pandas(_flaky_ids, t.schema, name=f"flaky{i}")
-    if agg == 1:
-        t = t.groupBy("k").agg(F.count("*").alias("n"), F.sum("x").alias("sx"))
-    elif agg == 2 and exploded:
-        t = t.groupBy("word").agg(F.count("*").alias("n"), F.max("id").alias("m"))
-    return t
+#: OPS of the shared generator; "pandas" is a flaky stage (``_flaky_ids``): after the one that
+#: ``_run_both`` puts right after the source, another one later.
+_OPS = ("filter", "explode", "inner", "left", "semi", "anti", "with", "pandas")
 
 
 @settings(
@@ -658,8 +640,15 @@ def _random_pipeline(t, ops: list[str], agg: int, lookup):
 def test_random_pipelines_equal_plain_spark(spark, tmp_path_factory, ops, agg):
     tmp = tmp_path_factory.mktemp("random")
     lookup = _lookup(spark)
-    # _run_both puts a flaky stage right after the source; "flaky" adds another one later
-    build = lambda t: _random_pipeline(t, ops, agg, lookup)  # noqa: E731
+    build = lambda t: random_pipeline(  # noqa: E731
+        t,
+        ops,
+        agg,
+        lookup,
+        shift=lambda i: ("x", F.col("x") + F.lit(i)),
+        total="x",
+        pandas=_flaky_ids,
+    )
     report = _run_both(spark, tmp, build, require_rows=False)  # semi then anti: may be empty
     assert report.lost == 0
 

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 import pytest
 
 import xorack
-from xorack.spark import ParquetSink, Pipeline, SQLiteSink, current_round
+from xorack.spark import ParquetSink, Pipeline, Reason, SQLiteSink, current_round
 from xorack.spark.optimistic import RoundAccount
 
 pytest.importorskip("pyspark", reason="pyspark is not installed: install xorack[test]")
@@ -137,6 +137,7 @@ def test_rows_lost_after_a_stage_that_draws_the_source_ids_make_the_round_fall_b
     report = p.run()
     assert report.optimistic_rounds == 0
     assert "do not cancel" in report.optimistic_fallbacks[0]
+    assert report.phase_reasons[0] is Reason.UNBALANCED
     assert report.lost == 0
     assert report.source_records == report.completed == N
     plain = _rows(_plain_wordcount(_lines(spark).withColumn("line", F.upper("line"))))
@@ -305,6 +306,7 @@ def test_a_python_sink_that_does_not_read_an_aggregate_runs_tracked_rounds(spark
     report = p.run()
     assert report.optimistic_rounds == 0
     assert report.tracked_phases == ["phase 0: sink 'words' is written from Python"]
+    assert report.phase_reasons == {0: Reason.PYTHON_SINK}
     _assert_complete(report)
     want = _lines(spark).select("id", F.explode(F.split("line", " ")).alias("word"))
     assert Counter(map(tuple, sink.read()[["id", "word"]].itertuples(index=False))) == _rows(want)
@@ -537,6 +539,7 @@ def test_an_aggregate_over_star_sees_the_payload_only(spark, tmp_path, optimisti
     assert on == off
     if optimistic:
         assert report.tracked_phases == ["phase 0: the aggregate 'aggregate' reads `*`"]
+        assert report.phase_reasons == {0: Reason.AGGREGATE_READS_STAR}
 
 
 @pytest.mark.parametrize("optimistic", [True, False])
@@ -684,10 +687,21 @@ def test_a_sink_in_error_mode_refuses_an_existing_path(spark, tmp_path):
 def test_the_verdict_of_a_round():
     ok = RoundAccount(records=3, births=0b1011, staged=0b0011, python=0b1000)
     assert ok.verdict() is None
-    assert "do not cancel" in RoundAccount(records=3, births=1, staged=0).verdict()
-    assert "task attempt" in RoundAccount(task_failures=1).verdict()
-    assert "row(s) failed" in RoundAccount(failed_rows=2, reasons=["stage 's': boom (2)"]).verdict()
-    assert "no metrics" in RoundAccount(missing=["source 'lines'"]).verdict()
+    cases = [
+        (RoundAccount(records=3, births=1, staged=0), Reason.UNBALANCED, "do not cancel"),
+        (RoundAccount(task_failures=1), Reason.TASK_FAILED, "task attempt"),
+        (
+            RoundAccount(failed_rows=2, reasons=["stage 's': boom (2)"]),
+            Reason.ROW_FAILED,
+            "row(s) failed",
+        ),
+        (RoundAccount(missing=["source 'lines'"]), Reason.METRICS_MISSING, "no metrics"),
+    ]
+    for account, reason, words in cases:
+        got, detail = account.verdict()
+        assert got is reason
+        assert got.fell_back
+        assert words in detail
     # XOR in 64 bits: Spark's signed longs and Python's unsigned ints of the same bits cancel
     assert RoundAccount(births=-1, staged=(1 << 64) - 1).verdict() is None
 
@@ -720,6 +734,9 @@ def test_a_second_run_into_the_same_sqlite_sink_is_absorbed_whichever_path_it_ta
 from hypothesis import HealthCheck, Phase, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from helpers.pipelines import random_pipeline  # noqa: E402
+
+#: OPS of the shared generator: all of them (failing nothing).
 _OPS = ("filter", "explode", "inner", "left", "semi", "anti", "with", "pandas", "arrow", "union")
 
 
@@ -729,35 +746,6 @@ def _same(pdf: pd.DataFrame) -> pd.DataFrame:
 
 def _same_arrow(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch.filter(pc.not_equal(pc.bit_wise_and(batch.column("id"), 3), 1))
-
-
-def _random_pipeline(t, ops: list[str], agg: int, lookup, other):
-    """``ops`` (then an aggregation when ``agg``) on a tracked or plain-pipeline DataFrame with
-    the columns of ``_lines`` (``word`` once exploded); ``other`` gives a second source of the
-    same columns for a union."""
-    exploded = False
-    for i, op in enumerate(ops):
-        if op == "filter":
-            t = t.filter((F.col("id") + i) % 4 != 0)
-        elif op == "explode" and not exploded:
-            t = t.withColumn("word", F.explode(F.split("line", " ")))
-            exploded = True
-        elif op in ("inner", "left", "semi", "anti"):
-            how = {"semi": "left_semi", "anti": "left_anti"}.get(op, op)
-            t = t.join(lookup.withColumnRenamed("label", f"l{i}"), "k", how)
-        elif op == "with":
-            t = t.withColumn("k", (F.col("k") + i) % 5)
-        elif op == "pandas":
-            t = t.map_in_pandas(_same, t.schema, name=f"pandas{i}")
-        elif op == "arrow":
-            t = t.map_in_arrow(_same_arrow, t.schema, name=f"arrow{i}")
-        elif op == "union" and not exploded and i == 0:
-            t = t.union(other())
-    if agg == 1:
-        t = t.groupBy("k").agg(F.count("*").alias("n"), F.sum("id").alias("s"))
-    elif agg == 2 and exploded:
-        t = t.groupBy("word").agg(F.count("*").alias("n"), F.max("id").alias("m"))
-    return t
 
 
 @settings(
@@ -790,7 +778,17 @@ def test_random_pipelines_complete_optimistically_and_equal_plain_spark(
         p = Pipeline(spark, ft=ft)
         src = p.source(_lines(spark), name="lines")
         other = lambda p=p: p.source(extra, name="extra")  # noqa: E731
-        out = _random_pipeline(src, ops, agg, lookup, other)
+        out = random_pipeline(
+            src,
+            ops,
+            agg,
+            lookup,
+            shift=lambda i: ("k", (F.col("k") + i) % 5),
+            total="id",
+            pandas=_same,
+            arrow=_same_arrow,
+            other=other,
+        )
         sink = ParquetSink(str(tmp / f"out-{ft}"))
         out.sink(sink, name="out")
         report = p.run()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = str(Path(__file__).resolve().parents[1] / "python")
+PACKAGE = str(Path(__file__).resolve().parents[2] / "python")
 SPARK_MARKER = "TEST-MARKER: pyspark was imported"
 
 

@@ -14,12 +14,11 @@ import pandas as pd
 import pytest
 
 import xorack
+from helpers.processes import alive, wait_gone
 from xorack.spark import Pipeline, SQLiteSink, current_round
 
 pytest.importorskip("pyspark", reason="pyspark is not installed: install xorack[test]")
 from pyspark import cloudpickle
-
-from test_shards import alive, wait_gone
 
 pytestmark = pytest.mark.spark
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -96,7 +95,8 @@ def test_a_shard_killed_mid_run_loses_nothing(spark, tmp_path):
     def kill_shard_1_once_it_holds_records() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            shards = p._shards
+            ctx = p.run_context
+            shards = ctx.shards if ctx is not None else None
             if shards is not None:
                 try:
                     if p.client.shards[1].stats()["pending"] > 0:
@@ -129,7 +129,7 @@ def test_a_failing_run_leaves_no_shard_process(spark, tmp_path):
     pids: list[int] = []
 
     def stop_after_first_round(info) -> None:
-        pids.extend(p._shards.pids)
+        pids.extend(p.run_context.shards.pids)
         assert all(alive(pid) for pid in pids)
         raise RuntimeError("stop here")
 
@@ -157,7 +157,7 @@ def test_a_stream_on_two_ackers_is_exactly_once(spark, tmp_path):
 
 
 def test_a_pipeline_on_a_standalone_sharded_acker(spark, tmp_path):
-    from acker_helpers import start_serve
+    from helpers.acker import start_serve
 
     proc, location = start_serve("--shards", "2", "--rotate-interval", "0", "--max-attempts", "3")
     try:

@@ -24,7 +24,7 @@ U64 = np.uint64
 # handshaker shutdown", which the default policy retries)
 FAST_RETRY = RetryPolicy(attempts=2, initial_backoff=0.01, max_backoff=0.02, call_timeout=5.0)
 SERVING = RetryPolicy(attempts=6, initial_backoff=0.05, max_backoff=0.5, call_timeout=10.0)
-PYTHONPATH = str(Path(__file__).resolve().parents[1] / "python")
+PYTHONPATH = str(Path(__file__).resolve().parents[2] / "python")
 SERVE = (sys.executable, "-m", "xorack", "serve", "--port", "0", "--rotate-interval", "0")
 NO_ADDRESS = "this machine has no non-loopback IPv4 address to bind"
 

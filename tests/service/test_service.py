@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
-from acker_helpers import FAST_RETRY, start_serve, words
+from helpers.acker import FAST_RETRY, start_serve, words
 from xorack import FTLayer, ServiceError
 from xorack.service import (
     XOR_SCHEMA,
@@ -31,7 +31,7 @@ from xorack.service import (
 )
 
 U64 = np.uint64
-PYTHONPATH = str(Path(__file__).resolve().parents[1] / "python")
+PYTHONPATH = str(Path(__file__).resolve().parents[2] / "python")
 
 
 def _free_port() -> int:

@@ -15,7 +15,7 @@ import pytest
 import xorack
 from xorack import FTLayer
 
-WORKER = Path(__file__).with_name("ft_crash_worker.py")
+WORKER = Path(__file__).parents[1] / "helpers" / "ft_crash_worker.py"
 
 
 def run_and_kill(path: Path, backend: str, after_lines: int) -> list[str]:

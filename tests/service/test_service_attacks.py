@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
-from acker_helpers import FAST_RETRY, words
+from helpers.acker import FAST_RETRY, words
 from xorack import FTLayer, ServiceError
 from xorack.service import (
     XOR_SCHEMA,
@@ -28,7 +28,7 @@ from xorack.service import (
 )
 
 U64 = np.uint64
-PYTHONPATH = str(Path(__file__).resolve().parents[1] / "python")
+PYTHONPATH = str(Path(__file__).resolve().parents[2] / "python")
 
 
 def _raw_put(location: str, command: dict, batch: pa.RecordBatch) -> None:

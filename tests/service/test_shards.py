@@ -15,7 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from acker_helpers import FAST_RETRY, PYTHONPATH
+from helpers.acker import FAST_RETRY, PYTHONPATH
+from helpers.processes import alive, wait_gone
 from xorack import FTLayer
 from xorack.errors import ServiceError
 from xorack.service import AckerClient, AckerService
@@ -31,22 +32,6 @@ from xorack.sharding import (
 from xorack.shards import ShardedAcker, ShardedAckerClient, merge_stats
 
 SHARD_ARGS = ["--max-attempts", "3", "--rotate-interval", "0"]
-
-
-def alive(pid: int) -> bool:
-    """True while process ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def wait_gone(pids: list[int], timeout: float = 20.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(alive(p) for p in pids):
-        time.sleep(0.05)
-    return [p for p in pids if alive(p)]
 
 
 # ---- ids and names ---------------------------------------------------------------------------
@@ -314,7 +299,7 @@ def test_a_shard_that_cannot_start_is_a_clear_error(tmp_path):
 
 
 def test_serve_shards_prints_one_location_and_stops_its_shards(tmp_path):
-    from acker_helpers import start_serve
+    from helpers.acker import start_serve
 
     storage = f"sqlite:///{tmp_path / 'acker.db'}"
     proc, location = start_serve("--shards", "2", "--storage", storage, "--rotate-interval", "0")

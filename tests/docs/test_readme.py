@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 FENCE = re.compile(r"^( {0,3})(`{3,})([^`]*)$")
 KINDS = {"python": "run", "python spark": "spark", "python fragment": "fragment"}
 

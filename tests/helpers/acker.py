@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from xorack.service import RetryPolicy
 
-PYTHONPATH = str(Path(__file__).resolve().parents[1] / "python")
+PYTHONPATH = str(Path(__file__).resolve().parents[2] / "python")
 FAST_RETRY = RetryPolicy(attempts=3, initial_backoff=0.01, max_backoff=0.02, call_timeout=5.0)
 
 

@@ -24,7 +24,7 @@ from xorack.service import AckerClient, AckerService
 from xorack.storage import MemoryStorage, SQLiteStorage
 
 U64 = np.uint64
-DRIVER = Path(__file__).with_name("resume_driver.py")
+DRIVER = Path(__file__).parents[1] / "helpers" / "resume_driver.py"
 
 
 def _batch(n: int) -> pa.RecordBatch:
@@ -187,7 +187,7 @@ def _run_driver(
 
 
 def _expected() -> tuple[set[int], Counter, list[list]]:
-    import resume_driver as job
+    from helpers import resume_driver as job
 
     dead = {s for s in range(RECORDS) if job.poisoned(s)}
     counts: Counter = Counter()

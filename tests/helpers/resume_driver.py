@@ -1,4 +1,4 @@
-"""A resumable xorack job run as a driver process of its own (tests/test_resume.py).
+"""A resumable xorack job run as a driver process of its own (tests/spark/test_resume.py).
 
     python resume_driver.py WORKDIR RECORDS [CRASH]
 

@@ -1,0 +1,198 @@
+"""A batch run, one named step per line (Catalyst's ``QueryExecution`` is the model):
+
+1. open the staging places and start the acker (FT on);
+2. a resumed job: adopt what its earlier runs staged;
+3. per phase: open it on its barriers' outputs, try an optimistic round, else tracked rounds;
+4. publish the sinks, fill the report from the acker, keep the dead letters;
+5. stop the acker, remove the staging (unless a resumable job is unfinished).
+
+>>> # report = BatchRun(ctx).run(on_round)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from .context import RunContext
+from .optimistic_round import OptimisticRound
+from .publish import (
+    Publisher,
+    adopt_staged,
+    close_staging,
+    open_phase,
+    open_staging,
+    phase_has_input,
+    remove_staged,
+)
+from .report import RoundInfo, RunReport
+from .stages import ROUND_PROPERTY
+from .tracked_rounds import TrackedRounds
+
+
+class BatchRun:
+    """One ``Pipeline.run()`` over the run context ``ctx``."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.ended: list[np.ndarray] = []  # attempts that ended without completing
+        self.derived_persisted = 0  # records the barrier outputs persisted
+
+    def run(self, on_round: Callable[[RoundInfo], None] | None = None) -> RunReport:
+        ctx = self.ctx
+        for sink in ctx.plan.python_sinks():
+            sink.create()
+        start = time.perf_counter()
+        report = RunReport(ft=ctx.ft)
+        workdir = open_staging(ctx) if ctx.ft else None
+        ctx.workdir = workdir
+        finished = not ctx.config.resume  # a resumable job keeps its staged rows until done
+        try:
+            if ctx.ft:
+                ctx.start_service()
+            done_phases: set[int] = set()
+            if ctx.config.resume:
+                earlier = self._resume(report)
+                if earlier is not None:  # the job finished in an earlier run
+                    finished = True
+                    return earlier
+                done_phases = self._done_phases()
+            for phase in range(ctx.plan.phase_count() if ctx.ft else 1):
+                self._phase(phase, phase in done_phases, report, on_round)
+            if ctx.ft:
+                finished = self._finish(report, start) or finished
+            else:
+                report.untracked()
+        finally:
+            ctx.spark.sparkContext.setLocalProperty(ROUND_PROPERTY, None)
+            ctx.round = ctx.phase = 0
+            ctx.resume_skip = {}
+            ctx.workdir = None
+            if ctx.ft:
+                ctx.dead_letters = ctx.fetch_dead_letters()
+            ctx.stop_service()
+            if workdir is not None and finished:
+                close_staging(ctx, workdir)
+        report.wall_seconds = round(time.perf_counter() - start, 3)
+        return report
+
+    def _resume(self, report: RunReport) -> RunReport | None:
+        """A resumable job's state on the acker: the report of a finished job, else None
+        (the rows its earlier runs staged adopted, or what another job left removed)."""
+        ctx = self.ctx
+        state = ctx.client.job_state()
+        marks = state["marks"]
+        if "report" in marks:
+            return RunReport.from_dict({**json.loads(marks["report"]), "resumed": True})
+        report.resumed = bool(state["progress"] or marks)
+        ctx.resume_skip = state["progress"]
+        before = ctx.client.take_ended()  # earlier runs' ended attempts, and the attempts
+        self.ended.append(before)  # the crash left pending (replayed now)
+        if report.resumed:
+            adopt_staged(ctx, before)
+        else:
+            remove_staged(ctx)
+        return None
+
+    def _done_phases(self) -> set[int]:
+        marks = self.ctx.client.job_state()["marks"]
+        return {int(k[len("phase") :]) for k in marks if k.startswith("phase")}
+
+    def _phase(
+        self,
+        phase: int,
+        done: bool,
+        report: RunReport,
+        on_round: Callable[[RoundInfo], None] | None,
+    ) -> None:
+        ctx = self.ctx
+        ctx.phase = phase
+        if phase > 0:
+            persisted_before = int(ctx.client.stats().get("persisted", 0))
+            open_phase(ctx, phase, np.concatenate(self.ended) if self.ended else None)
+        if not done:
+            self._run_phase(phase, report, on_round)
+            if ctx.config.resume and not ctx.client.stats().get("pending", 0):
+                ctx.client.job_state(marks={f"phase{phase}": "done"})
+        if phase > 0:
+            now = int(ctx.client.stats().get("persisted", 0))
+            self.derived_persisted += max(0, now - persisted_before)
+
+    def _run_phase(
+        self, phase: int, report: RunReport, on_round: Callable[[RoundInfo], None] | None
+    ) -> None:
+        """An optimistic round when the phase can run one, else (or when it fell back)
+        tracked rounds until every record of the phase is completed or dead-lettered."""
+        ctx = self.ctx
+        if ctx.ft and phase > 0 and not phase_has_input(ctx, phase):
+            return  # its barriers' outputs were written by an optimistic round, or go direct
+        if ctx.ft and OptimisticRound(ctx, phase).run(report):
+            return  # every record of the phase completed in one optimistic round
+        TrackedRounds(ctx, phase).run(report, self.ended, on_round)
+
+    def _finish(self, report: RunReport, start: float) -> bool:
+        """Publish and account (FT on); True when a resumable job finished."""
+        ctx = self.ctx
+        self.ended.append(ctx.client.take_ended())
+        Publisher(ctx, np.concatenate(self.ended), report).publish()
+        report.fill(ctx.client.stats())
+        ctx.client.release_replays()  # a standalone acker frees the last round's
+        report.discount_derived(self.derived_persisted, self._derived_dead())
+        report.add_optimistic(ctx.fast_records, ctx.fast_derived)
+        if not ctx.config.resume and ctx.config.ackers == 1:
+            with contextlib.suppress(ValueError):  # a sharded standalone acker
+                # a durable storage keeps ended attempts for a resumed job: not needed
+                ctx.client.job_state(clear=["ended"])
+        if not ctx.config.resume:
+            return False
+        fill_job(ctx, report)
+        if report.lost:
+            return False
+        report.wall_seconds = round(time.perf_counter() - start, 3)
+        done = json.dumps(report.as_dict())
+        ctx.client.job_state(marks={"report": done}, clear=["ended"])
+        return True
+
+    def _derived_dead(self) -> int:
+        """Dead-lettered records of barrier outputs."""
+        derived = self.ctx.plan.derived_indexes()
+        if not derived:
+            return 0
+        return dead_by_kind(self.ctx, derived)[True]
+
+
+def dead_by_kind(ctx: RunContext, derived: set[int]) -> dict[bool, int]:
+    """Dead letters of the job: of barrier outputs (True) and of input sources (False)."""
+    dead = {True: 0, False: 0}
+    table = ctx.fetch_dead_letters()
+    if table is not None and table.num_rows and "_ft_source" in table.schema.names:
+        sources = table.column("_ft_source").to_numpy(zero_copy_only=False)
+        dead[True] = int(np.isin(sources, list(derived)).sum())
+        dead[False] = len(sources) - dead[True]
+    return dead
+
+
+def fill_job(ctx: RunContext, report: RunReport) -> None:
+    """A resumable job's counts, over all of its runs: the records are the rows persisted (the
+    progress notes), the dead-lettered ones are in the dead-letter table, the pending ones in
+    the storage; every other record completed (a record leaves the storage only completed or
+    dead-lettered)."""
+    progress = ctx.client.job_state()["progress"]
+    derived = ctx.plan.derived_indexes()
+    rows = {True: 0, False: 0}
+    for source, parts in progress.items():
+        rows[source in derived] += sum(parts.values())
+    dead = dead_by_kind(ctx, derived)
+    lost = report.lost or 0
+    report.source_records = rows[False]
+    report.dead_lettered = dead[False]
+    report.completed = rows[False] - dead[False] - lost
+    report.derived_records = rows[True]
+    report.derived_dead_lettered = dead[True]
+
+
+__all__ = ["BatchRun", "fill_job"]

@@ -1,0 +1,318 @@
+"""Building one tracked round (or micro-batch): every node's frame, in declaration order.
+
+The builder walks the plan and asks each node for its frame (:meth:`Node.tracked`); a node
+read by several consumers is a branch point, materialized once and split into one copy per
+consumer (:meth:`RoundBuilder.tee`). A source's rows come fresh (tagged), replayed (fetched by
+the executors, or taken by the driver when fresh rows and replays share a micro-batch), or
+both. With FT off the same walk builds plain Spark's plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import ServiceError
+from .arrow_stage import declared_arrow_schema
+from .context import RunContext
+from .lineage import KEEP, LINEAGE, q
+from .node import Node
+from .outputs import NativeSinkNode
+from .rows import Source, Transform, tagged_schema, with_pending
+from .stages import BRANCH, DET, ORIG_PART, REC, SRC, StageRunner, Tee, i64, u64
+
+
+@dataclass
+class RoundWork:
+    """The Spark work of one round: the summary frames of the Python sinks (one action), the
+    frames to stage (barrier inputs, native sinks), and with FT off the barriers' outputs and
+    the native sinks' writes."""
+
+    summaries: list[Any] = field(default_factory=list)
+    staged: list[tuple[Any, Any]] = field(default_factory=list)  # (Staging, frame)
+    plain_barriers: dict[int, Any] = field(default_factory=dict)
+    plain_writes: list[tuple[NativeSinkNode, Any]] = field(default_factory=list)
+    replays: int = 0
+    observed: list[tuple[str, Any, Any]] = field(default_factory=list)  # transform, in, out
+
+    def empty(self) -> bool:
+        return not (self.summaries or self.staged or self.plain_writes)
+
+
+class RoundBuilder:
+    """Builds a round over ``ctx``'s plan: ``fresh`` input per source index, and the replays
+    waiting in the FT layer when ``replays_wanted``."""
+
+    def __init__(self, ctx: RunContext, fresh: dict[int, Any], replays_wanted: bool) -> None:
+        self.ctx = ctx
+        self.fresh = fresh
+        self.replays_wanted = replays_wanted
+        self.work = RoundWork()
+
+    def build(self) -> RoundWork:
+        ctx = self.ctx
+        plan = ctx.plan
+        built: dict[int, Any] = {}
+        for node in plan.nodes:
+            inputs = [self._input(built, p, node) for p in node.parents]
+            if node.parents and all(x is None for x in inputs):
+                df = None  # a branch without input this round
+            else:
+                df = node.tracked(self, inputs)
+            fanout = len(plan.readers(node))
+            if df is not None and ctx.ft and fanout > 1:
+                df = self.tee(node, df, fanout)
+            built[id(node)] = df
+        return self.work
+
+    def _input(self, built: dict[int, Any], parent: Node, node: Node) -> Any:
+        """``parent``'s frame as ``node`` reads it (its own copy after a branch point)."""
+        from pyspark.sql import functions as F
+
+        df = built[id(parent)]
+        mine = self.ctx.plan.readers(parent)
+        if df is None or not self.ctx.ft or len(mine) < 2:
+            return df
+        branch = next(i for i, n in enumerate(mine) if n is node)
+        return df.where(F.col(BRANCH) == branch).drop(BRANCH)
+
+    def tee(self, node: Node, df: Any, copies: int) -> Any:
+        """A branch point: one child record per consumer (own ids, anchored like any stage's
+        outputs), materialized once so that the branches read the same rows — evaluating a
+        tracked DataFrame twice would send its events twice."""
+        from pyspark.sql.types import IntegerType, StructField, StructType
+
+        fields = [f for f in df.schema.fields if f.name not in LINEAGE]
+        lineage = [f for f in df.schema.fields if f.name in (SRC, REC)]
+        schema = StructType([*fields, StructField(BRANCH, IntegerType(), False), *lineage])
+        runner = StageRunner(
+            name=f"{node.name}/tee",
+            fn=Tee(copies),
+            columns=(*node.columns, BRANCH),
+            deterministic=self.ctx.deterministic_ids,
+            **self.ctx.runner_args(),
+        )
+        return with_pending(df.mapInPandas(runner, schema)).localCheckpoint(eager=True)
+
+    # ---- transforms --------------------------------------------------------------------------
+
+    def observed_transform(self, node: Transform, df: Any) -> Any:
+        """An untracked ``transform``: with FT on, the live rows going in and coming out are
+        counted by Spark's observed metrics (no extra pass), so the report can name the
+        transform where rows vanished (their records time out)."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        ft = self.ctx.ft
+        live = F.sum(F.col(KEEP).cast("long")).alias("rows")
+        if ft:
+            seen_in, seen_out = Observation(), Observation()
+            df = df.observe(seen_in, live)
+        out = node.apply(df, ft)
+        if ft:
+            out = out.observe(seen_out, live)
+            self.work.observed.append((node.name, seen_in, seen_out))
+        return out
+
+    # ---- sources -----------------------------------------------------------------------------
+
+    def source(self, node: Source) -> Any:
+        """A source's rows for this round: its fresh input tagged, the replays routed to their
+        partitions, or both (then one shuffle on the route key places every row)."""
+        ctx = self.ctx
+        new = self.fresh.get(node.index)
+        if new is None and node.derived is not None and not ctx.ft:
+            new = self.work.plain_barriers.get(id(node.derived))
+        df, k = self._source_rows(node, new)
+        self.work.replays += k
+        return df
+
+    def _source_rows(self, node: Source, fresh: Any) -> tuple[Any, int]:
+        from pyspark.sql import functions as F
+
+        ctx = self.ctx
+        cfg = ctx.config
+        n = ctx.partitions(node)
+        tagged = None
+        if fresh is not None:
+            # with FT off a barrier's output goes on as Spark made it (plain Spark's plan: its
+            # round-robin repartition only fixes the partitioning that replays are routed by)
+            plain_output = node.derived is not None and not ctx.ft
+            prepared = fresh if plain_output else node.prepare(fresh, n)
+            ordered = True  # a retried task reads the partition in the same order
+            if cfg.resume and (node.repartition or node.derived is not None):
+                # a shuffle's (or a barrier's) output order within a partition varies from run
+                # to run: a resumed job skips a prefix of each partition, so fix the order
+                prepared = prepared.sortWithinPartitions(*[F.col(q(c)) for c in node.columns])
+            elif ctx.ft and cfg.deterministic_ids and ctx.chunk_bits and shuffled(prepared):
+                # chunked source ids follow the rows' positions: after a shuffle a retried task
+                # may read the partition in another order, so order it by content (rows with
+                # the same hash are the same row but for a 2**-64 accident); a type Spark
+                # cannot hash (a map) keeps random ids: a retry then makes copies
+                if hashable(prepared.schema):
+                    prepared = prepared.sortWithinPartitions(
+                        F.xxhash64(*[F.col(q(c)) for c in node.columns])
+                    )
+                else:
+                    ordered = False
+            tagged = node.tagged(ctx, prepared, ordered)
+        if not (ctx.ft and self.replays_wanted):
+            return (with_pending(tagged) if ctx.ft and tagged is not None else tagged), 0
+        if tagged is None and ctx.on_replays is None:
+            replayed, k = self._fetched_replays(node)  # placed by the acker: no shuffle
+            return (None if replayed is None else with_pending(replayed)), k
+        replayed, k = self._taken_replays(node)
+        if replayed is None:
+            return (with_pending(tagged) if tagged is not None else None), 0
+        cols = [q(c) for c in (*node.columns, SRC, REC)]
+        if tagged is not None:
+            import xorack.hashing as hashing
+
+            route = F.array(*[F.lit(int(r)) for r in hashing.route_keys(n)])
+            tagged = tagged.withColumn("_ft_route", F.element_at(route, F.spark_partition_id() + 1))
+            replayed = tagged.unionByName(replayed)
+        df = replayed.repartition(n, "_ft_route").selectExpr(*cols)
+        return with_pending(df), k
+
+    def _fetched_replays(self, node: Source) -> tuple[Any, int]:
+        """A batch replay round's replays of a source, never through the driver: the acker
+        prepares them (routed to the partition the source's partitioning picks, born with
+        their first attempt's ids) and the executors fetch their partition's rows
+        (:mod:`xorack.spark.replays`). The frame's partition ``i`` holds the replays routed to
+        ``i``; None when there are none."""
+        import os
+
+        from .replays import ReplayFetcher, replay_partitioning, replays_frame
+
+        ctx = self.ctx
+        assert ctx.location is not None  # set by the run with FT on
+        n = ctx.partitions(node)
+        # one tag per prepare: a resumed driver (same job, same round numbers) never gets an
+        # earlier driver's round; a retried request re-sends the same tag (same counts)
+        tag = f"p{ctx.phase}-r{ctx.round}-{os.urandom(6).hex()}"
+        spec = replay_partitioning(node.keys, n)
+        counts = ctx.client.prepare_replays(node.index, spec, tag, first_ids=DET)
+        k = sum(counts.values())
+        if not k:
+            return None, 0
+        fetcher = ReplayFetcher(
+            location=ctx.location,
+            source=node.index,
+            tag=tag,
+            columns=node.columns,
+            schema=declared_arrow_schema(node.schema, ctx.arrow_large_types()),
+            token=ctx.token,
+            tls_root_certs=ctx.tls_root_certs,
+            job=ctx.job,
+        )
+        return replays_frame(ctx.spark, n, fetcher, tagged_schema(node, True)), k
+
+    def _taken_replays(self, node: Source) -> tuple[Any, int]:
+        """The replays of a source waiting in the FT layer, taken by the driver, as a DataFrame
+        with lineage columns and ``_ft_route``, the route key of the partition the source's
+        partitioning chooses: ``pmod(key hash, n)`` with keys (Spark's ``repartition(n,
+        *keys)``), else the partition the record was first read on. Used where fresh rows and
+        replays share a micro-batch (streaming); batch rounds fetch theirs."""
+        import xorack.hashing as hashing
+
+        from ..replay import HashReplayPartitioner
+
+        ctx = self.ctx
+        parts = ctx.client.take_replays(source=node.index)
+        tables = [t for _, t in sorted(parts.items()) if t.num_rows]
+        if ctx.on_replays is not None:  # streaming: the attempts for current_attempt(pdf)
+            ctx.on_replays(tables)
+        if not tables:
+            return None, 0
+        n = ctx.partitions(node)
+        route = hashing.route_keys(n)
+        pieces = []
+        corr_src: list[np.ndarray] = []
+        corr_val: list[np.ndarray] = []
+        seen_det: set[int] = set()
+        for t in tables:
+            # route here, from what the record carries, whatever the service's own replay
+            # partitioners are (a standalone `xorack serve` knows nothing of this pipeline)
+            if node.keys:
+                key_hash = t.column("_ft_key_hash").to_numpy(zero_copy_only=False)
+                original = np.full(t.num_rows, -1, dtype=np.int32)
+                _, target = HashReplayPartitioner(n).assign(key_hash.astype(np.int32), original)
+            else:
+                target = t.column(ORIG_PART).to_numpy(zero_copy_only=False)
+            target = np.asarray(target, dtype=np.int64)
+            if len(target) and (target.min() < 0 or target.max() >= n):
+                raise ServiceError(
+                    f"replays of source {node.name!r} routed outside [0, {n}): the source's "
+                    "partition count changed since the records were persisted"
+                )
+            src = u64(t.column(SRC))
+            rec = u64(t.column(REC))
+            if DET in t.schema.names:
+                # the replay was born with a fresh id; move its checksum to the deterministic
+                # first id, so that its outputs re-create the ids of the first attempt. Two
+                # copies of one source row (a retried source task persisted it twice) keep
+                # their fresh ids but one: ids must be unique within a round.
+                det = u64(t.column(DET))
+                first = np.zeros(len(det), dtype=bool)
+                first[np.unique(det, return_index=True)[1]] = True
+                if seen_det:
+                    first &= ~np.isin(det, np.fromiter(seen_det, np.uint64, len(seen_det)))
+                seen_det.update(det[first].tolist())
+                corr_src.append(src[first])
+                corr_val.append(rec[first] ^ det[first])
+                rec = np.where(first, det, rec)
+            cols = [t.column(c) for c in node.columns]
+            pieces.append(
+                pa.table(
+                    [
+                        *cols,
+                        pa.array(i64(src), pa.int64()),
+                        pa.array(i64(rec), pa.int64()),
+                        pa.array(route[target].astype(np.int32)),
+                    ],
+                    names=[*node.columns, SRC, REC, "_ft_route"],
+                )
+            )
+        if corr_src:
+            s, v = np.concatenate(corr_src), np.concatenate(corr_val)
+            nz = v != 0
+            if nz.any():
+                ctx.client.xor(s[nz], v[nz])
+        table = pa.concat_tables(pieces, promote_options="permissive")
+        df = ctx.spark.createDataFrame(table, schema=self._route_schema(node))
+        return df, table.num_rows
+
+    @staticmethod
+    def _route_schema(node: Source) -> Any:
+        from pyspark.sql.types import IntegerType, StructField
+
+        st = tagged_schema(node, True)
+        return st.add(StructField("_ft_route", IntegerType(), False))
+
+
+def shuffled(df: Any) -> bool:
+    """Whether ``df``'s plan shuffles (an Exchange): then the order of rows within a partition
+    can differ between two attempts of a task (remote blocks are fetched in any order)."""
+    return "Exchange" in df._jdf.queryExecution().executedPlan().toString()
+
+
+def hashable(schema: Any) -> bool:
+    """Whether Spark's hash functions take every column (no map anywhere in the types)."""
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    def ok(t: Any) -> bool:
+        if isinstance(t, MapType):
+            return False
+        if isinstance(t, ArrayType):
+            return ok(t.elementType)
+        if isinstance(t, StructType):
+            return all(ok(f.dataType) for f in t.fields)
+        return True
+
+    return ok(schema)
+
+
+__all__ = ["RoundBuilder", "RoundWork", "hashable", "shuffled"]

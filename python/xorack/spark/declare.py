@@ -1,0 +1,331 @@
+"""Declaring a plan: the checks and the Spark analysis each declaration runs, and the node it
+adds. :class:`~xorack.spark.tracked.Tracked` calls these; a run takes :meth:`PlanBuilder.plan`.
+
+Each declaration is analyzed at once, so a wrong column or a type error is raised where the
+user wrote it: with FT on, a native operation checks its tracked translation and analyzes the
+plain one on an empty frame of its input's payload (nothing runs; see :mod:`xorack.spark.ops`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from . import ops
+from .barrier import AggregateSpec, JoinSpec
+from .context import PipelineConfig
+from .lineage import LINEAGE
+from .node import Node
+from .outputs import Aggregate, Barrier, NativeSinkNode, PythonSinkNode, Sink, TrackedJoin
+from .plan import Plan
+from .rows import (
+    ArrowStage,
+    GroupStage,
+    PandasStage,
+    PythonStage,
+    RowOperation,
+    Source,
+    Transform,
+    Union,
+)
+from .schema import empty_frame
+from .sinks import capabilities_of
+from .stages import DET, StageSchemaError, check_columns
+
+STAGE_KINDS: dict[str, type[PythonStage]] = {
+    "map_in_pandas": PandasStage,
+    "map_in_arrow": ArrowStage,
+}
+
+
+class PlanBuilder:
+    """The nodes of a pipeline as they are declared (parents before children)."""
+
+    def __init__(self, config: PipelineConfig) -> None:
+        self.config = config
+        self.spark = config.spark
+        self.ft = config.ft
+        self.nodes: list[Node] = []
+        self.sources: list[Source] = []
+        self._names: set[str] = set()
+
+    def plan(self) -> Plan:
+        """The plan as declared so far (immutable)."""
+        return Plan(tuple(self.nodes), tuple(self.sources))
+
+    # ---- checks ------------------------------------------------------------------------------
+
+    def struct(self, schema: Any) -> Any:
+        """A payload schema from a DDL string or a StructType (no lineage column in it)."""
+        from pyspark.sql.types import StructType
+
+        from .schema import parse_ddl_schema
+
+        if isinstance(schema, StructType):
+            st = schema
+        elif isinstance(schema, str):
+            try:
+                st = parse_ddl_schema(self.spark, schema)
+            except ValueError as exc:
+                raise StageSchemaError(f"schema must describe columns: {exc}") from None
+        else:
+            raise TypeError(f"schema must be a DDL string or a StructType, got {type(schema)}")
+        bad = [f.name for f in st.fields if f.name.startswith("_ft_")]
+        if bad:
+            raise StageSchemaError(
+                f"schema: {bad} are lineage columns added by xorack; declare the payload only"
+            )
+        return st
+
+    def unique(self, name: str | None, default: str) -> str:
+        """``name`` when given (a name already used by a source, stage or sink of this
+        pipeline is an error: reports and dead letters are keyed by name), else ``default``
+        made unique with a suffix."""
+        if name is not None:
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"name must be a non-empty string, got {name!r}")
+            if name in self._names:
+                raise StageSchemaError(
+                    f"name {name!r} is already used by another source, stage or sink of this "
+                    "pipeline; give each a name of its own"
+                )
+            self._names.add(name)
+            return name
+        base, i, name = default, 1, default
+        while name in self._names:
+            i += 1
+            name = f"{base}_{i}"
+        self._names.add(name)
+        return name
+
+    def _add(self, node: Node) -> Node:
+        self.nodes.append(node)
+        return node
+
+    def prototype(self, node: Node) -> Any:
+        """The frame a declaration on ``node``'s output is analyzed against: the one its own
+        declaration fixed (a source's; a native node's output), else an empty DataFrame of its
+        payload (nothing runs)."""
+        return node.proto if node.proto is not None else empty_frame(self.spark, node.schema)
+
+    def analyze(self, what: str, build: Callable[[], Any]) -> Any:
+        """Run ``build`` (a lazy DataFrame construction) and turn Spark's analysis errors into
+        an error naming the tracked operation."""
+        try:
+            return build()
+        except (ops.TrackedOperationError, TypeError):
+            raise
+        except Exception as exc:
+            if type(exc).__name__ in (
+                "AnalysisException",
+                "ParseException",
+                "IllegalArgumentException",
+            ):
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+                raise ops.TrackedOperationError(f"{what}: {first}") from None
+            raise
+
+    @staticmethod
+    def payload_schema(df: Any) -> Any:
+        from pyspark.sql.types import StructType
+
+        return StructType([f for f in df.schema.fields if f.name not in LINEAGE])
+
+    # ---- nodes -------------------------------------------------------------------------------
+
+    def source(
+        self, df: Any, name: str | None, keys: tuple[str, ...], partitions: int | None
+    ) -> Source:
+        cols = tuple(df.columns)
+        bad = [c for c in cols if c.startswith("_ft_") or c == DET]
+        if bad:
+            raise StageSchemaError(f"source {name!r}: column names {bad} are reserved by xorack")
+        check_columns(name or "source", cols, keys, "source")
+        if keys or partitions or df.isStreaming:
+            n = int(partitions or self.spark.conf.get("spark.sql.shuffle.partitions"))
+        else:
+            n = 0  # the input's own partitioning, counted when a replay needs it
+        repartition = bool(keys or partitions or df.isStreaming)
+        if not self.ft and not repartition and not df.isStreaming:
+            # with FT off its native operations analyze the input itself: the frames they
+            # analyze are the ones the run executes (see RowOperation.reused)
+            proto = df
+        else:
+            proto = empty_frame(self.spark, df.schema)
+        node = Source(
+            self.unique(name, "source"),
+            (),
+            cols,
+            df.schema,
+            df=df,
+            keys=keys,
+            fixed_partitions=n,
+            index=len(self.sources),
+            repartition=repartition,
+            proto=proto,
+        )
+        self.sources.append(node)
+        self._add(node)
+        return node
+
+    def native(self, parent: Node, kind: str, make: Callable[[str], Any]) -> Node:
+        """A native operation node: ``make(name)`` builds the operator; its output schema comes
+        from applying it to the parent's prototype."""
+        name = self.unique(None, kind)
+        op = make(name)
+        given = self.prototype(parent)
+        out = self.analyze(
+            op.describe(), lambda: op.declare(given) if self.ft else op.apply(given, False)
+        )
+        schema = self.payload_schema(out)
+        node = RowOperation(
+            name,
+            (parent,),
+            tuple(schema.fieldNames()),
+            schema,
+            phase=parent.phase,
+            op=op,
+            proto=out,
+            analyzed_from=(given,),
+        )
+        return self._add(node)
+
+    def stage(self, parent: Node, kind: str, fn: Any, schema: Any, name: str | None) -> Node:
+        """A Python stage (``map_in_pandas`` or ``map_in_arrow``)."""
+        if not callable(fn):
+            raise TypeError(f"{kind}: fn must be callable, got {type(fn).__name__}")
+        st = self.struct(schema)
+        name = self.unique(name, getattr(fn, "__name__", "stage"))
+        cls = STAGE_KINDS[kind]
+        node = cls(name, (parent,), tuple(st.fieldNames()), st, phase=parent.phase, fn=fn)
+        return self._add(node)
+
+    def grouped_stage(
+        self, parent: Node, keys: tuple[str, ...], fn: Any, schema: Any, name: str | None
+    ) -> Node:
+        if not callable(fn):
+            raise TypeError(f"apply_in_pandas: fn must be callable, got {type(fn).__name__}")
+        check_columns("apply_in_pandas", parent.columns, keys, "apply_in_pandas")
+        st = self.struct(schema)
+        name = self.unique(name, getattr(fn, "__name__", "grouped"))
+        node = GroupStage(
+            name, (parent,), tuple(st.fieldNames()), st, phase=parent.phase, fn=fn, keys=keys
+        )
+        return self._add(node)
+
+    def transform(self, parent: Node, fn: Callable[[Any], Any], name: str | None) -> Node:
+        node = Transform(
+            self.unique(name, "transform"),
+            (parent,),
+            parent.columns,
+            parent.schema,
+            phase=parent.phase,
+            fn=fn,
+        )
+        return self._add(node)
+
+    def union(self, left: Node, right: Node) -> Node:
+        if right is left:
+            raise StageSchemaError(
+                "union: a tracked DataFrame cannot be unioned with itself (each row would be "
+                "emitted twice under one lineage); map it twice into two stages instead"
+            )
+        if list(right.columns) != list(left.columns):
+            raise StageSchemaError(
+                f"union: payload columns differ: {list(left.columns)} vs {list(right.columns)}"
+            )
+        node = Union(
+            self.unique(None, "union"),
+            (left, right),
+            left.columns,
+            left.schema,
+            phase=max(left.phase, right.phase),
+        )
+        return self._add(node)
+
+    def sink(self, parent: Node, sink: Any, name: str | None) -> Sink:
+        caps = capabilities_of(sink)  # a TypeError for what is not a sink
+        if caps.typed and not caps.native:
+            sink.check_schema(parent.schema)  # an unsupported type fails here, not per row
+        cls = NativeSinkNode if caps.native else PythonSinkNode
+        node = cls(
+            self.unique(name, "sink"),
+            (parent,),
+            parent.columns,
+            parent.schema,
+            phase=parent.phase,
+            sink=sink,
+            caps=caps,
+        )
+        self._add(node)
+        return node
+
+    def _barrier(
+        self, parents: list[Node], spec: Any, cls: type[Barrier], keys: tuple[str, ...]
+    ) -> Source:
+        """A barrier node over ``parents`` and the source node of its output (the next phase)."""
+        if self.ft:  # the barrier reads the staged payload rows
+            protos = [empty_frame(self.spark, p.schema) for p in parents]
+        else:  # it reads its parents' frames as they are
+            protos = [self.prototype(p) for p in parents]
+        out = self.analyze(spec.describe(), lambda: spec.compute(protos))
+        schema = out.schema
+        name = self.unique(None, cls.label)
+        cols = tuple(schema.fieldNames())
+        ops.check_output_names(spec.describe(), list(cols))
+        phase = max(p.phase for p in parents) + 1
+        plain = not self.ft  # its output goes on unchanged: one frame for both
+        barrier = cls(
+            name,
+            tuple(parents),
+            cols,
+            schema,
+            phase=phase,
+            spec=spec,
+            proto=out if plain else None,
+            analyzed_from=tuple(protos) if plain else (),
+        )
+        self._add(barrier)
+        n = int(self.spark.conf.get("spark.sql.shuffle.partitions"))
+        source = Source(
+            name,
+            (),
+            cols,
+            schema,
+            phase=phase,
+            keys=tuple(keys),
+            fixed_partitions=n,
+            index=len(self.sources),
+            repartition=True,
+            derived=barrier,
+            proto=out if plain else empty_frame(self.spark, schema),
+        )
+        self.sources.append(source)
+        self._add(source)
+        return source
+
+    def aggregate(self, parent: Node, keys: tuple[str, ...], exprs: tuple[Any, ...]) -> Source:
+        return self._barrier([parent], AggregateSpec(keys, exprs), Aggregate, keys=keys)
+
+    def tracked_join(self, left: Node, right: Node, on: Any, how: str) -> Source:
+        if right is left:
+            raise StageSchemaError(
+                "join: a tracked DataFrame cannot be joined with itself; map it into two stages "
+                "first"
+            )
+        if how not in ("inner", "left"):
+            raise ops.TrackedOperationError(
+                f"join: how={how!r} between two tracked DataFrames is not supported; use inner "
+                "or left (or join an untracked DataFrame for semi/anti joins)"
+            )
+        keys = tuple(ops.join_keys(on, list(left.columns), list(right.columns)))
+        clash = sorted((set(left.columns) & set(right.columns)) - set(keys))
+        if clash:
+            raise ops.TrackedOperationError(
+                f"join: columns {clash} are on both sides (the output would have two columns of "
+                "each name); rename them on one side first"
+            )
+        return self._barrier([left, right], JoinSpec(keys, how), TrackedJoin, keys=keys)
+
+
+__all__ = ["PlanBuilder"]

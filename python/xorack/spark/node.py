@@ -1,0 +1,97 @@
+"""The plan's node: what every operator of a pipeline is (Catalyst's ``LogicalPlan``, small).
+
+A node is declared once, by :class:`~xorack.spark.tracked.Tracked`, and never changed by a
+run: what a run makes of it (a barrier output's rows, staging directories, an optimistic
+round's files) lives in the run's :class:`~xorack.spark.context.RunContext`. The type of a node
+is its kind; each kind (:mod:`xorack.spark.rows`, :mod:`xorack.spark.outputs`) owns
+
+* its **lineage rule** (how record ids flow through it: ``1 → 0..1`` for a filter, ``n → 1``
+  for an aggregate …), shown by ``explain()``;
+* its **round translation** (:meth:`Node.tracked`): the Spark frame of one tracked round, or,
+  with FT off, of plain Spark;
+* its **optimistic translation** (:meth:`Node.optimistic`), or the reason it has none
+  (:meth:`Node.blocker`).
+
+The run loop walks the nodes in declaration order and calls these; it never asks a node's
+kind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .report import Reason
+
+if TYPE_CHECKING:
+    from .build import RoundBuilder
+    from .optimistic_round import OptimisticBuilder
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What :meth:`Node.blocker` may ask about the phase an optimistic round would run: the
+    readers of each node, which nodes this phase's rows reach (``here``) and which other
+    phases' rows reach (``elsewhere``), all by node identity."""
+
+    readers: dict[int, int]
+    here: frozenset[int]
+    elsewhere: frozenset[int]
+
+
+@dataclass(eq=False)
+class Node:
+    """One operator of the plan. ``columns``/``schema``: its payload (lineage columns are
+    added with FT on); ``phase``: barriers split a run into phases, a barrier's output opens a
+    later one. Nodes compare by identity."""
+
+    name: str
+    parents: tuple[Node, ...]
+    columns: tuple[str, ...]
+    schema: Any
+    phase: int = field(default=0, kw_only=True)
+    #: the frame a declaration on this node's output is analyzed against (None: an empty
+    #: frame of its payload); with FT off a source's input or a native node's own output
+    proto: Any = field(default=None, kw_only=True, repr=False)
+
+    #: how record ids flow through the node (explain's words)
+    lineage: ClassVar[str] = ""
+    #: the node's kind in explain's words
+    label: ClassVar[str] = ""
+    #: its rows owe no pending event and hold no ghost (their events are sent, or their
+    #: pending columns constant)
+    settled: ClassVar[bool] = False
+    #: where rows leave a phase (a barrier or a sink): an optimistic round writes there
+    terminal: ClassVar[bool] = False
+
+    def is_settled(self) -> bool:
+        return self.settled
+
+    def tracked(self, b: RoundBuilder, inputs: list[Any]) -> Any:
+        """This node's frame in a round (FT on: tracked; FT off: plain Spark's), given its
+        parents' frames (None for a parent without rows this round; not all None), or None
+        when nothing reads on from here."""
+        raise NotImplementedError
+
+    def optimistic(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
+        """This node's frame in an optimistic round (lineage as in a tracked round, events
+        into the round's accumulator), or None."""
+        raise NotImplementedError
+
+    def blocker(self, scope: Scope) -> tuple[Reason, str] | None:
+        """Why an optimistic round cannot carry this node, or None. A row node must have one
+        reader: a branch point needs tracked rounds' tee, and rows that reach no sink would
+        go unaccounted."""
+        readers = scope.readers.get(id(self), 0)
+        if readers > 1:
+            return Reason.BRANCH_POINT, f"{self.name!r} is a branch point"
+        if not readers:
+            return Reason.UNREAD, f"the rows of {self.name!r} reach no sink"
+        return None
+
+    def describe(self) -> str:
+        """The node in one line for ``explain()``."""
+        return f"{self.label} {self.name!r}"
+
+
+__all__ = ["Node", "Scope"]

@@ -1,0 +1,467 @@
+"""One optimistic round of a phase (the idea is in :mod:`xorack.spark.optimistic`): build it,
+execute it (cancelled at a failed row), account for it, then accept or discard it.
+
+>>> # done = OptimisticRound(ctx, phase).run(report)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import ops, optimistic
+from .context import RunContext
+from .guard import tally_param
+from .lineage import EVENT, KEEP, q
+from .node import Node
+from .outputs import Aggregate, Barrier, NativeSinkNode, PythonSinkNode, Sink, TrackedJoin
+from .report import PhaseNote, Reason, RunReport
+from .rows import PythonStage, Source, tagged_schema
+from .schema import empty_frame
+from .stages import GROUP_XOR, ROUND_PROPERTY, DerivedTagger
+
+#: Rows per partition of a barrier output that an optimistic round counted (a small output goes
+#: on in fewer partitions than ``spark.sql.shuffle.partitions``: one task per partition costs a
+#: Python worker's round trip per stage and sink).
+ROWS_PER_PARTITION = 1 << 16
+
+
+class NotOptimistic(Exception):
+    """A phase's optimistic round cannot be built: it runs tracked (``note`` says why)."""
+
+    def __init__(self, reason: Reason, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass
+class FastOutput:
+    """One write of an optimistic round: a native sink's rows, a barrier's output, or both (a
+    barrier read only by one native sink, or an aggregate read only by one Python sink: then
+    ``src`` is the round's attempt id in that sink and ``frame`` its writers' summaries);
+    ``rows`` counts a sink's rows as they are written."""
+
+    name: str  # where the rows leave the phase (a sink's or a barrier's name)
+    sink: Sink | None
+    barrier: Barrier | None
+    path: str
+    frame: Any
+    events: Any  # the observation of the XOR of the events the rows owe
+    rows: Any = None
+    src: int = 0
+    summary: list[Any] = field(default_factory=list)  # a Python sink's, once written
+
+
+class Observations:
+    """Several observations read as one: the XOR of their ``x`` (None if one is missing)."""
+
+    def __init__(self, parts: list[Any]) -> None:
+        self.parts = parts
+
+    @property
+    def get(self) -> dict[str, int]:
+        x = 0
+        for part in self.parts:
+            got = optimistic.observed(part)
+            if got is None:
+                raise LookupError("an observation is missing")
+            x ^= got.get("x", 0)
+        return {"x": x}
+
+
+class OptimisticBuilder:
+    """Builds the Spark work of a phase's optimistic round: its sources tagged in the JVM
+    (births observed), its operators' tracked translations (Python stages report to the
+    round's accumulator), and one write where rows leave the phase."""
+
+    def __init__(self, ctx: RunContext, phase: int, accumulator: Any, abort: str | None) -> None:
+        self.ctx = ctx
+        self.phase = phase
+        self.token = optimistic.RoundToken(accumulator, abort)
+        self.outputs: list[FastOutput] = []
+        self.births: list[tuple[Source, Any]] = []
+        # sources whose rows a Python stage tags, and the accumulator counting them
+        self.stage_births: list[tuple[Source, Any]] = []
+        self._born: dict[int, tuple[Any, int]] = {}  # sources whose ids a Python stage draws
+
+    def build(self) -> None:
+        built: dict[int, Any] = {}
+        ctx = self.ctx
+        for node in ctx.plan.phase_nodes(self.phase, skip=lambda s: ctx.of(s).written):
+            inputs = [built.get(id(p)) for p in node.parents]
+            if node.parents and all(x is None for x in inputs):
+                continue
+            built[id(node)] = node.optimistic(self, inputs)
+
+    def add_output(self, out: FastOutput) -> None:
+        self.outputs.append(out)
+
+    def source(self, node: Source) -> Any:
+        ctx = self.ctx
+        df = ctx.source_input(node)
+        if df is None or ctx.plan.direct(node):
+            return None
+        salt = optimistic.round_salt(node.name)
+        prepared = node.prepare(df, ctx.partitions(node))
+        if ctx.plan.births_in_stage(node):
+            # its rows go straight into a Python stage, which draws their ids there and counts
+            # them: no ids and no observed metric in the JVM (an observed metric splits the
+            # generated code of the stage it is in)
+            count = ctx.spark.sparkContext.accumulator(0)
+            self.stage_births.append((node, count))
+            self._born[id(node)] = (count, salt)
+            return prepared
+        from pyspark.sql import Observation
+
+        seen = Observation()
+        self.births.append((node, seen))
+        return optimistic.tag_source(prepared, salt, node.index, seen)
+
+    def stage(self, node: PythonStage, df: Any) -> Any:
+        born = self._born.get(id(node.parents[0]))
+        return node.frame(self.ctx, df, round_xor=self.token, born=born)
+
+    # ---- where rows leave the phase ----------------------------------------------------------
+    # The events the rows owe are XORed on the way: per group inside an aggregation (the
+    # group's rows are read there anyway; ghosts form groups of their own, left out of the
+    # output), else by an observed metric over the rows.
+
+    def sink_output(self, node: NativeSinkNode, df: Any) -> FastOutput:
+        """A native sink's live rows, into its staging directory (published at the end)."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        events = Observation()
+        out = optimistic.staged(df, events).where(F.col(KEEP))
+        out = out.selectExpr(*map(q, node.columns))
+        path = os.path.join(node.sink.staging_dir, "optimistic")
+        return FastOutput(node.name, node, None, path, out, events, events)
+
+    def aggregate_output(self, node: Aggregate, df: Any) -> FastOutput:
+        """An aggregate computed by Spark's own operator from the live rows, the XOR of each
+        group's events on the way."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        spec = node.spec
+        xor = F.expr(f"bit_xor({EVENT})").alias(GROUP_XOR)
+        if any(ops.reads_star(e) for e in spec.exprs):  # it would read the lineage too
+            raise NotOptimistic(
+                Reason.AGGREGATE_READS_STAR, f"the aggregate {node.name!r} reads `*`"
+            )
+        grouped = df.groupBy(*spec.keys, KEEP).agg(*spec.exprs, xor)
+        got = [fl for fl in grouped.schema.fields if fl.name not in (KEEP, GROUP_XOR)]
+        if [(fl.name, fl.dataType.simpleString()) for fl in got] != [
+            (fl.name, fl.dataType.simpleString()) for fl in node.schema.fields
+        ]:  # an expression read the lineage columns too (not as a `*` we can see)
+            raise NotOptimistic(
+                Reason.AGGREGATE_READS_LINEAGE,
+                f"the aggregate {node.name!r} reads more than its payload columns",
+            )
+        derived = self.ctx.plan.derived_source(node)
+        readers = self.ctx.plan.readers(derived)
+        if self._round_writes(derived, readers):  # the groups' events XORed in Python
+            groups = grouped.selectExpr(*map(q, node.columns), KEEP, GROUP_XOR)
+            reader = readers[0]
+            assert isinstance(reader, PythonSinkNode)
+            return self._round_sink_output(derived, reader, groups)
+        # the XOR of the groups' events, and the output's rows (the live groups)
+        events = Observation()
+        counts = [
+            F.expr(f"bit_xor({GROUP_XOR})").alias("x"),
+            F.expr(f"count_if({KEEP})").alias("rows"),
+        ]
+        grouped = grouped.observe(events, *counts)
+        out = grouped.where(F.col(KEEP)).selectExpr(*map(q, node.columns))
+        return self._barrier_output(node, out, events, counted=True)
+
+    def join_output(self, node: TrackedJoin, inputs: list[Any]) -> FastOutput:
+        """A join of two tracked frames over their live rows, each side's events observed."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        lives, seen = [], []
+        for x, par in zip(inputs, node.parents, strict=True):
+            if x is None:  # no rows from that side this round
+                lives.append(empty_frame(self.ctx.spark, par.schema))
+                continue
+            seen.append(Observation())
+            x = optimistic.staged(x, seen[-1])
+            lives.append(x.where(F.col(KEEP)).selectExpr(*map(q, par.columns)))
+        out = node.spec.compute(lives)
+        return self._barrier_output(node, out, Observations(seen), counted=False)
+
+    def _barrier_output(self, node: Barrier, out: Any, events: Any, counted: bool) -> FastOutput:
+        """A barrier's output, written straight into the staging of the one native sink that
+        alone reads it, else for the next phase. ``counted``: ``events`` counts the rows."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        ctx = self.ctx
+        derived = ctx.plan.derived_source(node)
+        readers = ctx.plan.readers(derived)
+        if not (ctx.plan.direct(derived) and len(readers) == 1):
+            assert ctx.workdir is not None  # set by the run with FT on
+            path = os.path.join(ctx.workdir, node.name, "fast")
+            return FastOutput(node.name, None, node, path, out, events)
+        sink = readers[0]
+        assert isinstance(sink, NativeSinkNode)
+        if list(sink.columns) != list(node.columns):
+            out = out.selectExpr(*map(q, sink.columns))
+        path = os.path.join(sink.sink.staging_dir, "optimistic")
+        if counted:
+            return FastOutput(node.name, sink, node, path, out, events, events)
+        rows = Observation()
+        out = out.observe(rows, F.count(F.lit(1)).alias("rows"))
+        return FastOutput(node.name, sink, node, path, out, events, rows)
+
+    def _round_writes(self, derived: Source, readers: tuple[Node, ...]) -> bool:
+        """Whether the round writes ``derived`` (a barrier's output) straight into its one
+        reader, a Python sink: the barrier is a keyed aggregate (its rows are distinct, so the
+        ids the output's tracked tagger would give them do not depend on where they are:
+        content ids, which its phase's tracked rounds draw unless that phase stages partial
+        aggregates — then its first round draws ids by position), and the sink can retract
+        the round's rows should it fall back."""
+        ctx = self.ctx
+        if len(readers) != 1 or not isinstance(readers[0], PythonSinkNode):
+            return False
+        if derived.phase in ctx.partial_phases and ctx.deterministic_ids:
+            return False
+        caps = readers[0].caps
+        return (
+            caps.round_writable
+            and caps.retractable
+            and isinstance(derived.derived, Aggregate)
+            and bool(derived.keys)
+            and not any("." in c or "`" in c for c in derived.columns)
+        )
+
+    def _round_sink_output(self, derived: Source, sink: PythonSinkNode, groups: Any) -> FastOutput:
+        """An aggregate's output written by the round into the Python sink that alone reads it
+        (the next phase folded into the round). ``groups``: the aggregate's groups, ghosts'
+        included, with the XOR of their rows' events (``_ft_x``), which the
+        :class:`DerivedTagger` folds into the round's accumulator (no observed metric in the
+        JVM) before it gives each live row the record id the output's tracked tagger would
+        give it and the round's attempt id; the sink's writers ack them there."""
+        ctx = self.ctx
+        src = (int.from_bytes(os.urandom(8), "little") >> 1) or 1
+        tagger = DerivedTagger(
+            name=derived.name,
+            source=derived.index,
+            src=src,
+            round_xor=self.token,
+            deterministic=ctx.deterministic_ids,
+            id_salt=ctx.config.id_salt,
+        )
+        tagged = groups.mapInArrow(tagger, tagged_schema(derived, True))
+        frame = sink.frame(ctx, tagged, round_xor=self.token)
+        barrier = derived.derived
+        return FastOutput(barrier.name, sink, barrier, "", frame, None, src=src)
+
+
+class OptimisticRound:
+    """A phase run once as plain Spark would, acked as one XOR tree."""
+
+    def __init__(self, ctx: RunContext, phase: int) -> None:
+        self.ctx = ctx
+        self.phase = phase
+        self.group = f"xorack-optimistic-{os.urandom(6).hex()}"
+        self.records: list[tuple[Source, int]] = []
+        self.builder: OptimisticBuilder | None = None
+
+    def blocker(self) -> PhaseNote | None:
+        """Why the phase cannot run an optimistic round, or None when it can."""
+        ctx, cfg = self.ctx, self.ctx.config
+
+        def note(reason: Reason, detail: str) -> PhaseNote:
+            return PhaseNote(self.phase, reason, detail)
+
+        if not cfg.optimistic:
+            return note(Reason.OPTIMISTIC_OFF, "optimistic=False")
+        if cfg.resume:
+            return note(Reason.RESUMABLE, "a resumable job runs tracked rounds")
+        if ctx.on_replays is not None:
+            return note(Reason.STREAMING, "streaming runs tracked rounds")
+        if str(ctx.spark.conf.get("spark.speculation", "false")).lower() == "true":
+            return note(
+                Reason.SPECULATION,
+                "speculative execution is on (a speculative copy of a task can count twice)",
+            )
+        skip = lambda s: ctx.of(s).written  # noqa: E731
+        scope = ctx.plan.scope(self.phase, skip)
+        for node in ctx.plan.phase_nodes(self.phase, skip):
+            why = node.blocker(scope)
+            if why is not None:
+                return note(*why)
+        return None
+
+    def run(self, report: RunReport) -> bool:
+        """Run the phase as one optimistic round; True when every record of it completed (its
+        outputs are then in place for the next phase and the publish), False when it cannot
+        run one or the round fell back (its outputs deleted; the reason reported)."""
+        note = self.blocker()
+        if note is None:
+            try:
+                self.builder = self._build()
+            except NotOptimistic as e:
+                note = PhaseNote(self.phase, e.reason, e.detail)
+        if note is not None:
+            if self.ctx.config.optimistic:
+                report.note(note)
+            return False
+        assert self.builder is not None
+        if not self.builder.outputs:
+            return False  # nothing of this phase runs (its outputs go to native sinks)
+        why = self._execute()  # a row failed: the round was cancelled
+        if why is None:
+            why = self._account().verdict()
+        if why is not None:
+            self._discard(report)
+            report.note(PhaseNote(self.phase, *why))
+            return False
+        self._accept(report)
+        report.rounds += 1
+        report.optimistic_rounds += 1
+        return True
+
+    def _build(self) -> OptimisticBuilder:
+        ctx = self.ctx
+        sc = ctx.spark.sparkContext
+        ctx.tally = sc.accumulator({}, tally_param())
+        ctx.round = 0
+        sc.setLocalProperty(ROUND_PROPERTY, "0")
+        assert ctx.workdir is not None  # set by the run with FT on
+        # where a runner says at once that a row failed (the driver then cancels the round's
+        # jobs); the executors see the driver's files on one machine, or with a shared workdir
+        abort = None
+        if os.path.isdir(ctx.workdir):
+            abort = os.path.join(ctx.workdir, f"{self.group}.lost")
+        self.abort = abort
+        self.accumulator = sc.accumulator((0, 0), optimistic.round_param())
+        builder = OptimisticBuilder(ctx, self.phase, self.accumulator, abort)
+        builder.build()
+        return builder
+
+    def _execute(self) -> tuple[Reason, str] | None:
+        """Run the round's writes in a job group of their own (the verdict reads its tasks'
+        failures, and a failed row cancels it); the reason when a failed row cancelled it."""
+        assert self.builder is not None
+        ctx = self.ctx
+        sc = ctx.spark.sparkContext
+        previous = (
+            sc.getLocalProperty("spark.jobGroup.id"),
+            sc.getLocalProperty("spark.job.description"),
+        )
+        sc.setJobGroup(self.group, f"xorack: optimistic round of phase {self.phase}", False)
+        ctx.optimistic_group = self.group
+        abort = self.abort
+        watch = (
+            optimistic.AbortWatch(abort, lambda: sc.cancelJobGroup(self.group))
+            if abort is not None
+            else contextlib.nullcontext()
+        )
+        try:
+            with watch:
+                for job in self.builder.outputs:
+                    if job.src:  # a Python sink's writers: their summaries
+                        job.summary = job.frame.collect()
+                    else:
+                        job.frame.write.mode("overwrite").parquet(job.path)
+        except Exception:
+            if abort is None or not os.path.exists(abort):
+                raise  # not a round this driver cancelled: a real error
+            first = optimistic.first_line(abort)
+            return Reason.ROW_FAILED, f"a row failed ({first}); the round was cancelled"
+        finally:
+            ctx.optimistic_group = None
+            sc.setLocalProperty("spark.jobGroup.id", previous[0])
+            sc.setLocalProperty("spark.job.description", previous[1])
+        return None
+
+    def _account(self) -> optimistic.RoundAccount:
+        """What the round's metrics, accumulators and Spark's task accounting say."""
+        assert self.builder is not None
+        sc = self.ctx.spark.sparkContext
+        account = optimistic.RoundAccount(task_failures=optimistic.task_failures(sc, self.group))
+        for node, seen in self.builder.births:
+            got = optimistic.observed(seen)
+            if got is None:
+                account.missing.append(f"source {node.name!r}")
+                continue
+            account.births ^= got["x"]
+            account.records += got["n"]
+            self.records.append((node, got["n"]))
+        for node, count in self.builder.stage_births:  # their births are in the stage's events
+            account.records += int(count.value)
+            self.records.append((node, int(count.value)))
+        for job in self.builder.outputs:
+            if job.src:  # its events are in the accumulator (see DerivedTagger)
+                continue
+            got = optimistic.observed(job.events)
+            if got is None:
+                account.missing.append(f"the rows reaching {job.name!r}")
+                continue
+            account.staged ^= got["x"]
+        account.python, account.failed_rows = self.accumulator.value
+        account.reasons = optimistic.reasons_of(dict(self.ctx.tally.value))
+        return account
+
+    def _discard(self, report: RunReport) -> None:
+        """A round that falls back: its outputs are deleted, and the rows it wrote into Python
+        sinks retracted once its tasks are over (again at the publish: a task the cancel had
+        not stopped yet may have written after that)."""
+        assert self.builder is not None
+        ctx = self.ctx
+        jobs = self.builder.outputs
+        if any(job.src for job in jobs):
+            optimistic.await_tasks(ctx.spark.sparkContext, self.group)
+        for job in jobs:
+            if job.src:
+                assert job.sink is not None
+                ctx.lost_round_srcs.append(job.src)
+                report.retracted_rows += int(
+                    job.sink.sink.retract(np.array([job.src], dtype=np.uint64))
+                )
+            else:
+                optimistic.remove_dir(ctx.spark, job.path)
+
+    def _accept(self, report: RunReport) -> None:
+        """A complete round: its sinks' rows wait for the publish (a Python sink's are in place),
+        its barriers' outputs are the next phase's sources, its records count as completed."""
+        assert self.builder is not None
+        ctx = self.ctx
+        for job in self.builder.outputs:
+            if job.src:  # the barrier's output is in its Python sink: its phase is done
+                assert job.barrier is not None
+                ctx.of(ctx.plan.derived_source(job.barrier)).written = True
+                report.add_summaries(job.summary)
+                ctx.fast_derived += sum(int(r.rows) for r in job.summary)
+                continue
+            if job.sink is not None:
+                got = optimistic.observed(job.rows)
+                ctx.of(job.sink).fast_out = job.path
+                ctx.of(job.sink).fast_rows = None if got is None else got["rows"]
+            if job.barrier is not None:
+                ctx.of(job.barrier).fast_out = job.path
+                if job.sink is None:  # read by the next phase (or by several native sinks)
+                    derived = ctx.of(ctx.plan.derived_source(job.barrier))
+                    derived.df = ctx.spark.read.parquet(job.path)
+                    rows = (optimistic.observed(job.events) or {}).get("rows")
+                    if rows is not None:  # a small output in few partitions, as Spark's
+                        # adaptive execution would coalesce it (a task per partition costs)
+                        wanted = -(-rows // ROWS_PER_PARTITION)
+                        source = ctx.plan.derived_source(job.barrier)
+                        derived.partitions = max(1, min(source.partitions, wanted))
+        for node, n in self.records:
+            if node.derived is None:
+                ctx.fast_records += n
+            else:
+                ctx.fast_derived += n
+
+
+__all__ = ["FastOutput", "NotOptimistic", "OptimisticBuilder", "OptimisticRound"]

@@ -1,0 +1,255 @@
+"""The plan's terminal nodes, where rows leave a phase: barriers (an aggregate, a join of two
+tracked frames), whose output opens the next phase, and sinks (written by Spark, or from
+Python inside the executor tasks).
+
+A barrier stages the rows that reach it, round after round, until every record upstream is
+completed or dead-lettered; then Spark's own operator runs once over the staged rows of the
+completed attempts (:mod:`xorack.spark.barrier`). A native sink is staged the same way and
+published once; a sink written from Python writes inside the tasks and drops the rows of the
+attempts that did not complete at the end (``retract``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .barrier import AggregateSpec, PartialStaging, Staging, combining_plan
+from .node import Node, Scope
+from .report import Reason
+from .sinks import SinkCapabilities, create_sink
+from .stages import SUMMARY_SCHEMA, SinkRunner
+
+if TYPE_CHECKING:
+    from .build import RoundBuilder
+    from .context import RunContext
+    from .optimistic_round import OptimisticBuilder
+    from .publish import Publisher
+
+
+@dataclass(eq=False)
+class Barrier(Node):
+    """Where a phase ends: the rows of every parent are staged until the phase settles, then
+    ``spec`` (an :class:`~xorack.spark.barrier.AggregateSpec` or ``JoinSpec``) computes the
+    output once. With FT off it runs as plain Spark's operator (``proto``: the frame the
+    declaration analyzed from ``analyzed_from``, reused when the run feeds the same frames)."""
+
+    spec: Any = None
+    analyzed_from: tuple[Any, ...] = ()
+
+    terminal: ClassVar[bool] = True
+
+    def reused(self, inputs: list[Any]) -> Any:
+        given = self.analyzed_from
+        if not given or len(given) != len(inputs):
+            return None
+        same = all(a is b for a, b in zip(given, inputs, strict=True))
+        return self.proto if same else None
+
+    def tracked(self, b: RoundBuilder, inputs: list[Any]) -> Any:
+        ctx = b.ctx
+        if ctx.ft:  # stage what arrives; the output comes in the barrier's phase
+            staging = ctx.of(self).staging
+            b.work.staged += [
+                (st, x) for st, x in zip(staging, inputs, strict=True) if x is not None
+            ]
+        else:
+            out = self.reused(inputs)
+            b.work.plain_barriers[id(self)] = self.spec.compute(inputs) if out is None else out
+        return None
+
+    def optimistic(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
+        b.add_output(self.optimistic_output(b, inputs))
+        return None
+
+    def optimistic_output(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
+        raise NotImplementedError
+
+    def blocker(self, scope: Scope) -> tuple[Reason, str] | None:
+        if not all(id(par) in scope.here for par in self.parents):
+            # its other side's rows arrive in another phase: they would have to be kept for
+            # it across phases, which the tracked rounds' staging does
+            return Reason.BARRIER_OF_TWO_PHASES, f"{self.name!r} meets rows of two phases"
+        return None
+
+    def open_staging(self, ctx: RunContext, workdir: str) -> list[Staging]:
+        """Where this run stages the rows reaching the barrier, one place per parent."""
+        return [
+            Staging(os.path.join(workdir, self.name, str(i)), p.schema)
+            for i, p in enumerate(self.parents)
+        ]
+
+    def output(self, ctx: RunContext, ended_df: Any) -> Any:
+        """The barrier's output: Spark's own operator over the rows staged by completed
+        attempts (``ended_df``: the attempts that ended without completing, or None)."""
+        staging = ctx.of(self).staging
+        return self.spec.compute([st.rows(ctx.spark, ended_df) for st in staging])
+
+    def describe(self) -> str:
+        return f"{self.label} {self.name!r}: {self.spec.describe()}"
+
+
+@dataclass(eq=False)
+class Aggregate(Barrier):
+    """``groupBy(*keys).agg(*exprs)``: one output row per group, anchored to the source
+    records of all its input rows; exactly once, whatever was replayed."""
+
+    lineage: ClassVar[str] = "n → 1: staged until the phase settles, aggregated once"
+    label: ClassVar[str] = "aggregate"
+
+    def combining(self, ctx: RunContext) -> Any:
+        """The partial aggregates staged per chunk (Spark's map-side combine) when every
+        function combines and ``combine=True``, else None."""
+        if not ctx.config.combine:
+            return None
+        return combining_plan(self.spec, self.parents[0].schema, self.schema)
+
+    def open_staging(self, ctx: RunContext, workdir: str) -> list[Staging]:
+        plan = self.combining(ctx)
+        if plan is None:
+            return super().open_staging(ctx, workdir)
+        ctx.partial_phases.add(self.parents[0].phase)
+        staging = PartialStaging(
+            os.path.join(workdir, self.name, "0"),
+            self.parents[0].schema,
+            keys=self.spec.keys,
+            plan=plan,
+            output=self.schema,
+        )
+        return [staging]
+
+    def output(self, ctx: RunContext, ended_df: Any) -> Any:
+        (staging,) = ctx.of(self).staging
+        if isinstance(staging, PartialStaging):  # the chunks' partials, merged
+            return staging.merged(ctx.spark)
+        return super().output(ctx, ended_df)
+
+    def optimistic_output(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
+        return b.aggregate_output(self, inputs[0])
+
+
+@dataclass(eq=False)
+class TrackedJoin(Barrier):
+    """``left.join(right, on, how)`` of two tracked frames (inner, left): a replayed record on
+    one side meets every row of the other side that went through before it."""
+
+    lineage: ClassVar[str] = "2 → 1: both sides staged until the phase settles, joined once"
+    label: ClassVar[str] = "join"
+
+    def optimistic_output(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
+        return b.join_output(self, inputs)
+
+
+@dataclass(eq=False)
+class Sink(Node):
+    """Where a branch ends. ``caps``: what the sink declares it can do."""
+
+    sink: Any = None
+    caps: SinkCapabilities = field(default_factory=SinkCapabilities)
+
+    lineage: ClassVar[str] = "n → 0: each row acked once its write is durable"
+    terminal: ClassVar[bool] = True
+
+    def publish(self, pub: Publisher) -> None:
+        """Make the sink hold exactly what the completed attempts wrote."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return f"{self.label} {self.name!r}: {type(self.sink).__name__}"
+
+
+@dataclass(eq=False)
+class NativeSinkNode(Sink):
+    """A sink Spark writes (``ParquetSink``): staged per round, published once."""
+
+    label: ClassVar[str] = "native sink"
+
+    def tracked(self, b: RoundBuilder, inputs: list[Any]) -> Any:
+        ctx = b.ctx
+        if ctx.ft:
+            b.work.staged.append((ctx.of(self).staging[0], inputs[0]))
+            return None
+        df = inputs[0]
+        if df.columns != list(self.columns):  # FT off: rarely more columns
+            from .lineage import q
+
+            df = df.selectExpr(*map(q, self.columns))
+        b.work.plain_writes.append((self, df))
+        return None
+
+    def optimistic(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
+        b.add_output(b.sink_output(self, inputs[0]))
+        return None
+
+    def blocker(self, scope: Scope) -> tuple[Reason, str] | None:
+        if id(self) in scope.elsewhere:  # its rows of each phase would be published apart
+            return Reason.SINK_OF_TWO_PHASES, f"sink {self.name!r} gets rows of two phases"
+        return None
+
+    def open_staging(self, ctx: RunContext) -> list[Staging]:
+        staging = Staging(self.sink.staging_dir, self.schema)
+        if not ctx.config.resume:
+            staging.remove()  # what an interrupted earlier run left
+        return [staging]
+
+    def publish(self, pub: Publisher) -> None:
+        pub.native(self)
+
+
+@dataclass(eq=False)
+class PythonSinkNode(Sink):
+    """A sink written from Python inside the executor tasks (``SQLiteSink``, your own)."""
+
+    label: ClassVar[str] = "sink"
+
+    def create(self) -> None:
+        """Create the sink's table (or whatever it writes into), on the driver."""
+        create_sink(self.sink, list(self.columns), self.schema)
+
+    def frame(self, ctx: RunContext, df: Any, round_xor: Any = None) -> Any:
+        """The sink's writers over ``df`` (their summaries); ``round_xor``: an optimistic
+        round's accumulator."""
+        from .lineage import EV, KEEP
+
+        if ctx.ft and self.parents[0].is_settled():  # nothing pending to send
+            df = df.drop(EV, KEEP)
+        runner = SinkRunner(
+            name=self.name,
+            sink=self.sink,
+            columns=self.columns,
+            ft=ctx.ft,
+            tally=ctx.tally,
+            round_xor=round_xor,
+            **ctx.runner_args(),
+        )
+        return df.mapInPandas(runner, SUMMARY_SCHEMA)
+
+    def tracked(self, b: RoundBuilder, inputs: list[Any]) -> Any:
+        b.work.summaries.append(self.frame(b.ctx, inputs[0]))
+        return None
+
+    def optimistic(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
+        raise AssertionError("a phase with a sink written from Python runs tracked rounds")
+
+    def blocker(self, scope: Scope) -> tuple[Reason, str] | None:
+        return Reason.PYTHON_SINK, f"sink {self.name!r} is written from Python"
+
+    def publish(self, pub: Publisher) -> None:
+        pub.python(self)
+
+
+def is_aggregate(node: Any) -> bool:
+    """Whether ``node`` is an aggregate barrier (keyed by its spec)."""
+    return isinstance(node, Barrier) and isinstance(node.spec, AggregateSpec)
+
+
+__all__ = [
+    "Aggregate",
+    "Barrier",
+    "NativeSinkNode",
+    "PythonSinkNode",
+    "Sink",
+    "TrackedJoin",
+    "is_aggregate",
+]

@@ -1,0 +1,355 @@
+"""The plan's row nodes: sources, native row operations, untracked transforms, unions and
+Python stages. Each carries rows on within a phase; barriers and sinks
+(:mod:`xorack.spark.outputs`) are where rows leave one.
+
+>>> Filter_rule = RowOperation.lineage   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from . import optimistic
+from .arrow_stage import ArrowStageRunner, declared_arrow_schema
+from .lineage import EV, KEEP, LINEAGE, q
+from .node import Node, Scope
+from .report import Reason
+from .schema import num_partitions
+from .stages import (
+    PART,
+    REC,
+    SRC,
+    GroupStageRunner,
+    SourceTagger,
+    StageRunner,
+    as_function,
+    check_columns,
+)
+
+if TYPE_CHECKING:
+    from .build import RoundBuilder
+    from .context import RunContext
+    from .optimistic_round import OptimisticBuilder
+
+
+def with_pending(df: Any) -> Any:
+    """A frame that came out of Python (settled) with the pending-event columns added."""
+    from pyspark.sql import functions as F
+
+    return df.withColumns({EV: F.lit(0).cast("long"), KEEP: F.lit(True)})
+
+
+def union_of(inputs: list[Any]) -> Any:
+    """The union (by name) of the frames that have rows this round."""
+    live = [x for x in inputs if x is not None]
+    return live[0] if len(live) == 1 else live[0].unionByName(live[1])
+
+
+def tagged_schema(node: Node, ft: bool, without_src: bool = False) -> Any:
+    """``node``'s payload schema with the lineage ids a Python boundary hands on."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    fields = list(node.schema.fields)
+    if ft and not without_src:
+        fields.append(StructField(SRC, LongType(), False))
+    if ft:
+        fields.append(StructField(REC, LongType(), False))
+    return StructType(fields)
+
+
+def lineage_of(cols: tuple[str, ...], ft: bool) -> list[str]:
+    """A frame's columns: the payload, then the lineage columns when FT is on."""
+    return [*cols, *LINEAGE] if ft else list(cols)
+
+
+@dataclass(eq=False)
+class Source(Node):
+    """A tracked source: rows get their record ids here and are persisted by the acker
+    (a barrier's output is the source of the next phase: ``derived`` is that barrier).
+    ``keys``: hash-partitioned by them (replays go where Spark puts their key), else a replay
+    goes back to the partition its record was read on; ``fixed_partitions`` 0: the input's own
+    partitioning, counted when first needed."""
+
+    df: Any = None
+    keys: tuple[str, ...] = ()
+    fixed_partitions: int = 0
+    index: int = -1
+    repartition: bool = False
+    derived: Any = None  # the barrier whose output this is (a Barrier), or None
+
+    lineage: ClassVar[str] = "a new record per row: ids drawn, persisted, born in the acker"
+    label: ClassVar[str] = "source"
+    settled: ClassVar[bool] = True
+
+    @property
+    def partitions(self) -> int:
+        """The source's declared partition count: its own, or its input's (asked of Spark
+        once, when first needed: with FT off nothing needs it)."""
+        if not self.fixed_partitions:
+            self.fixed_partitions = num_partitions(self.df)  # a cache of a fact of the input
+        return self.fixed_partitions
+
+    def prepare(self, df: Any, partitions: int) -> Any:
+        """The source's own partitioning applied to an input DataFrame (or micro-batch)."""
+        if self.keys:
+            from pyspark.sql import functions as F
+
+            return df.repartition(partitions, *[F.col(q(k)) for k in self.keys])
+        if self.repartition:
+            return df.repartition(partitions)
+        return df
+
+    def tagged(self, ctx: RunContext, df: Any, ordered: bool = True) -> Any:
+        """The rows of ``df`` with their lineage: ids drawn and the rows persisted by the
+        executors' :class:`~xorack.spark.stages.SourceTagger` (FT on)."""
+        if not ctx.ft:
+            return df
+        from pyspark.sql import functions as F
+
+        cfg = ctx.config
+        tagger = SourceTagger(
+            name=self.name,
+            source=self.index,
+            keys=self.keys,
+            deterministic=cfg.deterministic_ids,
+            id_salt=cfg.id_salt,
+            batch=ctx.round,
+            chunk_bits=ctx.chunk_bits,
+            ordered=ordered,
+            progress=cfg.resume,
+            skip=tuple(sorted(ctx.resume_skip.get(self.index, {}).items())),
+            **ctx.runner_args(),
+        )
+        df = df.withColumn(PART, F.spark_partition_id())
+        schema = tagged_schema(self, True)
+        # PySpark's mapInArrow reads its input by column name, a name with a dot as a struct
+        # field: such columns cross the tagger under names of their own
+        odd = {c: f"_ft_c{i}" for i, c in enumerate(self.columns) if "." in c or "`" in c}
+        if not odd:
+            return df.mapInArrow(tagger, schema)
+        tagger = dataclasses.replace(tagger, names=tuple(c for c in df.columns if c != PART))
+        return df.withColumnsRenamed(odd).mapInArrow(tagger, schema)
+
+    def tracked(self, b: RoundBuilder, inputs: list[Any]) -> Any:
+        return b.source(self)
+
+    def optimistic(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
+        return b.source(self)
+
+    def blocker(self, scope: Scope) -> tuple[Reason, str] | None:
+        if self.df is not None and self.df.isStreaming:
+            return Reason.STREAMING, "streaming runs tracked rounds"
+        return super().blocker(scope)
+
+    def describe(self) -> str:
+        how = f"hash({', '.join(self.keys)})" if self.keys else "its input's partitioning"
+        if self.derived is not None:
+            return f"source {self.name!r} (the output of {self.derived.name!r}), by {how}"
+        return f"source {self.name!r}, by {how}"
+
+
+@dataclass(eq=False)
+class RowOperation(Node):
+    """A native operation (``ops.Filter``, ``ops.Select`` …) run in the JVM with its lineage
+    kept in columns; ``proto`` is the frame its declaration analyzed, from ``analyzed_from``."""
+
+    op: Any = None
+    analyzed_from: tuple[Any, ...] = ()
+
+    label: ClassVar[str] = "native"
+
+    @property
+    def lineage(self) -> str:  # type: ignore[override]
+        return str(getattr(self.op, "lineage", "1 → 1"))
+
+    def reused(self, inputs: list[Any]) -> Any:
+        """The frame the declaration analyzed, if the run feeds it the very frames that
+        analysis was given (FT off: DataFrames are immutable, so applying the operation again
+        would build the same plan; the declaration's analysis is not paid twice); else None."""
+        given = self.analyzed_from
+        if not given or len(given) != len(inputs):
+            return None
+        same = all(a is b for a, b in zip(given, inputs, strict=True))
+        return self.proto if same else None
+
+    def tracked(self, b: RoundBuilder, inputs: list[Any]) -> Any:
+        df = self.reused(inputs)
+        return self.op.apply(inputs[0], b.ctx.ft) if df is None else df
+
+    def optimistic(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
+        return self.op.apply(inputs[0], True)
+
+    def describe(self) -> str:
+        return f"native {self.name!r}: {self.op.describe()}"
+
+
+@dataclass(eq=False)
+class Transform(Node):
+    """An untracked Spark operation that keeps the columns: rows it removes are lost to the
+    acker (they time out and are replayed); the report names it."""
+
+    fn: Any = None
+
+    lineage: ClassVar[str] = "untracked: a removed row times out"
+    label: ClassVar[str] = "transform"
+
+    def is_settled(self) -> bool:
+        return False
+
+    def apply(self, df: Any, ft: bool) -> Any:
+        out = self.fn(df)
+        check_columns(self.name, out.columns, lineage_of(self.columns, ft), "transform")
+        return out
+
+    def tracked(self, b: RoundBuilder, inputs: list[Any]) -> Any:
+        return b.observed_transform(self, inputs[0])
+
+    def optimistic(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
+        return self.apply(inputs[0], True)
+
+
+@dataclass(eq=False)
+class Union(Node):
+    """Two tracked frames with the same payload columns, merged by name."""
+
+    lineage: ClassVar[str] = "1 → 1 (each row keeps its id)"
+    label: ClassVar[str] = "union"
+
+    def is_settled(self) -> bool:
+        return all(p.is_settled() for p in self.parents)
+
+    def tracked(self, b: RoundBuilder, inputs: list[Any]) -> Any:
+        return union_of(inputs)
+
+    def optimistic(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
+        return union_of(inputs)
+
+
+@dataclass(eq=False)
+class PythonStage(Node):
+    """A user function over batches in a Python worker: its outputs get new ids, anchored to
+    the input row each came from; one combined XOR event per input row."""
+
+    fn: Any = None
+
+    lineage: ClassVar[str] = "1 → 0..n (anchored: one event per input row)"
+    settled: ClassVar[bool] = True
+
+    def input_frame(self, ctx: RunContext, df: Any) -> Any:
+        """The frame the stage reads: without the pending-event columns when its input has
+        none to send (two columns fewer to convert, and Spark prunes their constants)."""
+        if ctx.ft and self.parents[0].is_settled():
+            return df.drop(EV, KEEP)
+        return df
+
+    def frame(self, ctx: RunContext, df: Any, round_xor: Any = None, born: Any = None) -> Any:
+        """The stage's output over ``df``; ``round_xor``: an optimistic round's accumulator;
+        ``born``: the round's count of the rows of the source the stage reads untagged, and
+        the attempt id they get (the stage draws their ids)."""
+        raise NotImplementedError
+
+    def output(self, ctx: RunContext, out: Any, optimistic_round: bool) -> Any:
+        """The stage's output with the lineage columns: an optimistic round's runner leaves
+        the attempt id out (nothing in the round reads it: a constant here, which Spark folds
+        away)."""
+        if optimistic_round:  # one projection: the attempt id and the pending columns
+            src = optimistic.round_salt(self.name)
+            pending = (f"{src}L AS {SRC}", REC, f"0L AS {EV}", f"true AS {KEEP}")
+            return out.selectExpr(*map(q, self.columns), *pending)
+        return with_pending(out) if ctx.ft else out
+
+    def runner_settings(self, ctx: RunContext, round_xor: Any, born: Any) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "fn": self.fn,
+            "ft": ctx.ft,
+            "deterministic": ctx.deterministic_ids,
+            "tally": ctx.tally,
+            "round_xor": round_xor,
+            "born": born,
+            **ctx.runner_args(),
+        }
+
+    def tracked(self, b: RoundBuilder, inputs: list[Any]) -> Any:
+        return self.frame(b.ctx, inputs[0])
+
+    def optimistic(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
+        return b.stage(self, inputs[0])
+
+
+@dataclass(eq=False)
+class PandasStage(PythonStage):
+    """``map_in_pandas``: ``fn(pdf) -> pdf`` per batch; a failing batch is bisected."""
+
+    label: ClassVar[str] = "map_in_pandas"
+
+    def frame(self, ctx: RunContext, df: Any, round_xor: Any = None, born: Any = None) -> Any:
+        runner = StageRunner(
+            columns=self.columns,
+            bisect=True,
+            single_record_groups=False,
+            **self.runner_settings(ctx, round_xor, born),
+        )
+        schema = tagged_schema(self, ctx.ft, round_xor is not None)
+        out = self.input_frame(ctx, df).mapInPandas(runner, schema)
+        return self.output(ctx, out, round_xor is not None)
+
+
+@dataclass(eq=False)
+class ArrowStage(PythonStage):
+    """``map_in_arrow``: ``fn(batch) -> batch`` per Arrow record batch."""
+
+    label: ClassVar[str] = "map_in_arrow"
+
+    def frame(self, ctx: RunContext, df: Any, round_xor: Any = None, born: Any = None) -> Any:
+        runner = ArrowStageRunner(
+            schema=declared_arrow_schema(self.schema, ctx.arrow_large_types()),
+            **self.runner_settings(ctx, round_xor, born),
+        )
+        schema = tagged_schema(self, ctx.ft, round_xor is not None)
+        out = self.input_frame(ctx, df).mapInArrow(runner, schema)
+        return self.output(ctx, out, round_xor is not None)
+
+
+@dataclass(eq=False)
+class GroupStage(PythonStage):
+    """``apply_in_pandas``: ``fn(pdf) -> pdf`` per group of ``keys``; a group holds the rows of
+    one source record (an exception fails the whole group)."""
+
+    keys: tuple[str, ...] = field(default=())
+
+    label: ClassVar[str] = "apply_in_pandas"
+
+    def frame(self, ctx: RunContext, df: Any, round_xor: Any = None, born: Any = None) -> Any:
+        runner = StageRunner(
+            columns=self.columns,
+            bisect=False,
+            single_record_groups=True,
+            **self.runner_settings(ctx, round_xor, born),
+        )
+        grouped = self.input_frame(ctx, df).groupBy(*self.keys)
+        out = grouped.applyInPandas(
+            as_function(GroupStageRunner(runner)), tagged_schema(self, ctx.ft)
+        )
+        return self.output(ctx, out, False)
+
+    def blocker(self, scope: Scope) -> tuple[Reason, str] | None:
+        return Reason.GROUPED_STAGE, f"apply_in_pandas stage {self.name!r}"
+
+
+__all__ = [
+    "ArrowStage",
+    "GroupStage",
+    "PandasStage",
+    "PythonStage",
+    "RowOperation",
+    "Source",
+    "Transform",
+    "Union",
+    "lineage_of",
+    "tagged_schema",
+    "union_of",
+    "with_pending",
+]
