@@ -19,7 +19,7 @@ import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from .lineage import KEEP, LINEAGE, POS, drop_where, fan_out, ghost_payload, q
 
@@ -242,6 +242,11 @@ class Select:
     """``select(*cols)`` — at most one generator among ``cols`` (each generated row is a child
     with its own id; a row generating nothing is acked as dropped)."""
 
+    #: how record ids flow through it (``explain()``)
+    lineage: ClassVar[str] = (
+        "1 → 1, or 1 → 0..n with a generator (each generated row a child; none: acked)"
+    )
+
     cols: tuple[Any, ...]
     name: str
     # what a generator's translation asked Spark of an input's columns (the argument's type,
@@ -394,6 +399,11 @@ class WithColumns:
     """``withColumn(name, col)`` / ``withColumns({name: col})``; one generator allowed (then it
     is ``select("*", generator.alias(name))``, as in Spark)."""
 
+    #: how record ids flow through it (``explain()``)
+    lineage: ClassVar[str] = (
+        "1 → 1, or 1 → 0..n with a generator (each generated row a child; none: acked)"
+    )
+
     mapping: tuple[tuple[str, Any], ...]
     name: str
 
@@ -443,6 +453,9 @@ class WithColumns:
 class Renamed:
     """``withColumnRenamed(old, new)``."""
 
+    #: how record ids flow through it (``explain()``)
+    lineage: ClassVar[str] = "1 → 1 (the row keeps its id)"
+
     old: str
     new: str
 
@@ -463,6 +476,9 @@ class Renamed:
 @dataclass(frozen=True)
 class Drop:
     """``drop(*cols)`` (names)."""
+
+    #: how record ids flow through it (``explain()``)
+    lineage: ClassVar[str] = "1 → 1 (the row keeps its id)"
 
     cols: tuple[str, ...]
 
@@ -485,6 +501,9 @@ class Drop:
 @dataclass(frozen=True)
 class Filter:
     """``filter(cond)`` / ``where(cond)``: a removed row is acked as dropped at once."""
+
+    #: how record ids flow through it (``explain()``)
+    lineage: ClassVar[str] = "1 → 0..1 (a removed row is acked as dropped)"
 
     cond: Any
 
@@ -552,6 +571,9 @@ class LookupJoin:
     """``join(df, on, how)`` with an untracked DataFrame. Inner/left: each match is a child
     (several matches, several children); an unmatched row under inner is acked as dropped.
     Semi/anti: the row itself passes or is acked as dropped."""
+
+    #: how record ids flow through it (``explain()``)
+    lineage: ClassVar[str] = "1 → 0..n (each match a child; no match under inner/semi: acked)"
 
     other: Any
     on: tuple[str, ...]
