@@ -1,6 +1,7 @@
 """The acker service's wire protocol, in one place: the protocol version, the operations, the
 headers, the control column names and the Arrow schemas that the service (``AckerService``) and
-its client (``AckerClient``) both speak. Plain constants over pyarrow: no Flight, no FT layer.
+its client (``AckerClient``) both speak. Plain constants over pyarrow and the
+checks of header values: no Flight, no FT layer.
 
 >>> from xorack.protocol import Op, PROTOCOL_VERSION, XOR_SCHEMA
 >>> Op.XOR.value, Op("expire_all").rpc, PROTOCOL_VERSION
@@ -21,6 +22,8 @@ Replays without the driver: ``prepare_replays`` (an action, body ``{"source", "p
 ``fetch_replays`` ticket ``{"op", "source", "tag", "partition"}`` (the replay table's columns);
 ``release_replays`` (``{"source", "tag"}``) frees them once the round is over.
 
+Header values both sides check: a job name (``check_job``) and a token (``check_token``).
+
 Resume after a driver crash: a persist command may carry ``"progress": [partition, end]`` (the
 batch is rows ``[end - n, end)`` of that source partition, noted atomically with the batch);
 ``job_state`` (an action, body ``{"marks"?: {key: value or null}, "clear"?: [...]}``) updates
@@ -29,7 +32,9 @@ and answers the job's durable state ``{"progress": {source: {partition: rows}}, 
 
 from __future__ import annotations
 
+import re
 from enum import Enum
+from typing import Any
 
 import pyarrow as pa
 
@@ -38,6 +43,8 @@ __all__ = [
     "BIRTHS",
     "CHUNK_BITS",
     "CONTROL_PREFIX",
+    "DEFAULT_JOB",
+    "DEFAULT_MAX_ROWS",
     "FAIL_SCHEMA",
     "JOB_HEADER",
     "KEY_HASH",
@@ -52,6 +59,8 @@ __all__ = [
     "XOR",
     "XOR_SCHEMA",
     "Op",
+    "check_job",
+    "check_token",
 ]
 
 #: Bumped when a change would make an older client or service misread a call. Clients send it
@@ -156,3 +165,61 @@ REPLAY_COLUMNS = {
     "_ft_origin": pa.uint64(),
     PARTITION: pa.int32(),
 }
+
+#: Most rows of one put an acker accepts unless told otherwise: each pending record costs the
+#: acker ~150-250 bytes however small its payload (one persist of 4M int64 rows peaked at
+#: ~900 MiB), so this bounds what one request can cost (a Spark Arrow batch is 10K rows).
+#: The client splits its event calls into requests of this many rows.
+DEFAULT_MAX_ROWS = 1 << 20
+
+#: The job of a call whose header names none.
+DEFAULT_JOB = "default"
+_JOB_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+#: Longest token accepted: it travels in an HTTP/2 header (gRPC's header budget is 8 KiB).
+TOKEN_MAX = 4096
+
+
+def check_token(token: Any) -> str | None:
+    """``token`` if a client can send it (None/empty = no token): 1-4096 visible ASCII
+    characters (``!`` to ``~``, no space, tab, newline or non-ASCII: an HTTP/2 header value);
+    ``ValueError`` saying what is wrong otherwise.
+
+    >>> check_token("s3cret-token"), check_token(None)
+    ('s3cret-token', None)
+    """
+    if token is None or token == "":
+        return None
+    if not isinstance(token, str):
+        raise ValueError(f"the token must be a string, got {type(token).__name__}")
+    if len(token) > TOKEN_MAX:
+        raise ValueError(
+            f"the token is {len(token)} characters long; at most {TOKEN_MAX} fit in the header "
+            "every call carries: use a shorter secret"
+        )
+    bad = next((c for c in token if not "!" <= c <= "~"), None)
+    if bad is not None:
+        raise ValueError(
+            f"the token contains {bad!r} at position {token.index(bad)}: only visible ASCII "
+            "characters ('!' to '~') can travel in a call's header (no spaces, tabs, newlines "
+            "or non-ASCII)"
+        )
+    return token
+
+
+def check_job(job: Any) -> str:
+    """The job name ``job`` stands for: None is the job ``"default"``; otherwise 1-64 of
+    ``A-Z a-z 0-9 _ . -`` (``ValueError`` saying so). A job is one pipeline run: its sources,
+    rounds, replays, dead letters, stats and ended attempts are its own on a shared acker.
+
+    >>> check_job(None), check_job("run-2024.06_01")
+    ('default', 'run-2024.06_01')
+    """
+    if job is None:
+        return DEFAULT_JOB
+    if not isinstance(job, str) or not _JOB_RE.fullmatch(job):
+        raise ValueError(
+            f"job must be 1-64 characters among A-Z a-z 0-9 _ . - (one pipeline run's name), "
+            f"got {job!r:.80}"
+        )
+    return job
