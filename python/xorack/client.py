@@ -475,14 +475,20 @@ class AckerClient:
             batch = pa.RecordBatch.from_arrays([pa.array(src)], schema=TOUCH_SCHEMA)
             self._put_events("touch", dict, batch, dedupe=False)
 
-    def take_replays(self, source: int = 0, partition: int | None = None) -> dict[int, pa.Table]:
-        """The replays waiting for ``source`` (one partition or all): ``{partition: table}``.
-        Each replay is handed out once (a retried fetch returns the same tables)."""
+    def take_replays(
+        self, source: int = 0, partition: int | None = None, first_ids: bool = False
+    ) -> dict[int, pa.Table]:
+        """The replays waiting for ``source`` (one partition or all): ``{partition: table}``;
+        with ``first_ids``, born again with their first attempt's record ids (see
+        ``FTLayer.take_replays``). Each replay is handed out once (a retried fetch returns the
+        same tables)."""
         ticket = {
             "source": int(source),
             "partition": None if partition is None else int(partition),
             "req": _request_id(),
         }
+        if first_ids:
+            ticket["first_ids"] = True
         table = self._get("replays", ticket)
         if table.num_rows == 0:
             return {}
@@ -502,14 +508,15 @@ class AckerClient:
         source: int,
         partitioner: str | None,
         tag: str,
-        first_ids: str | None = None,
+        first_ids: bool = False,
     ) -> dict[int, int]:
         """Route the replays of ``source`` waiting in the acker to partitions for one round
         (``partitioner``: ``"hash:N"``, ``"forward:N"``, ...; None = the acker's own) and keep
         them there under ``tag``; returns ``{partition: rows}``. Executors then get their
         partition's rows with :meth:`fetch_replays`; the rows are freed by the next prepare of
         the source, :meth:`release_replays` or the acker's close. Retried with the same
-        ``tag``, it answers the same counts. See ``FTLayer.prepare_replays`` (``first_ids``).
+        ``tag``, it answers the same counts. See ``FTLayer.prepare_replays`` (``first_ids``:
+        the replays are born again with their first attempt's record ids).
 
         A sharded client forwards it to every shard and adds up the counts per partition.
         """
@@ -517,7 +524,7 @@ class AckerClient:
             "source": int(source),
             "partitioner": partitioner,
             "tag": str(tag),
-            "first_ids": first_ids,
+            "first_ids": bool(first_ids),
         }
         out = json.loads(self._action("prepare_replays", body))
         return {int(p): int(n) for p, n in out.get("counts", {}).items()}
@@ -525,8 +532,7 @@ class AckerClient:
     def fetch_replays(self, source: int, tag: str, partition: int) -> pa.Table:
         """The replays :meth:`prepare_replays` routed to ``partition`` under ``tag`` (the same
         rows on every call of the round; an empty table when none): payload columns plus
-        ``_ft_src``, ``_ft_rec``, ``_ft_key_hash``, ``_ft_attempt``, ``_ft_origin``,
-        ``_ft_partition``. A sharded client concatenates every shard's."""
+        ``protocol.REPLAY_COLUMNS``. A sharded client concatenates every shard's."""
         ticket = {"source": int(source), "tag": str(tag), "partition": int(partition)}
         return self._get("fetch_replays", ticket)
 
@@ -842,11 +848,18 @@ class ShardedAckerClient:
 
     # ---- every shard ------------------------------------------------------------------------
 
-    def take_replays(self, source: int = 0, partition: int | None = None) -> dict[int, pa.Table]:
+    def take_replays(
+        self, source: int = 0, partition: int | None = None, first_ids: bool = False
+    ) -> dict[int, pa.Table]:
         """The replays waiting on every shard: ``{partition: table}`` (the shards' tables of a
-        partition concatenated)."""
+        partition concatenated). With ``first_ids`` each shard gives its replays their first
+        ids (a record's copies share its source id, hence its shard, when the source derives
+        its ids from the records)."""
         merged: dict[int, list[pa.Table]] = {}
-        for parts in self.broadcast("take_replays", source=source, partition=partition):
+        calls = self.broadcast(
+            "take_replays", source=source, partition=partition, first_ids=first_ids
+        )
+        for parts in calls:
             for p, table in parts.items():
                 merged.setdefault(p, []).append(table)
         return {p: _concat(tables) for p, tables in sorted(merged.items())}
@@ -855,7 +868,7 @@ class ShardedAckerClient:
     # shard prepares, serves and frees its own replays; nothing here knows their format
 
     def prepare_replays(
-        self, source: int, partitioner: str | None, tag: str, first_ids: str | None = None
+        self, source: int, partitioner: str | None, tag: str, first_ids: bool = False
     ) -> dict[int, int]:
         """Every shard prepares its replays of ``source`` for the round ``tag``; the rows per
         partition added up over the shards (see ``AckerClient.prepare_replays``)."""

@@ -5,20 +5,22 @@ checks of header values: no Flight, no FT layer.
 
 >>> from xorack.protocol import Op, PROTOCOL_VERSION, XOR_SCHEMA
 >>> Op.XOR.value, Op("expire_all").rpc, PROTOCOL_VERSION
-('xor', 'action', 4)
+('xor', 'action', 5)
 >>> XOR_SCHEMA.names
 ['_ft_src', '_ft_xor']
 
 Column names: the service takes ``_ft_src``, ``_ft_rec`` (birth values), ``_ft_key_hash``,
 ``_ft_partition`` and ``_ft_xor``; a replay table (``take_replays``) has ``_ft_src``,
-``_ft_rec``, ``_ft_key_hash``, ``_ft_attempt``, ``_ft_origin``, ``_ft_partition``; a dead-letter
+``_ft_rec``, ``_ft_key_hash``, ``_ft_attempt``, ``_ft_origin``, ``_ft_origin_rec`` (the record
+id its first attempt was born with), ``_ft_origin_partition`` (the partition it was first
+persisted from) and ``_ft_partition`` (the partition it is routed to); a dead-letter
 table ``_ft_origin``, ``_ft_source``, ``_ft_attempts``, ``_ft_reason``. (``_ft_attempt`` of a
 replay — the attempt it is — and ``_ft_attempts`` of a dead letter — how many it had — are two
 names on purpose-built tables that users and the Spark layer read: they stay as they are.)
 
 Replays without the driver: ``prepare_replays`` (an action, body ``{"source", "partitioner",
-"tag", "first_ids"}``) routes a source's waiting replays to partitions and answers their counts
-(``{"counts": {partition: rows}}``); executors then get one partition's rows each with a
+"tag", "first_ids": bool}``) routes a source's waiting replays to partitions and answers their
+counts (``{"counts": {partition: rows}}``); executors then get one partition's rows each with a
 ``fetch_replays`` ticket ``{"op", "source", "tag", "partition"}`` (the replay table's columns);
 ``release_replays`` (``{"source", "tag"}``) frees them once the round is over.
 
@@ -39,6 +41,7 @@ from typing import Any
 import pyarrow as pa
 
 __all__ = [
+    "ATTEMPT",
     "AUTH_HEADER",
     "BIRTHS",
     "CHUNK_BITS",
@@ -48,6 +51,9 @@ __all__ = [
     "FAIL_SCHEMA",
     "JOB_HEADER",
     "KEY_HASH",
+    "ORIGIN",
+    "ORIGIN_PARTITION",
+    "ORIGIN_REC",
     "PARTITION",
     "PERSIST_CONTROL",
     "PROTOCOL_HEADER",
@@ -65,10 +71,14 @@ __all__ = [
 
 #: Bumped when a change would make an older client or service misread a call. Clients send it
 #: in ``PROTOCOL_HEADER``; a service refuses a version it does not speak (absent: version 1).
-PROTOCOL_VERSION = 4  # 2: held completions, chunk events and release (an acker of version 1
+PROTOCOL_VERSION = 5  # 2: held completions, chunk events and release (an acker of version 1
 # would complete what a version-2 client asks it to hold); 3: persist's progress note and the
 # job_state action (resume after a driver crash: an older acker would drop the notes silently);
-# 4: persist's idempotent flag (an older acker would refuse a retried task's persist)
+# 4: persist's idempotent flag (an older acker would refuse a retried task's persist);
+# 5: a record's first id and original partition are FT-layer fields (the persisted births and
+# partition), sent with every replay as _ft_origin_rec / _ft_origin_partition instead of payload
+# columns the Spark source added; prepare_replays' "first_ids" is a flag (was a payload column
+# name) and take_replays has it too (an older acker would not give replays their first ids)
 
 
 class Op(str, Enum):
@@ -136,6 +146,10 @@ BIRTHS = "_ft_rec"
 KEY_HASH = "_ft_key_hash"
 PARTITION = "_ft_partition"
 XOR = "_ft_xor"
+ATTEMPT = "_ft_attempt"  # a replay's attempt number (1 = the first)
+ORIGIN = "_ft_origin"  # a record's first source id
+ORIGIN_REC = "_ft_origin_rec"  # the record id its first attempt was born with (0 = unknown)
+ORIGIN_PARTITION = "_ft_origin_partition"  # the partition it was first persisted from (-1 unknown)
 
 #: Events: one row per source id (pre-reduced by the sender), the value to XOR in.
 XOR_SCHEMA = pa.schema([pa.field(SRC, pa.uint64(), False), pa.field(XOR, pa.uint64(), False)])
@@ -161,8 +175,10 @@ REPLAY_COLUMNS = {
     SRC: pa.uint64(),
     BIRTHS: pa.uint64(),
     KEY_HASH: pa.int32(),
-    "_ft_attempt": pa.int32(),
-    "_ft_origin": pa.uint64(),
+    ATTEMPT: pa.int32(),
+    ORIGIN: pa.uint64(),
+    ORIGIN_REC: pa.uint64(),
+    ORIGIN_PARTITION: pa.int32(),
     PARTITION: pa.int32(),
 }
 

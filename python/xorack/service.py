@@ -36,8 +36,9 @@ release        DoPut       ``{"op": "release", "chunk_bits", "req"}``; stream ``
 fail           DoPut       ``{"op": "fail", "reason", "req"}``; stream ``_ft_src uint64``
                            → new replay source ids (raw uint64 LE)
 touch          DoPut       ``{"op": "touch"}``; stream ``_ft_src uint64`` → nothing
-replays        DoGet       ticket ``{"op": "replays", "source", "partition", "req"}`` → one
-                           table, partitions concatenated (column ``_ft_partition``)
+replays        DoGet       ticket ``{"op": "replays", "source", "partition", "req",
+                           "first_ids"?}`` → one table, partitions concatenated (column
+                           ``_ft_partition``; the columns of ``protocol.REPLAY_COLUMNS``)
 dead_letters   DoGet       ticket ``{"op": "dead_letters", "source": k?}`` → the dead-letter table
 ping, stats    DoAction    body ``{}`` → ``b"pong"`` / JSON of ``FTLayer.stats()`` + service
 rotate,        DoAction    body ``{"req"}`` → expired / replayed source ids (raw uint64 LE)
@@ -168,7 +169,8 @@ _ACTIONS = {
     "take_ended": "the source ids of attempts that ended without completing since the last call "
     "(failed, timed out, dead-lettered; uint64 LE)",
     "prepare_replays": "route a source's waiting replays to partitions for a round "
-    '{"source", "partitioner", "tag", "first_ids"}; returns JSON {"counts": {partition: rows}}',
+    '{"source", "partitioner", "tag", "first_ids": bool}; returns JSON {"counts": {partition: '
+    "rows}}",
     "release_replays": 'free the replays prepared for a round {"source", "tag"}',
     "job_state": 'update and read the job\'s resume state {"marks"?, "clear"?}; returns JSON '
     '{"progress": {source: {partition: rows}}, "marks": {key: value}}',
@@ -480,6 +482,16 @@ def _opt_int(cmd: dict[str, Any], key: str, default: int | None) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise _RequestError(f"'{key}' must be an integer, got {value!r}")
+    return value
+
+
+def _opt_flag(cmd: dict[str, Any], key: str, op: str) -> bool:
+    """``cmd[key]`` as a flag: absent or null is False; anything but a JSON boolean is refused."""
+    value = cmd.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise _RequestError(f"{op}: {key!r} must be true or false, got {value!r:.80}")
     return value
 
 
@@ -997,9 +1009,10 @@ class AckerService(flight.FlightServerBase):
                 return flight.RecordBatchStream(ft.dead_letters(source=source))
             source = _opt_int(cmd, "source", 0)
             partition = _opt_int(cmd, "partition", None)
+            first = _opt_flag(cmd, "first_ids", "replays")
             req = check_request_id(cmd.get("req"))
             table = self.requests.run(
-                _req_key(job, req), lambda: self._take(ft, source, partition), op=op
+                _req_key(job, req), lambda: self._take(ft, source, partition, first), op=op
             )
             return flight.RecordBatchStream(table)
 
@@ -1019,18 +1032,21 @@ class AckerService(flight.FlightServerBase):
 
     def _prepare(self, ft: Any, body: dict[str, Any]) -> list[pa.Buffer]:
         source = _opt_int(body, "source", 0)
-        tag, spec, first = body.get("tag"), body.get("partitioner"), body.get("first_ids")
+        tag, spec = body.get("tag"), body.get("partitioner")
+        first = _opt_flag(body, "first_ids", "prepare_replays")
         if not isinstance(tag, str):
             raise _RequestError(f"prepare_replays: 'tag' must be a string, got {tag!r}")
-        for name, value in (("partitioner", spec), ("first_ids", first)):
-            if value is not None and not isinstance(value, str):
-                raise _RequestError(f"prepare_replays: {name!r} must be a string, got {value!r}")
+        if spec is not None and not isinstance(spec, str):
+            raise _RequestError(f"prepare_replays: 'partitioner' must be a string, got {spec!r}")
         counts = ft.prepare_replays(source, partitioner=spec, tag=tag, first_ids=first)
         out = {"counts": {str(p): int(n) for p, n in counts.items()}}
         return [pa.py_buffer(json.dumps(out).encode())]
 
-    def _take(self, ft: Any, source: int | None, partition: int | None) -> pa.Table:
-        parts = ft.take_replays(source=source, partition=partition)
+    def _take(
+        self, ft: Any, source: int | None, partition: int | None, first_ids: bool
+    ) -> pa.Table:
+        first = {"first_ids": True} if first_ids else {}  # (an FT layer of tests may lack it)
+        parts = ft.take_replays(source=source, partition=partition, **first)
         tables = [parts[p] for p in sorted(parts) if parts[p].num_rows]
         if not tables:
             return _EMPTY_REPLAYS.empty_table()

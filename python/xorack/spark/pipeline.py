@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from .._checks import sorted_distinct
 from ..errors import ServiceError
-from ..protocol import CHUNK_BITS
+from ..protocol import CHUNK_BITS, ORIGIN_PARTITION
 from . import ops, optimistic
 from .arrow_stage import ArrowFunction, ArrowStageRunner, declared_arrow_schema
 from .barrier import (
@@ -55,9 +55,7 @@ from .schema import empty_frame, num_partitions
 from .sinks import NativeSink, Sink
 from .stages import (
     BRANCH,
-    DET,
     GROUP_XOR,
-    ORIG_PART,
     PART,
     REC,
     ROUND_PROPERTY,
@@ -967,7 +965,7 @@ class Pipeline:
         """
         keys = tuple(keys)
         cols = tuple(df.columns)
-        bad = [c for c in cols if c.startswith("_ft_") or c == DET]
+        bad = [c for c in cols if c.startswith("_ft_")]
         if bad:
             raise StageSchemaError(f"source {name!r}: column names {bad} are reserved by xorack")
         check_columns(name or "source", cols, keys, "source")
@@ -1116,7 +1114,7 @@ class Pipeline:
         # earlier driver's round; a retried request re-sends the same tag (same counts)
         tag = f"p{self.phase}-r{self.round}-{os.urandom(6).hex()}"
         spec = replay_partitioning(node.keys, node.partitions)
-        counts = self.client.prepare_replays(node.source_index, spec, tag, first_ids=DET)
+        counts = self.client.prepare_replays(node.source_index, spec, tag, first_ids=True)
         k = sum(counts.values())
         if not k:
             return None, 0
@@ -1137,13 +1135,14 @@ class Pipeline:
         """The replays of a source waiting in the FT layer, taken by the driver, as a DataFrame
         with lineage columns and ``_ft_route``, the route key of the partition the source's
         partitioning chooses: ``pmod(key hash, n)`` with keys (Spark's ``repartition(n,
-        *keys)``), else the partition the record was first read on. Used where fresh rows and
-        replays share a micro-batch (streaming); batch rounds use :meth:`_fetched_replays`."""
+        *keys)``), else the partition the record was first read on. The FT layer gives each
+        replay its first attempt's id. Used where fresh rows and replays share a micro-batch
+        (streaming); batch rounds use :meth:`_fetched_replays`."""
         import xorack.hashing as hashing
 
         from ..replay import HashReplayPartitioner
 
-        parts = self.client.take_replays(source=node.source_index)
+        parts = self.client.take_replays(source=node.source_index, first_ids=True)
         tables = [t for _, t in sorted(parts.items()) if t.num_rows]
         if self._on_replays is not None:  # streaming: the attempts for current_attempt(pdf)
             self._on_replays(tables)
@@ -1152,9 +1151,6 @@ class Pipeline:
         n = node.partitions
         route = hashing.route_keys(n)
         pieces = []
-        corr_src: list[np.ndarray] = []
-        corr_val: list[np.ndarray] = []
-        seen_det: set[int] = set()
         for t in tables:
             # route here, from what the record carries, whatever the service's own replay
             # partitioners are (a standalone `xorack serve` knows nothing of this pipeline)
@@ -1163,7 +1159,7 @@ class Pipeline:
                 original = np.full(t.num_rows, -1, dtype=np.int32)
                 _, target = HashReplayPartitioner(n).assign(key_hash.astype(np.int32), original)
             else:
-                target = t.column(ORIG_PART).to_numpy(zero_copy_only=False)
+                target = t.column(ORIGIN_PARTITION).to_numpy(zero_copy_only=False)
             target = np.asarray(target, dtype=np.int64)
             if len(target) and (target.min() < 0 or target.max() >= n):
                 raise ServiceError(
@@ -1172,20 +1168,6 @@ class Pipeline:
                 )
             src = u64(t.column(SRC))
             rec = u64(t.column(REC))
-            if DET in t.schema.names:
-                # the replay was born with a fresh id; move its checksum to the deterministic
-                # first id, so that its outputs re-create the ids of the first attempt. Two
-                # copies of one source row (a retried source task persisted it twice) keep
-                # their fresh ids but one: ids must be unique within a round.
-                det = u64(t.column(DET))
-                first = np.zeros(len(det), dtype=bool)
-                first[np.unique(det, return_index=True)[1]] = True
-                if seen_det:
-                    first &= ~np.isin(det, np.fromiter(seen_det, np.uint64, len(seen_det)))
-                seen_det.update(det[first].tolist())
-                corr_src.append(src[first])
-                corr_val.append(rec[first] ^ det[first])
-                rec = np.where(first, det, rec)
             cols = [t.column(c) for c in node.columns]
             pieces.append(
                 pa.table(
@@ -1198,11 +1180,6 @@ class Pipeline:
                     names=[*node.columns, SRC, REC, "_ft_route"],
                 )
             )
-        if corr_src:
-            s, v = np.concatenate(corr_src), np.concatenate(corr_val)
-            nz = v != 0
-            if nz.any():
-                self.client.xor(s[nz], v[nz])
         table = pa.concat_tables(pieces, promote_options="permissive")
         df = self.spark.createDataFrame(table, schema=self._route_schema(node))
         return df, table.num_rows
@@ -2388,11 +2365,9 @@ class Pipeline:
 
     def _safe_dead_letters(self) -> Any:
         try:
-            table = self.client.dead_letters()
+            return self.client.dead_letters()
         except Exception:  # the report is already complete
             return None
-        internal = [c for c in (DET, ORIG_PART) if c in table.schema.names]
-        return table.drop_columns(internal) if internal else table
 
     def dead_letters(self) -> pa.Table | None:
         """The dead-letter table of the last run (payload, origin id, attempts, last reason)."""
