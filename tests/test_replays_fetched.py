@@ -183,6 +183,19 @@ def test_broadcast_routing_is_refused(layer):
     assert layer.stats().replays_waiting == 2
 
 
+def test_the_client_takes_replays_with_their_first_ids_through_the_service(ft):
+    with AckerService.embedded(ft) as svc:
+        client = AckerClient.get(svc.location)
+        _failed(ft, 20, partition=np.arange(20, dtype=np.int32) % 4)
+        t = pa.concat_tables(client.take_replays(0, first_ids=True).values())
+        rec = t.column("_ft_rec").to_numpy()
+        assert (rec == t.column("_ft_origin_rec").to_numpy()).all()
+        assert (t.column("_ft_origin_partition").to_numpy() == t.column("v").to_numpy() % 4).all()
+        assert "_xorack_det" not in t.column_names
+        assert len(client.xor(t.column("_ft_src").to_numpy(), rec)) == 20
+        assert ft.pending == 0
+
+
 def test_the_client_prepares_fetches_and_releases_through_the_service(ft):
     with AckerService.embedded(ft) as svc:
         client = AckerClient.get(svc.location)
