@@ -43,6 +43,17 @@ from ._checks import (
 )
 from .acker import AckTable, TimeoutWheel, new_ids
 from .clock import Clock, MonotonicClock
+from .protocol import (
+    ATTEMPT,
+    BIRTHS,
+    KEY_HASH,
+    ORIGIN,
+    ORIGIN_PARTITION,
+    ORIGIN_REC,
+    PARTITION,
+    REPLAY_COLUMNS,
+    SRC,
+)
 from .replay import (
     BroadcastReplayPartitioner,
     ForwardReplayPartitioner,
@@ -230,6 +241,43 @@ def _rechunk(queue: list[_Waiting], size: int) -> list[_Waiting]:
             rows += len(piece.src)
     flush()
     return out
+
+
+def _first_copies(first: np.ndarray, seen: list[np.ndarray]) -> np.ndarray:
+    """The rows whose first-attempt id (``first``, 0 = unknown) is given out here: the first
+    row per id, unless a sorted piece of ``seen`` (ids given out before in the same round) has
+    it. Ids are unique within a round."""
+    out = np.zeros(len(first), dtype=bool)
+    out[np.unique(first, return_index=True)[1]] = True
+    for given in seen:  # sorted pieces: no big array rebuilt per chunk
+        at = np.minimum(np.searchsorted(given, first), len(given) - 1)
+        out &= given[at] != first
+    return out & (first != 0)
+
+
+def _replay_table(
+    payload: pa.Table, src: np.ndarray, rec: np.ndarray, meta: RecordMeta, parts: np.ndarray
+) -> pa.Table:
+    """The payload rows of replays (row-aligned with ``meta``) plus ``REPLAY_COLUMNS``."""
+    table = payload
+    for name, values in (
+        (SRC, src),
+        (BIRTHS, rec),
+        (KEY_HASH, meta.key_hash),
+        (ATTEMPT, meta.attempt),
+        (ORIGIN, meta.origin),
+        (ORIGIN_REC, meta.origin_rec),
+        (ORIGIN_PARTITION, meta.partition),
+        (PARTITION, parts),
+    ):
+        table = table.append_column(name, pa.array(values, REPLAY_COLUMNS[name]))
+    return table
+
+
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def _as_i32(x: Any, name: str, n: int, default: int, lo: int = -(2**31)) -> np.ndarray:
@@ -447,7 +495,10 @@ class FTLayer:
         ``key_hash``: int32 per row (None → 0), what hash replay partitioning routes by;
         ``partition``: the partition each row first goes to (int or int32 per row; -1/None
         unknown); ``births``: uint64 per row, the records' own ids (``_ft_rec``) registered as
-        their birth values (None → 0: the births come as events). ``src_ids``: the source ids,
+        their birth values (None → 0: the births come as events), and kept with the records as
+        their first attempt's ids (``origin_rec``: see ``first_ids`` of :meth:`take_replays`).
+        Both the partition and the first ids travel with every replay of a record, as the
+        columns ``_ft_origin_partition`` and ``_ft_origin_rec``. ``src_ids``: the source ids,
         when the caller drew them itself (fresh, distinct, nonzero); default: drawn here.
         ``progress``: ``(partition, end)``, the batch is rows ``[end - n, end)`` of that
         partition of ``source`` as it is read: noted with the batch, atomically, so a resumed
@@ -500,7 +551,8 @@ class FTLayer:
                 else:
                     src = src_ids
             note = None if noted is None else (source, *noted)
-            self._store(batch, RecordMeta.new(src, key_hash, source, partition), note)
+            meta = RecordMeta.new(src, key_hash, source, partition, origin_rec=births)
+            self._store(batch, meta, note)
             self._registered += n
             self._stats.persisted += n
             self._unwatch(src)
@@ -668,11 +720,19 @@ class FTLayer:
             expired = [self._wheel.rotate() for _ in range(self.num_buckets)]
             return self._expire(np.concatenate(expired))
 
-    def take_replays(self, source: int = 0, partition: int | None = None) -> dict[int, pa.Table]:
+    def take_replays(
+        self, source: int = 0, partition: int | None = None, first_ids: bool = False
+    ) -> dict[int, pa.Table]:
         """Hand out the replays of ``source`` waiting so far (each once): ``{partition: table}``
-        with the payload columns plus ``_ft_src``, ``_ft_rec``, ``_ft_key_hash``,
-        ``_ft_attempt``, ``_ft_origin``, ``_ft_partition``. With ``partition``, only that
-        partition's. A replay's timeout starts when it is handed out. When the waiting replays
+        with the payload columns plus the replay columns (``REPLAY_COLUMNS``: ``_ft_src``,
+        ``_ft_rec``, ``_ft_key_hash``, ``_ft_attempt``, ``_ft_origin``, ``_ft_origin_rec``,
+        ``_ft_origin_partition``, ``_ft_partition``). With ``partition``, only that
+        partition's. With ``first_ids``, a replay is born again with its first attempt's record
+        id (the ``births`` it was persisted with; the first copy per id in this call: later
+        copies of one record, persisted twice by a retried source task, keep fresh ids, since
+        ids must be unique within a round), so that what it derives re-creates the ids of the
+        first attempt; its checksum moves with it, here, atomically with the hand-out. A
+        replay's timeout starts when it is handed out. When the waiting replays
         were persisted in batches whose payload schemas do not unify, the replays of the first
         schema are handed out and the others stay waiting for the next call (so a loop
         ``while ft.take_replays(s): ...`` gets them all); on any error nothing is handed out.
@@ -685,6 +745,7 @@ class FTLayer:
         """
         self._check_open()
         source = _source_arg(source)
+        first_ids = _flag(first_ids, "first_ids")
         with self._lock:
             self._retry_deletes()
             queue = self._waiting.get(source)
@@ -718,17 +779,15 @@ class FTLayer:
             pos = np.arange(len(w.src))
             order = np.argsort(w.partition, kind="stable")
             pos, w = pos[order], _Waiting(w.src[order], w.rec[order], w.partition[order])
-            table = payload.take(pa.array(pos))
-            for name, values, typ in (
-                ("_ft_src", w.src, pa.uint64()),
-                ("_ft_rec", w.rec, pa.uint64()),
-                ("_ft_key_hash", meta.key_hash[pos], pa.int32()),
-                ("_ft_attempt", meta.attempt[pos], pa.int32()),
-                ("_ft_origin", meta.origin[pos], pa.uint64()),
-                ("_ft_partition", w.partition, pa.int32()),
-            ):
-                table = table.append_column(name, pa.array(values, typ))
+            meta = meta.take(pos)
+            rec, fix = w.rec, np.zeros(len(pos), dtype=bool)
+            if first_ids:
+                first = _first_copies(meta.origin_rec, [])
+                fix = first & (w.rec != meta.origin_rec)
+                rec = np.where(fix, meta.origin_rec, w.rec)
+            table = _replay_table(payload.take(pa.array(pos)), w.src, rec, meta, w.partition)
             # handed out: from here on nothing can fail
+            self._move_births(w.src[fix], w.rec[fix], rec[fix])
             if len(rest.src):
                 self._waiting[source] = [rest]
             else:
@@ -748,7 +807,7 @@ class FTLayer:
         source: int = 0,
         partitioner: ReplayPartitioner | str | None = None,
         tag: str = "",
-        first_ids: str | None = None,
+        first_ids: bool = False,
     ) -> dict[int, int]:
         """Take the replays of ``source`` waiting so far and prepare them for a round under
         ``tag``; returns the rows per partition (``{partition: rows}``, partitions without rows
@@ -761,13 +820,13 @@ class FTLayer:
         ``partitioner`` (spec or object; broadcast is refused) routes each replay from what its
         record carries: ``"hash:N"`` by its stored key hash (Spark's ``repartition(N, *keys)``),
         ``"forward:N"`` to the partition it was first read on; None keeps the partitions of the
-        source's own replay partitioner. ``first_ids``: the payload column (int64/uint64) with
-        each record's first-attempt id: a replay is then born with that id (the first copy per
-        id; later copies, from a retried source task, keep their fresh ones), so that what it
-        derives re-creates the ids of the first attempt — done here, atomically with the take.
-        The replays' timeouts start now. Fetched rows carry the payload columns plus
-        ``_ft_src``, ``_ft_rec``, ``_ft_key_hash``, ``_ft_attempt``, ``_ft_origin``,
-        ``_ft_partition`` (the target partition). On an error nothing is taken.
+        source's own replay partitioner. ``first_ids``: a replay is born again with its first
+        attempt's record id (the ``births`` it was persisted with), so that what it derives
+        re-creates the ids of the first attempt — done here, atomically with the take; a second
+        copy of one record in the round completes as a duplicate instead (see
+        :meth:`_prepare_rows`). The replays' timeouts start now. Fetched rows carry the payload
+        columns plus the replay columns of :meth:`take_replays` (``_ft_partition``: the target
+        partition). On an error nothing is taken.
 
         >>> import pyarrow as pa
         >>> ft = FTLayer()
@@ -782,8 +841,7 @@ class FTLayer:
         source = _source_arg(source)
         if not isinstance(tag, str):
             raise TypeError(f"tag must be a str, got {type(tag).__name__}")
-        if first_ids is not None and not isinstance(first_ids, str):
-            raise TypeError(f"first_ids must be a column name or None, got {first_ids!r}")
+        first_ids = _flag(first_ids, "first_ids")
         router = None if partitioner is None else _partitioner_arg(partitioner, "partitioner")
         if isinstance(router, BroadcastReplayPartitioner):
             raise ValueError(
@@ -818,7 +876,7 @@ class FTLayer:
         prepared: PreparedReplays,
         w: _Waiting,
         router: ReplayPartitioner | None,
-        first_ids: str | None,
+        first_ids: bool,
         seen: list[np.ndarray],
     ) -> np.ndarray:
         """Route one chunk of replays, fix their first ids and write them to ``prepared``
@@ -850,7 +908,7 @@ class FTLayer:
         payload: pa.Table,
         meta: RecordMeta,
         router: ReplayPartitioner | None,
-        first_ids: str | None,
+        first_ids: bool,
         seen: list[np.ndarray],
     ) -> np.ndarray:
         """Rows of one chunk (``payload``/``meta`` row-aligned with ``rows``); ``seen`` gets
@@ -870,24 +928,10 @@ class FTLayer:
                 raise ValueError(
                     f"prepare_replays: {router.spec!r} routed a replay outside [0, {n})"
                 )
-        if first_ids is not None and first_ids in payload.schema.names:
-            col = payload.column(first_ids)
-            if col.null_count:
-                raise ValueError(f"prepare_replays: column {first_ids!r} has nulls")
-            det = np.asarray(col.to_numpy(zero_copy_only=False))
-            if det.dtype.kind not in "iu" or det.dtype.itemsize != 8:
-                raise TypeError(
-                    f"prepare_replays: first_ids column {first_ids!r} must be int64 or "
-                    f"uint64, got {col.type}"
-                )
-            det = det.view(_U64)
-            first = np.zeros(len(det), dtype=bool)
-            first[np.unique(det, return_index=True)[1]] = True  # ids unique within a round
-            for given in seen:  # sorted pieces: no big array rebuilt per chunk
-                at = np.minimum(np.searchsorted(given, det), len(given) - 1)
-                first &= given[at] != det
+        if first_ids:
+            det = meta.origin_rec
+            first = _first_copies(det, seen)
             kept = first | (det == 0)  # 0: no first id, nothing to compare
-            first &= det != 0
             if not kept.all():
                 dup = ~kept  # registered with their fresh id as birth: acking it completes them
                 done = self._table.xor(src[dup], rec[dup])
@@ -899,27 +943,22 @@ class FTLayer:
                 payload, meta = payload.filter(pa.array(kept)), meta.take(np.flatnonzero(kept))
             fix = first & (rec != det)
             if fix.any():
-                # move the replay's checksum from its fresh id to its first one: its outputs
-                # re-create the first attempt's ids (idempotent sinks absorb duplicates)
-                done = self._table.xor(src[fix], rec[fix] ^ det[fix])
-                if len(done):  # cannot happen (the value becomes det != 0); never lose it
-                    self._complete(done)
+                self._move_births(src[fix], rec[fix], det[fix])
                 rec = np.where(fix, det, rec)
                 w.rec[rows[fix]] = det[fix]  # a queue put back after an error agrees
             if first.any():
                 seen.append(np.sort(det[first]))
-        table = payload
-        for name, values, typ in (
-            ("_ft_src", src, pa.uint64()),
-            ("_ft_rec", rec, pa.uint64()),
-            ("_ft_key_hash", meta.key_hash, pa.int32()),
-            ("_ft_attempt", meta.attempt, pa.int32()),
-            ("_ft_origin", meta.origin, pa.uint64()),
-            ("_ft_partition", parts, pa.int32()),
-        ):
-            table = table.append_column(name, pa.array(values, typ))
-        prepared.add(table, parts)
+        prepared.add(_replay_table(payload, src, rec, meta, parts), parts)
         return kept
+
+    def _move_births(self, src: np.ndarray, fresh: np.ndarray, first: np.ndarray) -> None:
+        """Replays ``src`` born with the record ids ``fresh`` are born with ``first`` instead:
+        their checksums move with them (XOR of both ids), so that their outputs re-create the
+        first attempt's ids (idempotent sinks absorb the duplicates)."""
+        if len(src):
+            done = self._table.xor(src, fresh ^ first)
+            if len(done):  # cannot happen (the value becomes first != 0); never lose it
+                self._complete(done)
 
     def fetch_replays(self, source: int, tag: str, partition: int) -> pa.Table:
         """The rows :meth:`prepare_replays` routed to ``partition`` under ``tag`` (empty when

@@ -1,25 +1,30 @@
 """The acker service's wire protocol, in one place: the protocol version, the operations, the
 headers, the control column names and the Arrow schemas that the service (``AckerService``) and
-its client (``AckerClient``) both speak. Plain constants over pyarrow: no Flight, no FT layer.
+its client (``AckerClient``) both speak. Plain constants over pyarrow and the
+checks of header values: no Flight, no FT layer.
 
 >>> from xorack.protocol import Op, PROTOCOL_VERSION, XOR_SCHEMA
 >>> Op.XOR.value, Op("expire_all").rpc, PROTOCOL_VERSION
-('xor', 'action', 4)
+('xor', 'action', 5)
 >>> XOR_SCHEMA.names
 ['_ft_src', '_ft_xor']
 
 Column names: the service takes ``_ft_src``, ``_ft_rec`` (birth values), ``_ft_key_hash``,
 ``_ft_partition`` and ``_ft_xor``; a replay table (``take_replays``) has ``_ft_src``,
-``_ft_rec``, ``_ft_key_hash``, ``_ft_attempt``, ``_ft_origin``, ``_ft_partition``; a dead-letter
+``_ft_rec``, ``_ft_key_hash``, ``_ft_attempt``, ``_ft_origin``, ``_ft_origin_rec`` (the record
+id its first attempt was born with), ``_ft_origin_partition`` (the partition it was first
+persisted from) and ``_ft_partition`` (the partition it is routed to); a dead-letter
 table ``_ft_origin``, ``_ft_source``, ``_ft_attempts``, ``_ft_reason``. (``_ft_attempt`` of a
 replay — the attempt it is — and ``_ft_attempts`` of a dead letter — how many it had — are two
 names on purpose-built tables that users and the Spark layer read: they stay as they are.)
 
 Replays without the driver: ``prepare_replays`` (an action, body ``{"source", "partitioner",
-"tag", "first_ids"}``) routes a source's waiting replays to partitions and answers their counts
-(``{"counts": {partition: rows}}``); executors then get one partition's rows each with a
+"tag", "first_ids": bool}``) routes a source's waiting replays to partitions and answers their
+counts (``{"counts": {partition: rows}}``); executors then get one partition's rows each with a
 ``fetch_replays`` ticket ``{"op", "source", "tag", "partition"}`` (the replay table's columns);
 ``release_replays`` (``{"source", "tag"}``) frees them once the round is over.
+
+Header values both sides check: a job name (``check_job``) and a token (``check_token``).
 
 Resume after a driver crash: a persist command may carry ``"progress": [partition, end]`` (the
 batch is rows ``[end - n, end)`` of that source partition, noted atomically with the batch);
@@ -29,18 +34,26 @@ and answers the job's durable state ``{"progress": {source: {partition: rows}}, 
 
 from __future__ import annotations
 
+import re
 from enum import Enum
+from typing import Any
 
 import pyarrow as pa
 
 __all__ = [
+    "ATTEMPT",
     "AUTH_HEADER",
     "BIRTHS",
     "CHUNK_BITS",
     "CONTROL_PREFIX",
+    "DEFAULT_JOB",
+    "DEFAULT_MAX_ROWS",
     "FAIL_SCHEMA",
     "JOB_HEADER",
     "KEY_HASH",
+    "ORIGIN",
+    "ORIGIN_PARTITION",
+    "ORIGIN_REC",
     "PARTITION",
     "PERSIST_CONTROL",
     "PROTOCOL_HEADER",
@@ -52,14 +65,20 @@ __all__ = [
     "XOR",
     "XOR_SCHEMA",
     "Op",
+    "check_job",
+    "check_token",
 ]
 
 #: Bumped when a change would make an older client or service misread a call. Clients send it
 #: in ``PROTOCOL_HEADER``; a service refuses a version it does not speak (absent: version 1).
-PROTOCOL_VERSION = 4  # 2: held completions, chunk events and release (an acker of version 1
+PROTOCOL_VERSION = 5  # 2: held completions, chunk events and release (an acker of version 1
 # would complete what a version-2 client asks it to hold); 3: persist's progress note and the
 # job_state action (resume after a driver crash: an older acker would drop the notes silently);
-# 4: persist's idempotent flag (an older acker would refuse a retried task's persist)
+# 4: persist's idempotent flag (an older acker would refuse a retried task's persist);
+# 5: a record's first id and original partition are FT-layer fields (the persisted births and
+# partition), sent with every replay as _ft_origin_rec / _ft_origin_partition instead of payload
+# columns the Spark source added; prepare_replays' "first_ids" is a flag (was a payload column
+# name) and take_replays has it too (an older acker would not give replays their first ids)
 
 
 class Op(str, Enum):
@@ -127,6 +146,10 @@ BIRTHS = "_ft_rec"
 KEY_HASH = "_ft_key_hash"
 PARTITION = "_ft_partition"
 XOR = "_ft_xor"
+ATTEMPT = "_ft_attempt"  # a replay's attempt number (1 = the first)
+ORIGIN = "_ft_origin"  # a record's first source id
+ORIGIN_REC = "_ft_origin_rec"  # the record id its first attempt was born with (0 = unknown)
+ORIGIN_PARTITION = "_ft_origin_partition"  # the partition it was first persisted from (-1 unknown)
 
 #: Events: one row per source id (pre-reduced by the sender), the value to XOR in.
 XOR_SCHEMA = pa.schema([pa.field(SRC, pa.uint64(), False), pa.field(XOR, pa.uint64(), False)])
@@ -152,7 +175,67 @@ REPLAY_COLUMNS = {
     SRC: pa.uint64(),
     BIRTHS: pa.uint64(),
     KEY_HASH: pa.int32(),
-    "_ft_attempt": pa.int32(),
-    "_ft_origin": pa.uint64(),
+    ATTEMPT: pa.int32(),
+    ORIGIN: pa.uint64(),
+    ORIGIN_REC: pa.uint64(),
+    ORIGIN_PARTITION: pa.int32(),
     PARTITION: pa.int32(),
 }
+
+#: Most rows of one put an acker accepts unless told otherwise: each pending record costs the
+#: acker ~150-250 bytes however small its payload (one persist of 4M int64 rows peaked at
+#: ~900 MiB), so this bounds what one request can cost (a Spark Arrow batch is 10K rows).
+#: The client splits its event calls into requests of this many rows.
+DEFAULT_MAX_ROWS = 1 << 20
+
+#: The job of a call whose header names none.
+DEFAULT_JOB = "default"
+_JOB_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+#: Longest token accepted: it travels in an HTTP/2 header (gRPC's header budget is 8 KiB).
+TOKEN_MAX = 4096
+
+
+def check_token(token: Any) -> str | None:
+    """``token`` if a client can send it (None/empty = no token): 1-4096 visible ASCII
+    characters (``!`` to ``~``, no space, tab, newline or non-ASCII: an HTTP/2 header value);
+    ``ValueError`` saying what is wrong otherwise.
+
+    >>> check_token("s3cret-token"), check_token(None)
+    ('s3cret-token', None)
+    """
+    if token is None or token == "":
+        return None
+    if not isinstance(token, str):
+        raise ValueError(f"the token must be a string, got {type(token).__name__}")
+    if len(token) > TOKEN_MAX:
+        raise ValueError(
+            f"the token is {len(token)} characters long; at most {TOKEN_MAX} fit in the header "
+            "every call carries: use a shorter secret"
+        )
+    bad = next((c for c in token if not "!" <= c <= "~"), None)
+    if bad is not None:
+        raise ValueError(
+            f"the token contains {bad!r} at position {token.index(bad)}: only visible ASCII "
+            "characters ('!' to '~') can travel in a call's header (no spaces, tabs, newlines "
+            "or non-ASCII)"
+        )
+    return token
+
+
+def check_job(job: Any) -> str:
+    """The job name ``job`` stands for: None is the job ``"default"``; otherwise 1-64 of
+    ``A-Z a-z 0-9 _ . -`` (``ValueError`` saying so). A job is one pipeline run: its sources,
+    rounds, replays, dead letters, stats and ended attempts are its own on a shared acker.
+
+    >>> check_job(None), check_job("run-2024.06_01")
+    ('default', 'run-2024.06_01')
+    """
+    if job is None:
+        return DEFAULT_JOB
+    if not isinstance(job, str) or not _JOB_RE.fullmatch(job):
+        raise ValueError(
+            f"job must be 1-64 characters among A-Z a-z 0-9 _ . - (one pipeline run's name), "
+            f"got {job!r:.80}"
+        )
+    return job

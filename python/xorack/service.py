@@ -1,5 +1,6 @@
-"""The acker service (the seed's FTLayerVertex): one ``FTLayer`` behind an Arrow Flight server,
-and the client that Spark executors use to reach it.
+"""The acker service (the seed's FTLayerVertex): one ``FTLayer`` behind an Arrow Flight server.
+The client that Spark executors use to reach it lives in :mod:`xorack.client` (which knows
+nothing of this module); ``AckerClient`` and ``RetryPolicy`` are re-exported here.
 
 Every task reports to the one FT layer through this service: sources persist their batches
 (payload kept as Arrow, never re-parsed), stages send their XOR events per Arrow batch, the driver
@@ -35,8 +36,9 @@ release        DoPut       ``{"op": "release", "chunk_bits", "req"}``; stream ``
 fail           DoPut       ``{"op": "fail", "reason", "req"}``; stream ``_ft_src uint64``
                            → new replay source ids (raw uint64 LE)
 touch          DoPut       ``{"op": "touch"}``; stream ``_ft_src uint64`` → nothing
-replays        DoGet       ticket ``{"op": "replays", "source", "partition", "req"}`` → one
-                           table, partitions concatenated (column ``_ft_partition``)
+replays        DoGet       ticket ``{"op": "replays", "source", "partition", "req",
+                           "first_ids"?}`` → one table, partitions concatenated (column
+                           ``_ft_partition``; the columns of ``protocol.REPLAY_COLUMNS``)
 dead_letters   DoGet       ticket ``{"op": "dead_letters", "source": k?}`` → the dead-letter table
 ping, stats    DoAction    body ``{}`` → ``b"pong"`` / JSON of ``FTLayer.stats()`` + service
 rotate,        DoAction    body ``{"req"}`` → expired / replayed source ids (raw uint64 LE)
@@ -88,13 +90,11 @@ import ipaddress
 import json
 import logging
 import os
-import random
-import re
 import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -102,12 +102,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from ._checks import as_u64, same_length
+from .client import (  # re-exported: executors' code and the README import them from here
+    AckerClient,
+    RetryPolicy,
+    ShardedAckerClient,
+    check_grpc_usable,
+    mark_grpc,
+)
 from .errors import ServiceError, XorackError
 from .protocol import (
     AUTH_HEADER,
     BIRTHS,
     CONTROL_PREFIX,
+    DEFAULT_JOB,
+    DEFAULT_MAX_ROWS,
     FAIL_SCHEMA,
     JOB_HEADER,
     KEY_HASH,
@@ -120,9 +128,12 @@ from .protocol import (
     XOR,
     XOR_SCHEMA,
     Op,
+    check_job,
+    check_token,
 )
 
 __all__ = [
+    "DEFAULT_JOB",
     "FAIL_SCHEMA",
     "TOUCH_SCHEMA",
     "XOR_SCHEMA",
@@ -130,6 +141,9 @@ __all__ = [
     "AckerService",
     "RequestLog",
     "RetryPolicy",
+    "ShardedAckerClient",
+    "check_job",
+    "check_token",
 ]
 
 T = TypeVar("T")
@@ -142,21 +156,9 @@ _PERSIST_DOC = (
 _EMPTY_REPLAYS = pa.schema([pa.field(SRC, pa.uint64()), pa.field(PARTITION, pa.int32())])
 _EMPTY_IDS = np.empty(0, dtype=np.uint64)
 
-DEFAULT_JOB = "default"
-_JOB_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-
 DEFAULT_PORT = 8815
 #: Largest request (the Arrow data of one put) an acker accepts unless told otherwise.
 DEFAULT_MAX_REQUEST = 256 << 20
-#: Most rows of one put an acker accepts unless told otherwise: each pending record costs the
-#: acker ~150-250 bytes however small its payload (one persist of 4M int64 rows peaked at
-#: ~900 MiB), so this bounds what one request can cost (a Spark Arrow batch is 10K rows).
-DEFAULT_MAX_ROWS = 1 << 20
-#: The client sends an xor/fail/touch of more events than this as several requests.
-EVENT_CHUNK_ROWS = DEFAULT_MAX_ROWS
-#: The client sends a put's rows in messages of about this many bytes (the service reads and
-#: counts them one at a time, so an oversized request is refused before it is all in memory).
-CHUNK_BYTES = 4 << 20
 _PUT_OPS = tuple(op.value for op in Op.of("put"))
 _GET_OPS = tuple(op.value for op in Op.of("get"))
 _ACTIONS = {
@@ -167,65 +169,12 @@ _ACTIONS = {
     "take_ended": "the source ids of attempts that ended without completing since the last call "
     "(failed, timed out, dead-lettered; uint64 LE)",
     "prepare_replays": "route a source's waiting replays to partitions for a round "
-    '{"source", "partitioner", "tag", "first_ids"}; returns JSON {"counts": {partition: rows}}',
+    '{"source", "partitioner", "tag", "first_ids": bool}; returns JSON {"counts": {partition: '
+    "rows}}",
     "release_replays": 'free the replays prepared for a round {"source", "tag"}',
     "job_state": 'update and read the job\'s resume state {"marks"?, "clear"?}; returns JSON '
     '{"progress": {source: {partition: rows}}, "marks": {key: value}}',
 }
-
-
-# --------------------------------------------------------------------------------------------
-# Server side
-# --------------------------------------------------------------------------------------------
-
-
-#: Longest token accepted: it travels in an HTTP/2 header (gRPC's header budget is 8 KiB).
-TOKEN_MAX = 4096
-
-
-def check_token(token: Any) -> str | None:
-    """``token`` if a client can send it (None/empty = no token): 1-4096 visible ASCII
-    characters (``!`` to ``~``, no space, tab, newline or non-ASCII: an HTTP/2 header value);
-    ``ValueError`` saying what is wrong otherwise.
-
-    >>> check_token("s3cret-token"), check_token(None)
-    ('s3cret-token', None)
-    """
-    if token is None or token == "":
-        return None
-    if not isinstance(token, str):
-        raise ValueError(f"the token must be a string, got {type(token).__name__}")
-    if len(token) > TOKEN_MAX:
-        raise ValueError(
-            f"the token is {len(token)} characters long; at most {TOKEN_MAX} fit in the header "
-            "every call carries: use a shorter secret"
-        )
-    bad = next((c for c in token if not "!" <= c <= "~"), None)
-    if bad is not None:
-        raise ValueError(
-            f"the token contains {bad!r} at position {token.index(bad)}: only visible ASCII "
-            "characters ('!' to '~') can travel in a call's header (no spaces, tabs, newlines "
-            "or non-ASCII)"
-        )
-    return token
-
-
-def check_job(job: Any) -> str:
-    """The job name ``job`` stands for: None is the job ``"default"``; otherwise 1-64 of
-    ``A-Z a-z 0-9 _ . -`` (``ValueError`` saying so). A job is one pipeline run: its sources,
-    rounds, replays, dead letters, stats and ended attempts are its own on a shared acker.
-
-    >>> check_job(None), check_job("run-2024.06_01")
-    ('default', 'run-2024.06_01')
-    """
-    if job is None:
-        return DEFAULT_JOB
-    if not isinstance(job, str) or not _JOB_RE.fullmatch(job):
-        raise ValueError(
-            f"job must be 1-64 characters among A-Z a-z 0-9 _ . - (one pipeline run's name), "
-            f"got {job!r:.80}"
-        )
-    return job
 
 
 def is_loopback(host: str) -> bool:
@@ -536,6 +485,16 @@ def _opt_int(cmd: dict[str, Any], key: str, default: int | None) -> int | None:
     return value
 
 
+def _opt_flag(cmd: dict[str, Any], key: str, op: str) -> bool:
+    """``cmd[key]`` as a flag: absent or null is False; anything but a JSON boolean is refused."""
+    value = cmd.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise _RequestError(f"{op}: {key!r} must be true or false, got {value!r:.80}")
+    return value
+
+
 def _schema_text(schema: pa.Schema) -> str:
     return ", ".join(f"{f.name}: {f.type}" for f in schema)
 
@@ -671,8 +630,8 @@ class AckerService(flight.FlightServerBase):
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an int in [0, 65535], got {port!r}")
         middleware = {"xorack": _CallFactory(token, {j: t for j, t in tokens.items() if t})}
-        _check_grpc_usable()
-        _mark_grpc()
+        check_grpc_usable()
+        mark_grpc()
         bind = _location(host, port, tls=tls is not None)
         try:
             super().__init__(
@@ -1050,9 +1009,10 @@ class AckerService(flight.FlightServerBase):
                 return flight.RecordBatchStream(ft.dead_letters(source=source))
             source = _opt_int(cmd, "source", 0)
             partition = _opt_int(cmd, "partition", None)
+            first = _opt_flag(cmd, "first_ids", "replays")
             req = check_request_id(cmd.get("req"))
             table = self.requests.run(
-                _req_key(job, req), lambda: self._take(ft, source, partition), op=op
+                _req_key(job, req), lambda: self._take(ft, source, partition, first), op=op
             )
             return flight.RecordBatchStream(table)
 
@@ -1072,18 +1032,21 @@ class AckerService(flight.FlightServerBase):
 
     def _prepare(self, ft: Any, body: dict[str, Any]) -> list[pa.Buffer]:
         source = _opt_int(body, "source", 0)
-        tag, spec, first = body.get("tag"), body.get("partitioner"), body.get("first_ids")
+        tag, spec = body.get("tag"), body.get("partitioner")
+        first = _opt_flag(body, "first_ids", "prepare_replays")
         if not isinstance(tag, str):
             raise _RequestError(f"prepare_replays: 'tag' must be a string, got {tag!r}")
-        for name, value in (("partitioner", spec), ("first_ids", first)):
-            if value is not None and not isinstance(value, str):
-                raise _RequestError(f"prepare_replays: {name!r} must be a string, got {value!r}")
+        if spec is not None and not isinstance(spec, str):
+            raise _RequestError(f"prepare_replays: 'partitioner' must be a string, got {spec!r}")
         counts = ft.prepare_replays(source, partitioner=spec, tag=tag, first_ids=first)
         out = {"counts": {str(p): int(n) for p, n in counts.items()}}
         return [pa.py_buffer(json.dumps(out).encode())]
 
-    def _take(self, ft: Any, source: int | None, partition: int | None) -> pa.Table:
-        parts = ft.take_replays(source=source, partition=partition)
+    def _take(
+        self, ft: Any, source: int | None, partition: int | None, first_ids: bool
+    ) -> pa.Table:
+        first = {"first_ids": True} if first_ids else {}  # (an FT layer of tests may lack it)
+        parts = ft.take_replays(source=source, partition=partition, **first)
         tables = [parts[p] for p in sorted(parts) if parts[p].num_rows]
         if not tables:
             return _EMPTY_REPLAYS.empty_table()
@@ -1197,499 +1160,3 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         return obj.tolist()
     return str(obj)
-
-
-# --------------------------------------------------------------------------------------------
-# Client side
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How an ``AckerClient`` retries when the service is unavailable or a call times out.
-
-    Attempt ``k`` (from 1) that fails waits ``min(initial_backoff * multiplier**(k-1),
-    max_backoff)`` seconds (± ``jitter``) before the next; after ``attempts`` the call raises
-    ``ServiceError``. The default budget is ~4 s of waiting when the service is down.
-    ``call_timeout`` bounds each attempt (a big persist to SQLite may take a while).
-
-    >>> RetryPolicy().total_backoff() < 5
-    True
-    """
-
-    attempts: int = 8
-    initial_backoff: float = 0.05
-    max_backoff: float = 1.0
-    multiplier: float = 2.0
-    jitter: float = 0.2
-    call_timeout: float = 30.0
-
-    def __post_init__(self) -> None:
-        if self.attempts < 1:
-            raise ValueError(f"attempts must be >= 1, got {self.attempts}")
-        if self.initial_backoff < 0 or self.max_backoff < 0 or self.multiplier < 1:
-            raise ValueError("backoffs must be >= 0 and multiplier >= 1")
-        if self.call_timeout <= 0:
-            raise ValueError(f"call_timeout must be > 0, got {self.call_timeout}")
-
-    def backoff(self, attempt: int) -> float:
-        """Seconds to wait after failed attempt number ``attempt`` (1-based), without jitter."""
-        return min(self.initial_backoff * self.multiplier ** (attempt - 1), self.max_backoff)
-
-    def total_backoff(self) -> float:
-        """Total waiting between attempts (without jitter) before giving up."""
-        return sum(self.backoff(k) for k in range(1, self.attempts))
-
-
-_RETRYABLE = (flight.FlightUnavailableError, flight.FlightTimedOutError)
-_grpc_pid: int | None = None  # the process in which this module first started gRPC
-
-
-def _mark_grpc() -> None:
-    """Remember that gRPC runs in this process (called before a Flight client/server is made)."""
-    global _grpc_pid
-    if _grpc_pid is None:
-        _grpc_pid = os.getpid()
-
-
-def _check_grpc_usable() -> None:
-    """gRPC cannot be used in a child forked after the parent started it: any call hangs. Say so
-    instead. (PySpark's daemon forks its workers before any of them opens a client: fine.)"""
-    if _grpc_pid is not None and _grpc_pid != os.getpid():
-        raise ServiceError(
-            f"this process was forked from process {_grpc_pid} after it had opened an Arrow "
-            "Flight (gRPC) connection; gRPC cannot be used in such a child. Open acker clients "
-            "only in processes that fork before any gRPC use (PySpark workers do), or start "
-            "children with multiprocessing's 'spawn' or 'forkserver' method"
-        )
-
-
-#: One client per (process, location, token, job, TLS roots): an AckerClient, or a
-#: ShardedAckerClient for a location naming several shards.
-_clients: dict[tuple[int, str, str | None, str, bytes | None], Any] = {}
-_clients_lock = threading.Lock()
-
-
-def _clean(exc: BaseException) -> str:
-    text = str(exc)
-    for marker in (". Detail:", ". gRPC client debug context:"):
-        text = text.split(marker)[0]
-    return text.strip()
-
-
-class AckerClient:
-    """A connection to an acker service; its methods mirror ``FTLayer``.
-
-    Use ``AckerClient.get(location, token, job=...)`` inside executors: one client per
-    (process, location, token, job, TLS roots), reused by every task a Python worker runs, and
-    re-created in a forked child. A ``grpc+tls://`` location is verified against
-    ``tls_root_certs`` (PEM bytes, e.g. the service's self-signed certificate) or, without them,
-    the system's roots. Calls are retried (``RetryPolicy``) when the service is unavailable or
-    times out; non-idempotent calls carry a request id the service deduplicates, so a retry
-    never applies twice. When the budget is spent the call raises ``xorack.ServiceError``.
-
-    >>> import pyarrow as pa
-    >>> from xorack import FTLayer
-    >>> with AckerService.embedded(FTLayer()) as svc:
-    ...     c = AckerClient.get(svc.location)
-    ...     src = c.persist(pa.record_batch({"x": [1, 2, 3]}), births=[1, 2, 3])
-    ...     c.fail(src[:1], reason="bad row").size, c.stats()["pending"]
-    (1, 3)
-    """
-
-    def __init__(
-        self,
-        location: str,
-        token: str | None = None,
-        retry: RetryPolicy | None = None,
-        job: str | None = None,
-        tls_root_certs: bytes | None = None,
-    ) -> None:
-        if not isinstance(location, str) or "://" not in location:
-            raise ValueError(f"location must look like grpc://host:port, got {location!r}")
-        if tls_root_certs is not None and not isinstance(tls_root_certs, bytes):
-            raise TypeError(
-                "tls_root_certs must be the PEM bytes of the certificates to trust (read the "
-                f"file first), got {type(tls_root_certs).__name__}"
-            )
-        if tls_root_certs is not None and not location.startswith("grpc+tls://"):
-            raise ValueError(
-                f"tls_root_certs given but {location!r} is not a TLS location: a TLS service's "
-                "location starts with grpc+tls://"
-            )
-        self.location = location
-        self.retry = retry or RetryPolicy()
-        token = check_token(token)
-        self.job = check_job(job)
-        self._pid = os.getpid()
-        headers = [(PROTOCOL_HEADER.encode(), str(PROTOCOL_VERSION).encode())]
-        if token:
-            headers.append((AUTH_HEADER.encode(), f"Bearer {token}".encode()))
-        if job is not None:
-            headers.append((JOB_HEADER.encode(), self.job.encode()))
-        self._options = flight.FlightCallOptions(timeout=self.retry.call_timeout, headers=headers)
-        _check_grpc_usable()
-        _mark_grpc()
-        # Reconnect quickly after the service restarts (gRPC's default backoff grows to 120 s).
-        tls = {"tls_root_certs": tls_root_certs} if tls_root_certs is not None else {}
-        self._client = flight.FlightClient(
-            location,
-            **tls,
-            generic_options=[
-                ("grpc.initial_reconnect_backoff_ms", 100),
-                ("grpc.min_reconnect_backoff_ms", 100),
-                ("grpc.max_reconnect_backoff_ms", 1000),
-            ],
-        )
-
-    @classmethod
-    def get(
-        cls,
-        location: str,
-        token: str | None = None,
-        job: str | None = None,
-        retry: RetryPolicy | None = None,
-        tls_root_certs: bytes | None = None,
-    ) -> AckerClient:
-        """The cached client of this process for ``location``, ``token`` and ``job`` (created on
-        first use). A location naming several shards (``grpc://h:p1,grpc://h:p2``, see
-        :mod:`xorack.shards`) gets a ``ShardedAckerClient``, which has the same methods and
-        routes each record to its shard. Every call of the client belongs to ``job`` (1-64 of
-        ``A-Z a-z 0-9 _ . -``; None = the job ``"default"``): it sees only that job's records,
-        replays, dead letters, stats and ended attempts.
-
-        The cache is keyed by process id: a client inherited through ``fork`` is never used in
-        the child (gRPC connections do not survive a fork), the child makes its own — provided
-        its parent had not started gRPC yet (else ``ServiceError`` says so at once; a gRPC call
-        in such a child would hang).
-        """
-        key = (os.getpid(), location, token, check_job(job), tls_root_certs)
-        client = _clients.get(key)
-        if client is None:
-            with _clients_lock:
-                client = _clients.get(key)
-                if client is None:
-                    make: Any = cls
-                    if "," in location:  # a sharded acker: one location per shard
-                        from .shards import ShardedAckerClient as make
-                    client = make(
-                        location,
-                        token=token,
-                        retry=retry,
-                        job=job,
-                        tls_root_certs=tls_root_certs,
-                    )
-                    _clients[key] = client
-        return client
-
-    def close(self) -> None:
-        """Close the connection (only in the process that opened it) and drop it from the cache."""
-        with _clients_lock:
-            for key, value in list(_clients.items()):
-                if value is self:
-                    del _clients[key]
-        if os.getpid() == self._pid:
-            self._client.close()
-
-    def __enter__(self) -> AckerClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # ---- retries -----------------------------------------------------------------------------
-
-    def _call(self, op: str, fn: Callable[[], T]) -> T:
-        if os.getpid() != self._pid:
-            raise ServiceError(
-                "this AckerClient was created in another process (before a fork); "
-                "use AckerClient.get(location) in each process"
-            )
-        _check_grpc_usable()
-        policy = self.retry
-        last: BaseException | None = None
-        for attempt in range(1, policy.attempts + 1):
-            try:
-                return fn()
-            except _RETRYABLE as exc:
-                last = exc
-                if attempt == policy.attempts:
-                    break
-                pause = policy.backoff(attempt)
-                time.sleep(pause * (1 + policy.jitter * (2 * random.random() - 1)))
-            except flight.FlightUnauthenticatedError as exc:
-                raise ServiceError(
-                    f"acker service at {self.location} refused {op}: unauthenticated "
-                    f"({_clean(exc)})"
-                ) from None
-            except flight.FlightError as exc:
-                raise ServiceError(
-                    f"acker service at {self.location}: {op} failed: {_clean(exc)}"
-                ) from None
-        hint = (
-            "; TLS: does the client trust the service's certificate (tls_root_certs) and does "
-            "the certificate name this host?"
-            if self.location.startswith("grpc+tls://")
-            else ""
-        )
-        raise ServiceError(
-            f"acker service at {self.location} unreachable after {policy.attempts} attempts "
-            f"({op}): {_clean(last) if last else 'no attempt made'}{hint}"
-        ) from None
-
-    def _put(self, op: str, cmd: dict[str, Any], data: pa.RecordBatch | pa.Table) -> np.ndarray:
-        table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
-        size = int(table.nbytes)
-        rows = max(1, (CHUNK_BYTES * table.num_rows) // max(size, 1))
-        parts = table.to_batches(max_chunksize=rows)  # slices: no copy
-        cmd = {"op": op, **cmd, "bytes": size, "rows": table.num_rows}  # refused at once if big
-        descriptor = flight.FlightDescriptor.for_command(json.dumps(cmd))
-
-        def attempt() -> np.ndarray:
-            writer, reader = self._client.do_put(descriptor, table.schema, options=self._options)
-            try:
-                for part in parts:
-                    writer.write_batch(part)
-                writer.done_writing()
-                buf = reader.read()
-            finally:
-                writer.close()
-            if buf is None:
-                return _EMPTY_IDS
-            return np.frombuffer(buf, dtype="<u8").astype(np.uint64, copy=False)
-
-        return self._call(op, attempt)
-
-    def _put_events(
-        self,
-        op: str,
-        cmd: Callable[[], dict[str, Any]],
-        batch: pa.RecordBatch,
-        *,
-        dedupe: bool = True,
-    ) -> np.ndarray:
-        """An xor/fail/touch, as one request per ``EVENT_CHUNK_ROWS`` rows (the service's
-        default row cap), each with its own request id; their results concatenated. (A call of
-        more rows that fails part way has applied the requests before: events are independent,
-        and each request is applied once.)"""
-        out = []
-        for start in range(0, batch.num_rows, EVENT_CHUNK_ROWS):
-            part = batch.slice(start, EVENT_CHUNK_ROWS)
-            command = cmd() | ({"req": _request_id()} if dedupe else {})
-            out.append(self._put(op, command, part))
-        return out[0] if len(out) == 1 else np.concatenate(out)
-
-    def _get(self, op: str, ticket: dict[str, Any]) -> pa.Table:
-        t = flight.Ticket(json.dumps({"op": op, **ticket}).encode())
-        return self._call(op, lambda: self._client.do_get(t, options=self._options).read_all())
-
-    def _action(self, kind: str, body: dict[str, Any]) -> bytes:
-        action = flight.Action(kind, json.dumps(body).encode())
-
-        def attempt() -> bytes:
-            results = list(self._client.do_action(action, options=self._options))
-            return results[0].body.to_pybytes() if results else b""
-
-        return self._call(kind, attempt)
-
-    # ---- the FT layer's API ------------------------------------------------------------------
-
-    def persist(
-        self,
-        batch: pa.RecordBatch | pa.Table,
-        key_hash: Any = None,
-        source: int = 0,
-        partition: Any = None,
-        births: Any = None,
-        src_ids: Any = None,
-        progress: tuple[int, int] | None = None,
-        idempotent: bool = False,
-    ) -> np.ndarray:
-        """Persist ``batch`` (payload only) in the FT layer; returns its source ids (uint64).
-
-        ``key_hash`` (int32 per row), ``births`` (uint64 per row: each record's first
-        ``_ft_rec``), ``partition`` (one int, or int32 per row) and ``src_ids`` (uint64 per
-        row, distinct and nonzero, when the caller draws the ids itself; else the acker draws
-        them) are optional; so are ``progress`` (``(partition, end)``) and ``idempotent``
-        (rows whose ``src_ids`` are already pending are left as they are): see
-        ``FTLayer.persist``.
-        """
-        from .ftlayer import check_persist_args  # the FT layer's own checks, before the wire
-        from .storage import check_progress
-
-        a = check_persist_args(batch, key_hash, source, partition, births, src_ids)
-        noted = check_progress(progress, a.batch.num_rows)
-        if a.batch.num_rows == 0:
-            return _EMPTY_IDS
-        wire = a.batch if isinstance(a.batch, pa.Table) else pa.Table.from_batches([a.batch])
-        for column, values, kind in (
-            (KEY_HASH, a.key_hash, pa.int32()),
-            (BIRTHS, a.births, pa.uint64()),
-            (SRC, a.src_ids, pa.uint64()),
-            (PARTITION, a.partition, pa.int32()),
-        ):
-            if values is not None:
-                wire = wire.append_column(column, pa.array(values, kind))
-        cmd: dict[str, Any] = {"source": a.source, "req": _request_id()}
-        if noted is not None:
-            cmd["progress"] = list(noted)
-        if idempotent:
-            if a.src_ids is None:
-                raise ValueError("idempotent: give the src_ids (derived from the records)")
-            cmd["idempotent"] = True
-        return self._put("persist", cmd, wire)
-
-    def job_state(
-        self, marks: dict[str, str | None] | None = None, clear: Sequence[str] = ()
-    ) -> dict[str, Any]:
-        """The job's resume state (``FTLayer.job_state``), after setting ``marks`` and clearing
-        ``clear``: ``{"progress": {source: {partition: rows}}, "marks": {key: value}}``."""
-        body: dict[str, Any] = {"clear": list(clear)}
-        if marks:
-            body["marks"] = dict(marks)
-        out = json.loads(self._action("job_state", body))
-        progress = {
-            int(s): {int(p): int(n) for p, n in parts.items()}
-            for s, parts in out.get("progress", {}).items()
-        }
-        return {"progress": progress, "marks": dict(out.get("marks", {}))}
-
-    def xor(self, src_ids: Any, values: Any, hold: bool = False, chunk_bits: int = 0) -> np.ndarray:
-        """Apply XOR events ``(src, value)``; returns the source ids completed by this call
-        (held, with ``hold``; chunk events with ``chunk_bits``: see ``FTLayer.xor``)."""
-        src = as_u64(src_ids, "src_ids", nonzero=True)
-        val = as_u64(values, "values")
-        same_length(src_ids=src, values=val)
-        if not src.size:
-            return _EMPTY_IDS
-        batch = pa.RecordBatch.from_arrays([pa.array(src), pa.array(val)], schema=XOR_SCHEMA)
-        extra: dict[str, Any] = {}
-        if hold or chunk_bits:
-            extra = {"hold": bool(hold), "chunk_bits": int(chunk_bits)}
-        # (a chunk's event is one row: splitting the rows into requests keeps it whole)
-        return self._put_events("xor", lambda: dict(extra), batch)
-
-    def release(self, chunks: Any = (), chunk_bits: int = 0) -> np.ndarray:
-        """End the held completions (``FTLayer.release``): those of ``chunks`` are replayed as
-        collateral; returns their ended source ids."""
-        c = as_u64(chunks, "chunks", nonzero=True)
-        batch = pa.RecordBatch.from_arrays([pa.array(c, pa.uint64())], schema=FAIL_SCHEMA)
-        cmd = {"chunk_bits": int(chunk_bits), "req": _request_id()}
-        return self._put("release", cmd, batch)
-
-    def fail(self, src_ids: Any, reason: str | None = None) -> np.ndarray:
-        """Fail records explicitly; returns the new source ids of their replays."""
-        src = as_u64(src_ids, "src_ids", nonzero=True)
-        if not src.size:
-            return _EMPTY_IDS
-        if reason is not None and not isinstance(reason, str):
-            raise TypeError(f"reason must be a str or None, got {type(reason).__name__}")
-        batch = pa.RecordBatch.from_arrays([pa.array(src)], schema=FAIL_SCHEMA)
-        return self._put_events("fail", lambda: {"reason": reason}, batch)
-
-    def touch(self, src_ids: Any) -> None:
-        """Reset the timeout of these records (idempotent: retried without a request id)."""
-        src = as_u64(src_ids, "src_ids", nonzero=True)
-        if src.size:
-            batch = pa.RecordBatch.from_arrays([pa.array(src)], schema=TOUCH_SCHEMA)
-            self._put_events("touch", dict, batch, dedupe=False)
-
-    def take_replays(self, source: int = 0, partition: int | None = None) -> dict[int, pa.Table]:
-        """The replays waiting for ``source`` (one partition or all): ``{partition: table}``.
-        Each replay is handed out once (a retried fetch returns the same tables)."""
-        ticket = {
-            "source": int(source),
-            "partition": None if partition is None else int(partition),
-            "req": _request_id(),
-        }
-        table = self._get("replays", ticket)
-        if table.num_rows == 0:
-            return {}
-        parts = table.column(PARTITION).to_numpy()
-        bounds = np.flatnonzero(np.diff(parts)) + 1
-        starts = np.concatenate(([0], bounds))
-        ends = np.concatenate((bounds, [len(parts)]))
-        out: dict[int, pa.Table] = {}
-        for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
-            p = int(parts[s])
-            piece = table.slice(s, e - s)
-            out[p] = pa.concat_tables([out[p], piece]) if p in out else piece
-        return out
-
-    def prepare_replays(
-        self,
-        source: int,
-        partitioner: str | None,
-        tag: str,
-        first_ids: str | None = None,
-    ) -> dict[int, int]:
-        """Route the replays of ``source`` waiting in the acker to partitions for one round
-        (``partitioner``: ``"hash:N"``, ``"forward:N"``, ...; None = the acker's own) and keep
-        them there under ``tag``; returns ``{partition: rows}``. Executors then get their
-        partition's rows with :meth:`fetch_replays`; the rows are freed by the next prepare of
-        the source, :meth:`release_replays` or the acker's close. Retried with the same
-        ``tag``, it answers the same counts. See ``FTLayer.prepare_replays`` (``first_ids``).
-
-        A sharded client forwards it to every shard and adds up the counts per partition.
-        """
-        body = {
-            "source": int(source),
-            "partitioner": partitioner,
-            "tag": str(tag),
-            "first_ids": first_ids,
-        }
-        out = json.loads(self._action("prepare_replays", body))
-        return {int(p): int(n) for p, n in out.get("counts", {}).items()}
-
-    def fetch_replays(self, source: int, tag: str, partition: int) -> pa.Table:
-        """The replays :meth:`prepare_replays` routed to ``partition`` under ``tag`` (the same
-        rows on every call of the round; an empty table when none): payload columns plus
-        ``_ft_src``, ``_ft_rec``, ``_ft_key_hash``, ``_ft_attempt``, ``_ft_origin``,
-        ``_ft_partition``. A sharded client concatenates every shard's."""
-        ticket = {"source": int(source), "tag": str(tag), "partition": int(partition)}
-        return self._get("fetch_replays", ticket)
-
-    def release_replays(self, source: int | None = None, tag: str | None = None) -> None:
-        """Free the replays prepared for ``source`` (every source when None; with ``tag``
-        only those prepared under it)."""
-        self._action("release_replays", {"source": source, "tag": tag})
-
-    def dead_letters(self, source: int | None = None) -> pa.Table:
-        """The dead-letter table (payload, origin id, attempts, last reason); only source index
-        ``source``'s when given (when the sources' payload schemas do not unify)."""
-        return self._get("dead_letters", {} if source is None else {"source": int(source)})
-
-    def stats(self) -> dict[str, Any]:
-        """The FT layer's stats (``FTStats.as_dict()``) plus ``"service"`` counters."""
-        out = json.loads(self._action("stats", {}))
-        per_source = out.get("replayed_by_source")
-        if isinstance(per_source, dict):  # JSON made the source indices strings
-            out["replayed_by_source"] = {int(k): v for k, v in per_source.items()}
-        return out
-
-    def rotate(self) -> np.ndarray:
-        """One timeout rotation; returns the new source ids of records replayed for a timeout."""
-        return np.frombuffer(self._action("rotate", {"req": _request_id()}), dtype="<u8").astype(
-            np.uint64
-        )
-
-    def expire_all(self) -> np.ndarray:
-        """Time out every pending record now; returns the new source ids of their replays."""
-        return np.frombuffer(
-            self._action("expire_all", {"req": _request_id()}), dtype="<u8"
-        ).astype(np.uint64)
-
-    def take_ended(self) -> np.ndarray:
-        """The source ids of attempts that ended without completing (failed, timed out or
-        dead-lettered) since the previous call: each id is handed out once."""
-        return np.frombuffer(
-            self._action("take_ended", {"req": _request_id()}), dtype="<u8"
-        ).astype(np.uint64, copy=False)
-
-    def ping(self) -> bool:
-        """True when the service answers (after retries); ``ServiceError`` otherwise."""
-        return self._action("ping", {}) == b"pong"
-
-
-def _request_id() -> str:
-    return os.urandom(16).hex()

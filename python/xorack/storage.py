@@ -2,9 +2,10 @@
 
 A persisted record is the seed's *semi-deserialized record*: one row of an Arrow batch (the
 payload, never re-parsed by the FT layer) plus the little the FT layer needs to replay it — its
-source id (``src``), key hash, source index, original partition, attempt number and origin id
-(the first source id the record ever had). A replay keeps the payload row and changes only the id
-(:meth:`Storage.renew`), so a record's bytes are written once, whatever happens to it.
+source id (``src``), key hash, source index, original partition, attempt number, origin id
+(the first source id the record ever had) and origin record id (the ``_ft_rec`` its first attempt
+was born with). A replay keeps the payload row and changes only the id (:meth:`Storage.renew`),
+so a record's bytes are written once, whatever happens to it.
 
 Two storages share one interface, all of it batched (numpy ``uint64`` id arrays in, Arrow out):
 
@@ -84,12 +85,14 @@ class RecordMeta:
     ``src`` (uint64) is the current source id, ``key_hash`` (int32) the hash the replay
     partitioner routes by, ``source`` (int32) the source index, ``partition`` (int32) the partition
     the record first went to (-1 unknown), ``attempt`` (int32, 1 at the first persist) and
-    ``origin`` (uint64) the record's first source id.
+    ``origin`` (uint64) the record's first source id, ``origin_rec`` (uint64) the record id
+    (``_ft_rec``) its first attempt was born with (0 = unknown): what a replay is given back when
+    its outputs must re-create the first attempt's ids.
 
     >>> import numpy as np
     >>> m = RecordMeta.new(np.array([5, 6], dtype=np.uint64), source=2)
-    >>> m.attempt.tolist(), m.origin.tolist(), len(m)
-    ([1, 1], [5, 6], 2)
+    >>> m.attempt.tolist(), m.origin.tolist(), m.origin_rec.tolist(), len(m)
+    ([1, 1], [5, 6], [0, 0], 2)
     """
 
     src: np.ndarray
@@ -98,6 +101,7 @@ class RecordMeta:
     partition: np.ndarray
     attempt: np.ndarray
     origin: np.ndarray
+    origin_rec: np.ndarray
 
     @classmethod
     def new(
@@ -106,8 +110,10 @@ class RecordMeta:
         key_hash: np.ndarray | None = None,
         source: int = 0,
         partition: np.ndarray | None = None,
+        origin_rec: np.ndarray | None = None,
     ) -> RecordMeta:
-        """Metadata of freshly persisted records (attempt 1, origin = src)."""
+        """Metadata of freshly persisted records (attempt 1, origin = src; ``origin_rec``: their
+        record ids, None = unknown)."""
         n = len(src)
         return cls(
             src=src,
@@ -116,11 +122,14 @@ class RecordMeta:
             partition=np.full(n, -1, np.int32) if partition is None else partition,
             attempt=np.ones(n, np.int32),
             origin=src.copy(),
+            origin_rec=np.zeros(n, np.uint64) if origin_rec is None else origin_rec,
         )
 
     @classmethod
     def empty(cls) -> RecordMeta:
-        return cls(_EMPTY_U64, _EMPTY_I32, _EMPTY_I32, _EMPTY_I32, _EMPTY_I32, _EMPTY_U64)
+        return cls(
+            _EMPTY_U64, _EMPTY_I32, _EMPTY_I32, _EMPTY_I32, _EMPTY_I32, _EMPTY_U64, _EMPTY_U64
+        )
 
     @classmethod
     def concat(cls, parts: list[RecordMeta]) -> RecordMeta:
@@ -138,7 +147,7 @@ class RecordMeta:
         return RecordMeta(*(getattr(self, f)[index] for f in _META_FIELDS))
 
 
-_META_FIELDS = ("src", "key_hash", "source", "partition", "attempt", "origin")
+_META_FIELDS = ("src", "key_hash", "source", "partition", "attempt", "origin", "origin_rec")
 
 
 class Storage(ABC):
@@ -476,6 +485,7 @@ class _Chunk:
         "key_hash",
         "live",
         "origin",
+        "origin_rec",
         "partition",
         "source",
     )
@@ -487,6 +497,7 @@ class _Chunk:
         self.partition = _compact(meta.partition)
         self.attempt = meta.attempt.copy()
         self.origin = meta.origin
+        self.origin_rec = _compact(meta.origin_rec)  # all 0 without births
         self.alive = np.ones(len(meta), bool)  # the rows held that a record still refers to
         self.live = len(meta)
         self.kept: np.ndarray | None = None  # first row numbers of the rows held, once compacted
@@ -513,6 +524,7 @@ class _Chunk:
         self.batch = self.batch.take(pa.array(rows))
         for name in ("key_hash", "attempt", "origin"):
             setattr(self, name, getattr(self, name)[rows])
+        self.origin_rec = _compact(self.origin_rec[rows])
         self.source = _compact(self.source[rows])
         self.partition = _compact(self.partition[rows])
         self.kept = first[rows]
@@ -838,13 +850,17 @@ _TABLES = {
 }
 _MARK = "mark:"  # the job's marks live in xorack_meta under this prefix
 _META_TYPES = [("key_hash", pa.int32()), ("source", pa.int32()), ("partition", pa.int32())]
-_META_TYPES.append(("origin", pa.uint64()))
-_KEPT_TYPE = ("row", pa.uint32())  # the 5th metadata column of a compacted batch
-# ft-2: a compacted batch's meta blob has a 5th column (the first row numbers of the rows it
-# holds). An ft-1 file is read as is and marked ft-2 when opened (this code may compact it);
-# code that knows only ft-1 then refuses the file instead of reading compacted batches wrong.
-_FORMAT = "xorack-ft-2"
-_OLDER_FORMATS = ("xorack-ft-1",)
+_META_TYPES += [("origin", pa.uint64()), ("origin_rec", pa.uint64())]
+#: The metadata columns of a batch written before ft-3 (no origin_rec: read as 0, unknown).
+_FT2_META_TYPES = _META_TYPES[:-1]
+_KEPT_TYPE = ("row", pa.uint32())  # the last metadata column of a compacted batch
+# ft-2: a compacted batch's meta blob has one more column (the first row numbers of the rows it
+# holds). ft-3: the meta blob has an origin_rec column after origin (the record id of the
+# record's first attempt). An older file is read as is (its batches keep their older meta
+# blobs; a batch rewritten by compaction gets the new layout) and marked ft-3 when opened;
+# code that knows only an older format then refuses the file instead of misreading it.
+_FORMAT = "xorack-ft-3"
+_OLDER_FORMATS = ("xorack-ft-1", "xorack-ft-2")
 _BATCH_CACHE = 32  # decoded batches kept for replays (most replays are of recent batches)
 _MIN_SQLITE = (3, 35, 0)
 # Blobs no record refers to are dropped by a scan of the record table once as many records were
@@ -877,16 +893,22 @@ def _one_batch(table: pa.Table) -> pa.RecordBatch:
 class _StoredBatch:
     """A persisted batch as read back: the payload and its rows' immutable metadata."""
 
-    __slots__ = ("kept", "key_hash", "origin", "partition", "payload", "source")
+    __slots__ = ("kept", "key_hash", "origin", "origin_rec", "partition", "payload", "source")
 
     def __init__(self, payload: pa.RecordBatch, meta: pa.RecordBatch) -> None:
+        names = meta.schema.names
         self.payload = payload
-        self.key_hash = meta.column(0).to_numpy()
-        self.source = meta.column(1).to_numpy()
-        self.partition = meta.column(2).to_numpy()
-        self.origin = meta.column(3).to_numpy()
+        self.key_hash = meta.column("key_hash").to_numpy()
+        self.source = meta.column("source").to_numpy()
+        self.partition = meta.column("partition").to_numpy()
+        self.origin = meta.column("origin").to_numpy()
+        self.origin_rec = (  # absent from a batch stored before ft-3: unknown
+            meta.column("origin_rec").to_numpy()
+            if "origin_rec" in names
+            else np.zeros(meta.num_rows, np.uint64)
+        )
         # a compacted batch: the first row numbers of the rows it holds (records keep theirs)
-        kept = meta.column(4).to_numpy().astype(np.int64) if meta.num_columns > 4 else None
+        kept = meta.column("row").to_numpy().astype(np.int64) if "row" in names else None
         self.kept: np.ndarray | None = kept
 
     def position(self, rows: np.ndarray) -> np.ndarray:
@@ -903,18 +925,19 @@ class _StoredBatch:
                 pa.array(self.source[at], pa.int32()),
                 pa.array(self.partition[at], pa.int32()),
                 pa.array(self.origin[at], pa.uint64()),
+                pa.array(self.origin_rec[at], pa.uint64()),
                 pa.array(rows, pa.uint32()),
             ],
-            names=["key_hash", "source", "partition", "origin", "row"],
+            names=["key_hash", "source", "partition", "origin", "origin_rec", "row"],
         )
         return self.payload.take(pa.array(at)), meta
 
 
 def _check_stored_batch(payload: bytes, meta: bytes) -> range | frozenset[int]:
     """The first row numbers held by a stored batch whose blobs decode into a payload with at
-    least one column and the four metadata columns of as many rows (a compacted batch: five,
-    the fifth ascending), without nulls; an exception (of any type: the blobs are untrusted
-    bytes) otherwise."""
+    least one column and the metadata columns of as many rows (``_META_TYPES``, or an older
+    file's ``_FT2_META_TYPES``; a compacted batch: one more, ascending), without nulls; an
+    exception (of any type: the blobs are untrusted bytes) otherwise."""
     if not isinstance(payload, bytes) or not isinstance(meta, bytes):
         raise TypeError("the batch's blobs are not BLOBs")
     p = _read_ipc(payload)
@@ -922,16 +945,17 @@ def _check_stored_batch(payload: bytes, meta: bytes) -> range | frozenset[int]:
     if not p.num_columns:
         raise ValueError("the payload has no columns")
     got = [(f.name, f.type) for f in m.schema]
-    if got not in (_META_TYPES, [*_META_TYPES, _KEPT_TYPE]):
+    layouts = [_META_TYPES, _FT2_META_TYPES]
+    if got not in [*layouts, *([*t, _KEPT_TYPE] for t in layouts)]:
         raise ValueError(f"the metadata columns are {got}, expected {_META_TYPES}")
     if m.num_rows != p.num_rows:
         raise ValueError(f"{p.num_rows} payload rows but {m.num_rows} metadata rows")
     if any(c.null_count for c in m.columns):
         raise ValueError("the metadata has nulls")
     p.validate(full=True)
-    if m.num_columns == len(_META_TYPES):
+    if got[-1] != _KEPT_TYPE:
         return range(p.num_rows)
-    kept = m.column(len(_META_TYPES)).to_numpy().astype(np.int64)
+    kept = m.column("row").to_numpy().astype(np.int64)
     if len(kept) > 1 and not (np.diff(kept) > 0).all():
         raise ValueError("the compacted batch's row numbers are not ascending")
     return frozenset(kept.tolist())
@@ -944,14 +968,16 @@ def _meta_batch(meta: RecordMeta) -> pa.RecordBatch:
             pa.array(meta.source, pa.int32()),
             pa.array(meta.partition, pa.int32()),
             pa.array(meta.origin, pa.uint64()),
+            pa.array(meta.origin_rec, pa.uint64()),
         ],
-        names=["key_hash", "source", "partition", "origin"],
+        names=["key_hash", "source", "partition", "origin", "origin_rec"],
     )
 
 
 class SQLiteStorage(Storage):
     """Durable records in one SQLite file (WAL mode): each persisted batch once, as Arrow IPC
-    blobs (the payload, and the rows' key hash, source, partition and origin), plus one narrow
+    blobs (the payload, and the rows' key hash, source, partition, origin and origin record
+    id), plus one narrow
     row per record (source id, batch and row, attempt); each call is one transaction. A process
     killed at any moment loses nothing a call had returned for (``synchronous="NORMAL"``
     survives a killed process; ``"FULL"`` survives a power loss too). A batch's blobs are
@@ -1297,6 +1323,7 @@ class SQLiteStorage(Storage):
             cols["source"][mine] = b.source[r]
             cols["partition"][mine] = b.partition[r]
             cols["origin"][mine] = b.origin[r]
+            cols["origin_rec"][mine] = b.origin_rec[r]
         cols["attempt"] = a[:, 2].astype(np.int32)
         return RecordMeta(src=a[:, 0].view(np.uint64).copy(), **cols), locs
 

@@ -18,6 +18,7 @@ MODULES = [
     "xorack.storage",
     "xorack.ftlayer",
     "xorack.protocol",
+    "xorack.client",
     "xorack.service",
     "xorack.sharding",
     "xorack.shards",

@@ -10,13 +10,14 @@ import pyarrow as pa
 import pytest
 
 from xorack import FTLayer, FTStats, ManualClock, StorageError
+from xorack.protocol import REPLAY_COLUMNS
 from xorack.replay import (
     BroadcastReplayPartitioner,
     ShuffleReplayPartitioner,
 )
 from xorack.storage import MemoryStorage, SQLiteStorage
 
-FT_COLUMNS = ["_ft_src", "_ft_rec", "_ft_key_hash", "_ft_attempt", "_ft_origin", "_ft_partition"]
+FT_COLUMNS = list(REPLAY_COLUMNS)  # _ft_src, _ft_rec, ..., _ft_origin_rec, ..., _ft_partition
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -79,6 +80,7 @@ def test_seed_with_fail_replays_same_bytes_key_hash_and_source(make_ft):
     assert row["_ft_key_hash"] == 12345
     assert row["_ft_origin"] == src
     assert row["_ft_attempt"] == 2
+    assert (row["_ft_origin_rec"], row["_ft_origin_partition"]) == (0xAB, -1)
     assert rep.column_names == ["v", "s", *FT_COLUMNS]
     s = ft.stats()
     assert s.replayed_by_source == {1: 1}
@@ -586,6 +588,47 @@ def test_storage_error_surfaces_and_earlier_records_stay(tmp_path, backend):
     with FTLayer(f"sqlite:///{path}", backend=backend) as again:  # the other one is replayed
         assert again.stats().recovered == 1
         assert replays(again).column("v").to_pylist() == [2]
+
+
+def test_a_record_keeps_its_first_id_and_partition_across_replays_and_a_restart(tmp_path, backend):
+    path = tmp_path / "ft.db"
+    ft = FTLayer(f"sqlite:///{path}", backend=backend, clock=ManualClock(), default_partitions=4)
+    src = ft.persist(batch(1, 2), key_hash=[3, 4], partition=[2, 1], births=[0x51, 0x52])
+    ft.fail(ft.fail(src))  # two replays: attempt 3
+    ft.close()
+    with FTLayer(f"sqlite:///{path}", backend=backend, clock=ManualClock()) as again:
+        rep = replays(again).sort_by("v")
+        assert rep.column("_ft_attempt").to_pylist() == [3, 3]
+        assert rep.column("_ft_origin_rec").to_pylist() == [0x51, 0x52]
+        assert rep.column("_ft_origin_partition").to_pylist() == [2, 1]
+        assert rep.column("v").to_pylist() == [1, 2]  # the payload: no column of ours
+
+
+def test_take_replays_with_first_ids_gives_each_record_its_first_id_once(make_ft):
+    ft = make_ft(replay_partitioners={0: "single"})
+    first = ft.persist(batch(1, 2), births=[0x61, 0x62])
+    copy = ft.persist(batch(1), births=[0x61])  # a retried source task persisted row 1 again
+    unknown = ft.persist(batch(3))  # births as events: no first id
+    ft.fail(np.concatenate([first, copy, unknown]))
+    (rep,) = ft.take_replays(0, first_ids=True).values()
+    rec = rep.column("_ft_rec").to_numpy()
+    firsts = sorted(rep.column("_ft_origin_rec").to_pylist())
+    assert firsts == [0, 0x61, 0x61, 0x62]
+    given = rec[np.isin(rec, [0x61, 0x62])]
+    assert sorted(given.tolist()) == [0x61, 0x62]  # once each; the copy and the rest: fresh
+    # each replay completes with the id it was handed: its checksum moved with it
+    assert len(ft.xor(rep.column("_ft_src").to_numpy(), rec)) == 4
+    assert ft.pending == 0
+
+
+def test_take_replays_without_first_ids_hands_out_fresh_ids(make_ft):
+    ft = make_ft(replay_partitioners={0: "single"})
+    ft.fail(ft.persist(batch(1), births=[0x71]))
+    with pytest.raises(TypeError, match="first_ids must be True or False"):
+        ft.take_replays(0, first_ids="_xorack_det")
+    (rep,) = ft.take_replays(0).values()
+    assert rep.column("_ft_rec").to_pylist() != [0x71]
+    assert rep.column("_ft_origin_rec").to_pylist() == [0x71]
 
 
 def test_failed_delete_is_retried(backend):

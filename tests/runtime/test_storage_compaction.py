@@ -291,6 +291,43 @@ def _check_model(storage, current: dict[int, int], attempts: dict[int, int]) -> 
     assert meta.attempt.tolist() == [attempts[o] for o in origins]
 
 
+def test_a_file_of_batches_without_first_ids_is_read_and_compacted(tmp_path):
+    path = tmp_path / "ft.db"
+    s = SQLiteStorage(path)
+    src = _persist(s, 2, 100)
+    s.close()
+    with closing(sqlite3.connect(path)) as db:  # as ft-2 wrote it: no origin_rec column
+        for no, blob in db.execute("SELECT id, meta FROM batches").fetchall():
+            meta = pa.ipc.open_stream(blob).read_all().drop_columns(["origin_rec"])
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, meta.schema) as w:
+                w.write_table(meta)
+            db.execute(
+                "UPDATE batches SET meta = ? WHERE id = ?", (sink.getvalue().to_pybytes(), no)
+            )
+        db.execute("UPDATE xorack_meta SET value = 'xorack-ft-2' WHERE key = 'format'")
+        db.commit()
+    s = SQLiteStorage(path)
+    try:
+        assert s.quarantined == 0
+        _, meta = s.fetch(src[:10])
+        assert meta.origin_rec.tolist() == [0] * 10  # unknown
+        s.delete(src[10:])
+        s.compact()  # rewritten in the ft-3 layout
+        payload, meta = s.fetch(src[:10])
+        assert payload.column("n").to_pylist() == list(range(10))
+        assert meta.origin_rec.tolist() == [0] * 10
+        assert _compacted(s) == 1
+    finally:
+        s.close()
+    s = SQLiteStorage(path)
+    try:
+        assert s.quarantined == 0
+        assert len(s.fetch(src[:10])[1]) == 10
+    finally:
+        s.close()
+
+
 def test_an_older_sqlite_file_is_read_and_marked_for_compacted_batches(tmp_path):
     path = tmp_path / "ft.db"
     s = SQLiteStorage(path)
@@ -310,4 +347,4 @@ def test_an_older_sqlite_file_is_read_and_marked_for_compacted_batches(tmp_path)
         s.close()
     with closing(sqlite3.connect(path)) as db:  # code that knows only ft-1 now refuses the file
         (fmt,) = db.execute("SELECT value FROM xorack_meta WHERE key = 'format'").fetchone()
-    assert fmt == "xorack-ft-2"
+    assert fmt == "xorack-ft-3"

@@ -243,7 +243,7 @@ def test_serve_on_an_unusable_database_is_one_line(tmp_path):
 
 
 def test_an_oversized_request_is_refused_and_a_chunked_one_accepted(ft, monkeypatch):
-    import xorack.service as service_module
+    import xorack.client as client_module
 
     with AckerService.embedded(ft, max_request_bytes=1 << 20) as svc:
         c = AckerClient(svc.location, retry=FAST_RETRY)
@@ -257,7 +257,7 @@ def test_an_oversized_request_is_refused_and_a_chunked_one_accepted(ft, monkeypa
         assert ft.pending == 0
         assert svc.stats()["service"]["rejected"] == 2
         # under the cap, a persist goes in many messages and is applied once, as a whole
-        monkeypatch.setattr(service_module, "CHUNK_BYTES", 64 << 10)
+        monkeypatch.setattr(client_module, "CHUNK_BYTES", 64 << 10)
         ok = pa.record_batch({"v": np.arange(50_000, dtype=np.int64)})  # + births: 800 KB
         src = c.persist(ok, births=np.arange(1, 50_001, dtype=U64))  # 13 messages
         assert len(src) == 50_000
@@ -465,9 +465,9 @@ def test_a_request_of_too_many_rows_is_refused(ft):
 
 
 def test_an_event_call_beyond_the_row_cap_goes_as_several_requests(ft, monkeypatch):
-    import xorack.service as service_module
+    import xorack.client as client_module
 
-    monkeypatch.setattr(service_module, "EVENT_CHUNK_ROWS", 100)
+    monkeypatch.setattr(client_module, "EVENT_CHUNK_ROWS", 100)
     with AckerService.embedded(ft, max_request_rows=100) as svc:
         c = AckerClient(svc.location, retry=FAST_RETRY)
         births = np.arange(1, 301, dtype=U64)

@@ -336,9 +336,13 @@ class _FakeShard:
         self.k = k
         self.calls: list[tuple] = []
 
-    def prepare_replays(self, source, partitioner, tag, first_ids=None):
+    def prepare_replays(self, source, partitioner, tag, first_ids=False):
         self.calls.append(("prepare", source, partitioner, tag, first_ids))
         return {0: 1 + self.k, 2 + self.k: 5}
+
+    def take_replays(self, source=0, partition=None, first_ids=False):
+        self.calls.append(("take", source, partition, first_ids))
+        return {self.k: pa.table({"w": [f"s{self.k}"]})}
 
     def fetch_replays(self, source, tag, partition):
         self.calls.append(("fetch", source, tag, partition))
@@ -353,16 +357,26 @@ class _FakeShard:
         pass
 
 
+def test_take_replays_asks_every_shard_for_first_ids():
+    client = ShardedAckerClient("grpc://127.0.0.1:1,grpc://127.0.0.1:2")
+    client.shards = [_FakeShard(k) for k in range(2)]
+    assert {p: t.num_rows for p, t in client.take_replays(3, first_ids=True).items()} == {
+        0: 1,
+        1: 1,
+    }
+    assert [shard.calls for shard in client.shards] == [[("take", 3, None, True)]] * 2
+
+
 def test_per_partition_replay_ops_go_to_every_shard():
     client = ShardedAckerClient("grpc://127.0.0.1:1,grpc://127.0.0.1:2,grpc://127.0.0.1:3")
     client.shards = [_FakeShard(k) for k in range(3)]
-    assert client.prepare_replays(0, "hash:4", "r1", "_ft_det") == {0: 6, 2: 5, 3: 5, 4: 5}
+    assert client.prepare_replays(0, "hash:4", "r1", True) == {0: 6, 2: 5, 3: 5, 4: 5}
     table = client.fetch_replays(0, "r1", 2)
     assert table.column("w").to_pylist() == ["s0p2", "s2p2"]
     client.release_replays(0, "r1")
     for k, shard in enumerate(client.shards):
         assert shard.calls == [
-            ("prepare", 0, "hash:4", "r1", "_ft_det"),
+            ("prepare", 0, "hash:4", "r1", True),
             ("fetch", 0, "r1", 2),
             ("release", 0, "r1"),
         ], k

@@ -12,8 +12,6 @@ import xorack
 from xorack import FTLayer
 from xorack.service import AckerClient, AckerService
 
-DET = "_xorack_det"
-
 
 def _layer(storage: str, tmp_path) -> FTLayer:
     spec = storage if storage == "memory" else f"sqlite:///{tmp_path / 'ft.db'}"
@@ -27,13 +25,10 @@ def layer(request, tmp_path):
     ft.close()
 
 
-def _failed(ft: FTLayer, n: int, det: bool = True, partition=None) -> np.ndarray:
+def _failed(ft: FTLayer, n: int, partition=None) -> np.ndarray:
     """Persist n records (key hash i, births = first ids i + 1) and fail them all."""
-    cols = {"v": pa.array(np.arange(n, dtype=np.int64))}
-    if det:
-        cols[DET] = pa.array(np.arange(1, n + 1, dtype=np.int64))
     src = ft.persist(
-        pa.table(cols),
+        pa.table({"v": pa.array(np.arange(n, dtype=np.int64))}),
         key_hash=np.arange(n, dtype=np.int32),
         births=np.arange(1, n + 1, dtype=np.uint64),
         partition=partition,
@@ -70,11 +65,12 @@ def test_prepare_forward_sends_replays_to_their_first_partition(layer):
 
 def test_replays_are_born_with_their_first_ids_and_complete_with_them(layer):
     _failed(layer, 50)
-    counts = layer.prepare_replays(0, "hash:4", tag="r1", first_ids=DET)
+    counts = layer.prepare_replays(0, "hash:4", tag="r1", first_ids=True)
     for t in _fetch_all(layer, "r1", counts).values():
         rec = t.column("_ft_rec").to_numpy()
-        det = t.column(DET).to_numpy().view(np.uint64)
+        det = t.column("_ft_origin_rec").to_numpy()
         assert (rec == det).all()
+        assert sorted(det.tolist()) == sorted((t.column("v").to_numpy() + 1).tolist())
         # the replay's outputs carry the first attempt's ids: acking them completes it
         done = layer.xor(t.column("_ft_src").to_numpy(), det)
         assert len(done) == t.num_rows
@@ -86,15 +82,11 @@ def test_two_copies_of_one_row_in_one_round_replay_once(layer):
     # a retried source task persisted the same row twice: same first id, same key. Replaying
     # both would write its outputs twice (the second copy cannot have the first id's outputs)
     for _ in range(2):
-        src = layer.persist(
-            pa.table({"v": [7], DET: pa.array([99], pa.int64())}), key_hash=[5], births=[99]
-        )
+        src = layer.persist(pa.table({"v": [7]}), key_hash=[5], births=[99])
         layer.fail(src)
-    other = layer.persist(
-        pa.table({"v": [8], DET: pa.array([98], pa.int64())}), key_hash=[5], births=[98]
-    )
+    other = layer.persist(pa.table({"v": [8]}), key_hash=[5], births=[98])
     layer.fail(other)
-    counts = layer.prepare_replays(0, "hash:2", tag="r1", first_ids=DET)
+    counts = layer.prepare_replays(0, "hash:2", tag="r1", first_ids=True)
     (t,) = _fetch_all(layer, "r1", counts).values()
     assert sorted(t.column("v").to_pylist()) == [7, 8]
     rec = t.column("_ft_rec").to_numpy()
@@ -104,18 +96,16 @@ def test_two_copies_of_one_row_in_one_round_replay_once(layer):
     assert len(layer.xor(t.column("_ft_src").to_numpy(), rec)) == 2  # each completes
     assert layer.pending == 0
     # the next round has nothing of them
-    assert layer.prepare_replays(0, "hash:2", tag="r2", first_ids=DET) == {}
+    assert layer.prepare_replays(0, "hash:2", tag="r2", first_ids=True) == {}
 
 
 def test_a_copy_in_a_later_round_is_replayed_with_the_first_id_again(layer):
     # the second copy waits for a later round: it re-creates the first attempt's outputs
     # (an idempotent sink absorbs them), it is not dropped
     for tag in ("r1", "r2"):
-        src = layer.persist(
-            pa.table({"v": [7], DET: pa.array([99], pa.int64())}), key_hash=[5], births=[99]
-        )
+        src = layer.persist(pa.table({"v": [7]}), key_hash=[5], births=[99])
         layer.fail(src)
-        counts = layer.prepare_replays(0, "hash:2", tag=tag, first_ids=DET)
+        counts = layer.prepare_replays(0, "hash:2", tag=tag, first_ids=True)
         (t,) = _fetch_all(layer, tag, counts).values()
         assert t.column("_ft_rec").to_pylist() == [99]
         assert len(layer.xor(t.column("_ft_src").to_numpy(), [99])) == 1
@@ -128,7 +118,7 @@ def test_a_persist_retried_after_a_restart_replays_its_record_once(tmp_path):
     # replay under a new id); the client's retry then stored the same record again under the
     # id it drew, and that copy failed in the round. One replay, not two.
     spec = f"sqlite:///{tmp_path / 'ft.db'}"
-    batch = pa.table({"v": [7, 8], DET: pa.array([99, 98], pa.int64())})
+    batch = pa.table({"v": [7, 8]})
     ids = np.array([1111, 2222], dtype=np.uint64)
     ft = FTLayer(storage=spec, max_attempts=3)
     ft.persist(batch, key_hash=[5, 6], births=[99, 98], src_ids=ids)
@@ -138,7 +128,7 @@ def test_a_persist_retried_after_a_restart_replays_its_record_once(tmp_path):
         assert ft.stats().recovered == 2
         ft.persist(batch, key_hash=[5, 6], births=[99, 98], src_ids=ids)  # the client's retry
         ft.fail(ids)
-        counts = ft.prepare_replays(0, "hash:2", tag="r1", first_ids=DET)
+        counts = ft.prepare_replays(0, "hash:2", tag="r1", first_ids=True)
         t = pa.concat_tables(_fetch_all(ft, "r1", counts).values())
         assert sorted(t.column("v").to_pylist()) == [7, 8]
         assert sorted(t.column("_ft_rec").to_pylist()) == [98, 99]
@@ -193,11 +183,24 @@ def test_broadcast_routing_is_refused(layer):
     assert layer.stats().replays_waiting == 2
 
 
+def test_the_client_takes_replays_with_their_first_ids_through_the_service(ft):
+    with AckerService.embedded(ft) as svc:
+        client = AckerClient.get(svc.location)
+        _failed(ft, 20, partition=np.arange(20, dtype=np.int32) % 4)
+        t = pa.concat_tables(client.take_replays(0, first_ids=True).values())
+        rec = t.column("_ft_rec").to_numpy()
+        assert (rec == t.column("_ft_origin_rec").to_numpy()).all()
+        assert (t.column("_ft_origin_partition").to_numpy() == t.column("v").to_numpy() % 4).all()
+        assert "_xorack_det" not in t.column_names
+        assert len(client.xor(t.column("_ft_src").to_numpy(), rec)) == 20
+        assert ft.pending == 0
+
+
 def test_the_client_prepares_fetches_and_releases_through_the_service(ft):
     with AckerService.embedded(ft) as svc:
         client = AckerClient.get(svc.location)
         _failed(ft, 40)
-        counts = client.prepare_replays(0, "hash:3", "p0-r1", first_ids=DET)
+        counts = client.prepare_replays(0, "hash:3", "p0-r1", first_ids=True)
         assert counts == ft.prepare_replays(0, "hash:3", tag="p0-r1")  # same tag: same round
         rows = 0
         for p, n in counts.items():
@@ -283,13 +286,13 @@ def test_a_prepare_in_chunks_gives_each_first_id_once(layer, monkeypatch):
     monkeypatch.setattr(ftlayer, "_PREPARE_CHUNK", 3)  # many chunks; copies in different ones
     for _ in range(2):  # every row persisted twice (a retried source task)
         src = layer.persist(
-            pa.table({"v": np.arange(10), DET: pa.array(np.arange(1, 11), pa.int64())}),
+            pa.table({"v": np.arange(10)}),
             key_hash=np.arange(10, dtype=np.int32),
             births=np.arange(1, 11, dtype=np.uint64),
         )
         for one in src:  # one fail call each: a queue of many small pieces
             layer.fail([one])
-    counts = layer.prepare_replays(0, "hash:3", tag="r1", first_ids=DET)
+    counts = layer.prepare_replays(0, "hash:3", tag="r1", first_ids=True)
     tables = _fetch_all(layer, "r1", counts).values()
     rec = np.concatenate([t.column("_ft_rec").to_numpy() for t in tables])
     assert sorted(rec.tolist()) == list(range(1, 11))  # each record once, with its first id

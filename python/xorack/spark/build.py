@@ -16,13 +16,14 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ServiceError
+from ..protocol import ORIGIN_PARTITION
 from .arrow_stage import declared_arrow_schema
 from .context import RunContext
 from .lineage import KEEP, LINEAGE, q
 from .node import Node
 from .outputs import NativeSinkNode
 from .rows import Source, Transform, tagged_schema, with_pending
-from .stages import BRANCH, DET, ORIG_PART, REC, SRC, StageRunner, Tee, i64, u64
+from .stages import BRANCH, REC, SRC, StageRunner, Tee, i64, u64
 
 
 @dataclass
@@ -194,7 +195,7 @@ class RoundBuilder:
         # earlier driver's round; a retried request re-sends the same tag (same counts)
         tag = f"p{ctx.phase}-r{ctx.round}-{os.urandom(6).hex()}"
         spec = replay_partitioning(node.keys, n)
-        counts = ctx.client.prepare_replays(node.index, spec, tag, first_ids=DET)
+        counts = ctx.client.prepare_replays(node.index, spec, tag, first_ids=True)
         k = sum(counts.values())
         if not k:
             return None, 0
@@ -214,14 +215,15 @@ class RoundBuilder:
         """The replays of a source waiting in the FT layer, taken by the driver, as a DataFrame
         with lineage columns and ``_ft_route``, the route key of the partition the source's
         partitioning chooses: ``pmod(key hash, n)`` with keys (Spark's ``repartition(n,
-        *keys)``), else the partition the record was first read on. Used where fresh rows and
-        replays share a micro-batch (streaming); batch rounds fetch theirs."""
+        *keys)``), else the partition the record was first read on. The FT layer gives each
+        replay its first attempt's id. Used where fresh rows and replays share a micro-batch
+        (streaming); batch rounds fetch theirs."""
         import xorack.hashing as hashing
 
         from ..replay import HashReplayPartitioner
 
         ctx = self.ctx
-        parts = ctx.client.take_replays(source=node.index)
+        parts = ctx.client.take_replays(source=node.index, first_ids=True)
         tables = [t for _, t in sorted(parts.items()) if t.num_rows]
         if ctx.on_replays is not None:  # streaming: the attempts for current_attempt(pdf)
             ctx.on_replays(tables)
@@ -230,9 +232,6 @@ class RoundBuilder:
         n = ctx.partitions(node)
         route = hashing.route_keys(n)
         pieces = []
-        corr_src: list[np.ndarray] = []
-        corr_val: list[np.ndarray] = []
-        seen_det: set[int] = set()
         for t in tables:
             # route here, from what the record carries, whatever the service's own replay
             # partitioners are (a standalone `xorack serve` knows nothing of this pipeline)
@@ -241,7 +240,7 @@ class RoundBuilder:
                 original = np.full(t.num_rows, -1, dtype=np.int32)
                 _, target = HashReplayPartitioner(n).assign(key_hash.astype(np.int32), original)
             else:
-                target = t.column(ORIG_PART).to_numpy(zero_copy_only=False)
+                target = t.column(ORIGIN_PARTITION).to_numpy(zero_copy_only=False)
             target = np.asarray(target, dtype=np.int64)
             if len(target) and (target.min() < 0 or target.max() >= n):
                 raise ServiceError(
@@ -250,20 +249,6 @@ class RoundBuilder:
                 )
             src = u64(t.column(SRC))
             rec = u64(t.column(REC))
-            if DET in t.schema.names:
-                # the replay was born with a fresh id; move its checksum to the deterministic
-                # first id, so that its outputs re-create the ids of the first attempt. Two
-                # copies of one source row (a retried source task persisted it twice) keep
-                # their fresh ids but one: ids must be unique within a round.
-                det = u64(t.column(DET))
-                first = np.zeros(len(det), dtype=bool)
-                first[np.unique(det, return_index=True)[1]] = True
-                if seen_det:
-                    first &= ~np.isin(det, np.fromiter(seen_det, np.uint64, len(seen_det)))
-                seen_det.update(det[first].tolist())
-                corr_src.append(src[first])
-                corr_val.append(rec[first] ^ det[first])
-                rec = np.where(first, det, rec)
             cols = [t.column(c) for c in node.columns]
             pieces.append(
                 pa.table(
@@ -276,11 +261,6 @@ class RoundBuilder:
                     names=[*node.columns, SRC, REC, "_ft_route"],
                 )
             )
-        if corr_src:
-            s, v = np.concatenate(corr_src), np.concatenate(corr_val)
-            nz = v != 0
-            if nz.any():
-                ctx.client.xor(s[nz], v[nz])
         table = pa.concat_tables(pieces, promote_options="permissive")
         df = ctx.spark.createDataFrame(table, schema=self._route_schema(node))
         return df, table.num_rows

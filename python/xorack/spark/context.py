@@ -17,7 +17,6 @@ import pyarrow as pa
 from ..errors import ServiceError
 from ..protocol import CHUNK_BITS
 from .barrier import Staging
-from .stages import DET, ORIG_PART
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -245,14 +244,13 @@ class RunContext:
             self.location = None
 
     def fetch_dead_letters(self) -> pa.Table | None:
-        """The job's dead-letter table without xorack's internal columns (None when the acker
-        cannot answer: the report is complete without it)."""
+        """The job's dead-letter table (None when the acker cannot answer: the report is
+        complete without it)."""
         try:
-            table = self.client.dead_letters()
+            table: pa.Table = self.client.dead_letters()
         except Exception:
             return None
-        internal = [c for c in (DET, ORIG_PART) if c in table.schema.names]
-        return table.drop_columns(internal) if internal else table
+        return table
 
 
 __all__ = ["NodeRun", "PipelineConfig", "RunContext"]

@@ -30,7 +30,7 @@ from .rows import (
 )
 from .schema import empty_frame
 from .sinks import capabilities_of
-from .stages import DET, StageSchemaError, check_columns
+from .stages import StageSchemaError, check_columns
 
 STAGE_KINDS: dict[str, type[PythonStage]] = {
     "map_in_pandas": PandasStage,
@@ -137,7 +137,7 @@ class PlanBuilder:
         self, df: Any, name: str | None, keys: tuple[str, ...], partitions: int | None
     ) -> Source:
         cols = tuple(df.columns)
-        bad = [c for c in cols if c.startswith("_ft_") or c == DET]
+        bad = [c for c in cols if c.startswith("_ft_")]
         if bad:
             raise StageSchemaError(f"source {name!r}: column names {bad} are reserved by xorack")
         check_columns(name or "source", cols, keys, "source")

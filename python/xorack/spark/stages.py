@@ -39,8 +39,6 @@ from ..errors import FailRecord, LineageError, XorackError
 from .lineage import EV, KEEP, REC, SRC, settle
 
 LINEAGE_COLUMNS = (SRC, REC)  # what a stage's function sees (the pending columns are settled)
-DET = "_xorack_det"  # persisted with the payload: the source record's deterministic first id
-ORIG_PART = "_xorack_part"  # persisted with the payload: the partition the record was read on
 PART = "_ft_part"  # spark_partition_id() of the source's own partitioning, read by the tagger
 BRANCH = "_ft_branch"  # which consumer of a branch point a tee'd copy belongs to
 ROUND_PROPERTY = "xorack.round"  # Spark local property: the batch round (0 = first attempt)
@@ -544,9 +542,6 @@ class SourceTagger:
             key_hash = None
             if self.keys:
                 key_hash = hashing.murmur3_hash([batch.column(k) for k in self.keys])
-            payload = batch.append_column(DET, pa.array(i64(rec), pa.int64())).append_column(
-                ORIG_PART, pa.array(np.full(n, partition, dtype=np.int32))
-            )
             # a deterministic source derives its source ids too (a retried task re-creates
             # them: the acker keeps one record instead of a copy it would replay)
             src_ids = None
@@ -558,8 +553,10 @@ class SourceTagger:
                 src_ids = chunked_ids(n, self.chunk_bits)
             elif self.deterministic:
                 src_ids = record_src_ids(rec, salt)
+            # the FT layer keeps each record's first id (its birth) and partition: a replay
+            # gets them back as _ft_origin_rec / _ft_origin_partition
             src = client.persist(
-                payload,
+                batch,
                 key_hash=key_hash,
                 source=self.source,
                 partition=partition,
