@@ -73,7 +73,8 @@ def _median(fn: Callable[[], object], repeat: int) -> list[float]:
 def stage_alone(n: int, repeat: int) -> None:
     from xorack import acker
     from xorack.spark.arrow_stage import ArrowStageRunner
-    from xorack.spark.stages import StageRunner, i64
+    from xorack.spark.ids import i64
+    from xorack.spark.stages import StageRunner
 
     table = lines(n)
     rng_ids = acker.new_ids(2 * n)

@@ -31,6 +31,9 @@ MODULES = [
     "xorack.spark.replays",
     "xorack.spark.optimistic",
     "xorack.spark.lineage",
+    "xorack.spark.report",
+    "xorack.spark.ids",
+    "xorack.spark.sinks",
 ]
 
 

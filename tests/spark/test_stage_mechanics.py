@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import xorack
-from xorack.spark.stages import ContentRanks, _ordinals, call_bisecting, content_ids, with_lineage
+from xorack.spark.ids import ContentRanks, content_ids, ordinals, with_lineage
+from xorack.spark.stages import call_bisecting
 
 
 def _ids(batch: pa.RecordBatch, ranks: ContentRanks | None = None) -> np.ndarray:
@@ -144,8 +145,8 @@ def test_output_ordinals_rank_siblings_in_output_order(parents, in_order):
     for p in parent.tolist():
         expected.append(seen[p])
         seen[p] += 1
-    assert _ordinals(parent).tolist() == expected
-    assert _ordinals(parent).dtype == np.uint64
+    assert ordinals(parent).tolist() == expected
+    assert ordinals(parent).dtype == np.uint64
 
 
 def test_lineage_columns_are_added_without_touching_the_functions_frame():
@@ -183,7 +184,8 @@ def test_a_keyed_sources_ids_do_not_depend_on_its_partitions(service):
     row the same id in whichever partition it is read (its identical rows always share one),
     so a second run whose barrier output went on in fewer partitions re-creates the ids of
     the first; without keys, the partition is part of the id."""
-    from xorack.spark.stages import PART, SourceTagger
+    from xorack.spark.stages import PART
+    from xorack.spark.tagging import SourceTagger
 
     rows = {"w": ["a", "b", "a"], "n": [1, 2, 1]}
 

@@ -275,10 +275,10 @@ class EventSender:
     chunk_bits: int = 0  # > 0: the rows are whole chunk events (one row per chunk)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from .ids import client_of, u64
         from .lineage import settle
-        from .stages import _client, u64
 
-        client = _client(self.location, self.token, self.tls_root_certs, self.job)
+        client = client_of(self.location, self.token, self.tls_root_certs, self.job)
         sent, buffered = 0, 0
         src: list[np.ndarray] = []
         val: list[np.ndarray] = []
@@ -380,10 +380,10 @@ def send_staged_events(
         return 0
     local = _local_events(paths, partial, chunk_bits)
     if local is not None:  # few enough to reduce here: no Spark job
-        from .stages import _client
+        from .ids import client_of
 
         keys, values = local
-        client = _client(location, token, tls_root_certs, job)
+        client = client_of(location, token, tls_root_certs, job)
         if chunk_bits:  # one event per chunk; a zero event counts too
             client.xor(keys, values, hold=True, chunk_bits=chunk_bits)
             return len(keys)

@@ -181,11 +181,10 @@ class RunContext:
         if cfg.ackers > 1:
             self.location = self._start_shards(parts)
             return self.location
-        import xorack
-
+        from ..ftlayer import FTLayer
         from ..service import AckerService
 
-        self.ft_layer = xorack.FTLayer(
+        self.ft_layer = FTLayer(
             storage=cfg.storage, max_attempts=cfg.max_attempts, replay_partitioners=parts
         )
         self._service = AckerService.embedded(

@@ -22,7 +22,8 @@ from .outputs import Aggregate, Barrier, NativeSinkNode, PythonSinkNode, Sink, T
 from .report import PhaseNote, Reason, RunReport
 from .rows import PythonStage, Source, tagged_schema
 from .schema import empty_frame
-from .stages import GROUP_XOR, ROUND_PROPERTY, DerivedTagger
+from .stages import ROUND_PROPERTY
+from .tagging import GROUP_XOR, DerivedTagger
 
 #: Rows per partition of a barrier output that an optimistic round counted (a small output goes
 #: on in fewer partitions than ``spark.sql.shuffle.partitions``: one task per partition costs a

@@ -24,8 +24,8 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ServiceError
+from .ids import client_of, i64
 from .lineage import REC, SRC
-from .stages import _client, i64
 
 __all__ = ["ReplayFetcher", "replay_partitioning", "replays_frame"]
 
@@ -61,7 +61,7 @@ class ReplayFetcher:
     job: str | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        client = _client(self.location, self.token, self.tls_root_certs, self.job)
+        client = client_of(self.location, self.token, self.tls_root_certs, self.job)
         for batch in batches:
             for partition in batch.column(0).to_pylist():
                 try:

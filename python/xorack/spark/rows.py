@@ -22,11 +22,11 @@ from .stages import (
     REC,
     SRC,
     GroupStageRunner,
-    SourceTagger,
     StageRunner,
     as_function,
     check_columns,
 )
+from .tagging import SourceTagger
 
 if TYPE_CHECKING:
     from .build import RoundBuilder
@@ -103,7 +103,7 @@ class Source(Node):
 
     def tagged(self, ctx: RunContext, df: Any, ordered: bool = True) -> Any:
         """The rows of ``df`` with their lineage: ids drawn and the rows persisted by the
-        executors' :class:`~xorack.spark.stages.SourceTagger` (FT on)."""
+        executors' :class:`~xorack.spark.tagging.SourceTagger` (FT on)."""
         if not ctx.ft:
             return df
         from pyspark.sql import functions as F

@@ -1,11 +1,10 @@
-"""The code that runs inside Spark tasks: source tagging, tracked stages, sink acking.
+"""The code that runs inside Spark tasks: tracked stages and sink acking (source tagging is
+in :mod:`xorack.spark.tagging`, ids in :mod:`xorack.spark.ids`).
 
 Each class here is a picklable callable handed to ``mapInArrow`` / ``mapInPandas``. They talk to
 the acker service through :class:`xorack.service.AckerClient` (one cached connection per Python
 worker process) and follow the order of "A record's life" (DESIGN.md):
 
-* :class:`SourceTagger` draws ``_ft_rec`` ids, hashes the key columns exactly as Spark does,
-  persists the batch (payload + births) and only then yields it downstream;
 * :class:`StageRunner` calls the user function on a pandas batch, bisects it when the function
   raises so that only failing rows fail (or fails the rows a ``FailRecord(rows=...)`` names),
   maps each output row to its parent through ``_ft_rec``,
@@ -31,11 +30,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 from numpy.typing import ArrayLike
 
 from .._checks import count_distinct
 from ..errors import FailRecord, LineageError, XorackError
+from .ids import client_of, i64, name_salt, ordinals, u64, with_lineage
 from .lineage import EV, KEEP, REC, SRC, settle
 
 LINEAGE_COLUMNS = (SRC, REC)  # what a stage's function sees (the pending columns are settled)
@@ -163,14 +162,6 @@ def current_attempt(pdf: pd.DataFrame | None = None) -> Any:
     return out
 
 
-def _client(
-    location: str, token: str | None, tls_root_certs: bytes | None = None, job: str | None = None
-):
-    from ..service import AckerClient
-
-    return AckerClient.get(location, token=token, job=job, tls_root_certs=tls_root_certs)
-
-
 def acker_of(
     round_xor: Any,
     location: str | None,
@@ -187,444 +178,7 @@ def acker_of(
         return RoundXor(round_xor)
     if location is None:
         raise ValueError("a tracked runner needs the acker's location or a round accumulator")
-    return _client(location, token, tls_root_certs, job)
-
-
-def u64(values: Any) -> np.ndarray:
-    """The uint64 view of a Spark ``bigint`` id column (pandas Series, numpy or Arrow array)."""
-    if isinstance(values, (pa.Array, pa.ChunkedArray)):
-        values = values.to_numpy(zero_copy_only=False)
-    arr = np.asarray(values)
-    if arr.dtype == np.uint64:
-        return arr
-    if arr.dtype.kind != "i":
-        raise TypeError(f"id column must be bigint, got {arr.dtype}")
-    return np.ascontiguousarray(arr, dtype=np.int64).view(np.uint64)
-
-
-def i64(values: np.ndarray) -> np.ndarray:
-    """The int64 (Spark ``bigint``) view of uint64 ids."""
-    return np.ascontiguousarray(values, dtype=np.uint64).view(np.int64)
-
-
-def _salt(name: str) -> int:
-    """A stable 63-bit salt for a stage name (Python's hash() is randomized per process)."""
-    import hashlib
-
-    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little") >> 1
-
-
-def _ordinals(parent: np.ndarray) -> np.ndarray:
-    """For each output row, its rank among the outputs of the same parent (in output order).
-
-    Outputs in input order (a filter, an explode: ``parent`` non-decreasing, the common case)
-    are ranked in one pass; any other order is sorted first (stably: the same ranks).
-
-    >>> _ordinals(np.array([0, 0, 2, 2, 2])).tolist(), _ordinals(np.array([1, 0, 1])).tolist()
-    ([0, 1, 0, 1, 2], [0, 0, 1])
-    """
-    n = len(parent)
-    if n == 0:
-        return np.empty(0, dtype=np.uint64)
-    in_order = bool((parent[1:] >= parent[:-1]).all())
-    order = None if in_order else np.argsort(parent, kind="stable")
-    sp = parent if order is None else parent[order]
-    starts = np.empty(n, dtype=bool)
-    starts[0] = True
-    np.not_equal(sp[1:], sp[:-1], out=starts[1:])
-    at = np.arange(n, dtype=np.int64)
-    group_start = np.maximum.accumulate(np.where(starts, at, 0))
-    ranks = (at - group_start).astype(np.uint64)
-    if order is None:
-        return ranks
-    out = np.empty(n, dtype=np.uint64)
-    out[order] = ranks
-    return out
-
-
-def with_lineage(
-    frame: pd.DataFrame, columns: Sequence[str], src: np.ndarray | None, rec: np.ndarray
-) -> pd.DataFrame:
-    """A new frame: the ``columns`` of ``frame`` (sharing its arrays: no copy of the payload)
-    followed by ``_ft_src`` (unless ``src`` is None) and ``_ft_rec`` (``uint64`` ids as Spark
-    ``bigint``), with a fresh 0..n-1 index whatever ``frame``'s index is.
-
-    >>> f = pd.DataFrame({"w": ["a", "b"], "x": [1, 2]}, index=[7, 9])
-    >>> with_lineage(f, ["w"], np.array([5, 5], np.uint64), np.array([1, 2], np.uint64))
-       w  _ft_src  _ft_rec
-    0  a        5        1
-    1  b        5        2
-    """
-    data: dict[str, Any] = {}
-    for c in columns:
-        col = frame[c]  # numpy columns as ndarrays (an object NumpyExtensionArray is re-checked)
-        extension = isinstance(col.dtype, pd.api.extensions.ExtensionDtype)
-        data[c] = col.array if extension else col.to_numpy(copy=False)
-    if src is not None:
-        data[SRC] = i64(src)
-    data[REC] = i64(rec)
-    return pd.DataFrame(data, copy=False)
-
-
-# --------------------------------------------------------------------------------------------
-# source
-
-
-_CONTENT_SEED_HI = 42
-_CONTENT_SEED_LO = 0x3C6EF372  # a second, independent Murmur3 seed: 64 bits of content hash
-
-
-def content_hash(batch: pa.RecordBatch) -> np.ndarray:
-    """A 64-bit hash of each row's payload (two Murmur3 passes over every column).
-
-    Columns of a type the Spark-exact hash does not take (lists, structs, maps) are hashed
-    through their text form (a Python loop over those columns only).
-    """
-    from .. import hashing
-
-    cols = []
-    for col in batch.columns:
-        try:
-            hashing.murmur3_hash([col.slice(0, 1)])  # the type check needs a row
-        except TypeError:
-            col = pa.array([repr(v) for v in col.to_pylist()], pa.string())
-        cols.append(col)
-    if not cols:
-        return np.zeros(batch.num_rows, dtype=np.uint64)
-    hi = hashing.murmur3_hash(cols, seed=_CONTENT_SEED_HI).view(np.uint32).astype(np.uint64)
-    lo = hashing.murmur3_hash(cols, seed=_CONTENT_SEED_LO).view(np.uint32).astype(np.uint64)
-    return (hi << np.uint64(32)) | lo
-
-
-class ContentRanks:
-    """Per task: for each row, how many earlier rows of the task had the same content hash.
-
-    Identical rows are told apart by their rank among themselves, which does not depend on where
-    they are in the partition; rows reordered by a task retry keep their ids.
-    """
-
-    def __init__(self) -> None:
-        self._hashes = np.empty(0, dtype=np.uint64)  # sorted
-        self._counts = np.empty(0, dtype=np.int64)
-
-    def __call__(self, h: np.ndarray) -> np.ndarray:
-        n = len(h)
-        if n == 0:
-            return np.zeros(0, dtype=np.int64)
-        order = np.argsort(h, kind="stable")  # one sort: equal hashes keep their input order
-        s = h[order]
-        first = np.empty(n, dtype=bool)
-        first[0] = True
-        np.not_equal(s[1:], s[:-1], out=first[1:])
-        starts = np.flatnonzero(first)
-        uniq = s[starts]
-        counts = np.diff(np.append(starts, n))
-        # rows of each hash in earlier batches of the task
-        base = np.zeros(len(uniq), dtype=np.int64)
-        found = np.zeros(len(uniq), dtype=bool)
-        if len(self._hashes):
-            at = np.minimum(np.searchsorted(self._hashes, uniq), len(self._hashes) - 1)
-            found = self._hashes[at] == uniq
-            base[found] = self._counts[at[found]]
-            self._counts[at[found]] += counts[found]
-        run = np.cumsum(first) - 1
-        ranks = np.empty(n, dtype=np.int64)
-        ranks[order] = base[run] + (np.arange(n) - starts[run])
-        if not found.all():  # new hashes (sorted): inserted into the sorted ones, no re-sort
-            add, more = uniq[~found], counts[~found]
-            at = np.searchsorted(self._hashes, add) + np.arange(len(add))  # their new places
-            old = np.ones(len(self._hashes) + len(add), dtype=bool)
-            old[at] = False
-            hashes = np.empty(len(old), dtype=np.uint64)
-            total = np.empty(len(old), dtype=np.int64)
-            hashes[at], hashes[old] = add, self._hashes
-            total[at], total[old] = more, self._counts
-            self._hashes, self._counts = hashes, total
-        return ranks
-
-
-def content_ids(
-    batch: pa.RecordBatch,
-    ranks: ContentRanks,
-    micro_batch: int,
-    source: int,
-    partition: int,
-    salt: int,
-) -> np.ndarray:
-    """Deterministic record ids of source rows: (micro-batch, source, partition, the row's
-    content, its rank among identical rows of the task). A Spark task retry that reads the same
-    rows in another order re-creates the same id for each row; different rows never share one.
-    ``partition`` -1: a source whose identical rows are always in one partition (hash
-    partitioned by its keys), whose ids do not depend on the partition.
-    """
-    from .. import acker
-
-    n = batch.num_rows
-    where = acker.derive_ids([micro_batch + 1], [source + 1], [partition + 1], salt)[0]
-    content = content_hash(batch) | np.uint64(1)  # derive_ids takes nonzero parents
-    return acker.derive_ids(np.full(n, where, dtype=np.uint64), content, ranks(content), salt)
-
-
-#: The ordinal of position-derived record ids: a rank no content id reaches, so the two kinds
-#: of id are derived from disjoint inputs.
-_POSITION_ORDINAL = 1 << 63
-
-
-def position_record_ids(
-    start: int, n: int, micro_batch: int, source: int, partition: int, salt: int
-) -> np.ndarray:
-    """Deterministic record ids of the rows at positions ``[start, start + n)`` of their
-    partition: (micro-batch, source, partition, position). Used where a retried task reads the
-    partition in the same order (a combined aggregation's round orders a shuffled source by
-    content first): there they are as stable as :func:`content_ids` and need no hashing of
-    the payload nor ranking of equal rows (two thirds of the tagger's time in the wordcount).
-
-    >>> a = position_record_ids(3, 2, 0, 0, 1, salt=7)
-    >>> bool((a == position_record_ids(3, 2, 0, 0, 1, salt=7)).all()), a[0] != a[1]
-    (True, np.True_)
-    """
-    from .. import acker
-
-    where = acker.derive_ids([micro_batch + 1], [source + 1], [partition + 1], salt)[0]
-    pos = np.arange(start + 1, start + n + 1, dtype=np.uint64)
-    return acker.derive_ids(
-        np.full(n, where, np.uint64), pos, np.full(n, _POSITION_ORDINAL, np.uint64), salt
-    )
-
-
-def chunked_ids(n: int, bits: int) -> np.ndarray:
-    """``n`` fresh source ids in aligned blocks of ``2**bits``: block ``b`` holds the ids
-    ``(prefix_b << bits) | j`` with a random nonzero prefix, so ``id >> bits`` names the block
-    (the *chunk* a barrier combines rows by).
-
-    >>> ids = chunked_ids(5, 2)
-    >>> len(set((ids >> 2).tolist())), (ids & 3).tolist()
-    (2, [0, 1, 2, 3, 0])
-    """
-    from .. import acker
-
-    width = 1 << bits
-    blocks = -(-n // width)
-    prefix = acker.new_ids(blocks) >> np.uint64(bits)
-    prefix[prefix == 0] = 1
-    j = np.arange(n, dtype=np.uint64)
-    return (np.repeat(prefix, width)[:n] << np.uint64(bits)) | (j & np.uint64(width - 1))
-
-
-#: Salts of the source ids a deterministic tagger derives (kept apart from the record ids').
-_SRC_SALT = 0x5EED_0F_50_12CE_1D5
-_CHUNK_SALT = 0x5EED_0F_C4_D0C_B10C
-
-
-def record_src_ids(rec: np.ndarray, salt: int) -> np.ndarray:
-    """The source ids of a deterministic source's rows: derived from their record ids, so a
-    retried Spark task persists each row under the id its first attempt used (the FT layer
-    keeps the one record: ``persist(..., idempotent=True)``) instead of a second copy.
-
-    >>> rec = np.array([5, 6], dtype=np.uint64)
-    >>> bool((record_src_ids(rec, 1) == record_src_ids(rec, 1)).all())
-    True
-    """
-    from .. import acker
-
-    n = len(rec)
-    return acker.derive_ids(rec, np.full(n, _SRC_SALT, np.uint64), np.zeros(n, np.uint64), salt)
-
-
-def position_chunk_ids(
-    start: int, n: int, bits: int, micro_batch: int, source: int, partition: int, salt: int
-) -> np.ndarray:
-    """Source ids in aligned blocks of ``2**bits`` (as :func:`chunked_ids`) derived from the
-    rows' positions ``[start, start + n)`` in their partition: block ``p >> bits`` of the
-    partition gets a prefix hashed from (micro-batch, source, partition, block), row ``p`` the
-    low bits ``p & (2**bits - 1)``. A retried task that reads the partition in the same order
-    re-creates every id (read in another order, a row's id names another row's record: its
-    chunk's event then misses and the chunk is replayed, from what was persisted first).
-
-    >>> a = position_chunk_ids(1022, 4, 10, 0, 0, 3, salt=7)
-    >>> (a & 1023).tolist(), len(set((a >> 10).tolist()))
-    ([1022, 1023, 0, 1], 2)
-    """
-    from .. import acker
-
-    if n == 0:
-        return np.empty(0, np.uint64)
-    width = np.uint64(bits)
-    first, last = start >> bits, (start + n - 1) >> bits
-    blocks = np.arange(first, last + 1, dtype=np.uint64) + np.uint64(1)
-    where = acker.derive_ids([micro_batch + 1], [source + 1], [partition + 1], _CHUNK_SALT)[0]
-    k = len(blocks)
-    prefix = acker.derive_ids(np.full(k, where), blocks, np.zeros(k, np.uint64), salt) >> width
-    prefix[prefix == 0] = 1
-    pos = np.arange(start, start + n, dtype=np.uint64)
-    low = pos & np.uint64((1 << bits) - 1)
-    return (prefix[(pos >> width) - np.uint64(first)] << width) | low
-
-
-@dataclass(frozen=True)
-class SourceTagger:
-    """``mapInArrow`` function of a tracked source: tag, hash keys, persist, then emit.
-
-    Yields the input columns followed by ``_ft_src`` and ``_ft_rec``. A resumed job
-    (``progress``) notes with every persist where the batch ends in its partition, and skips
-    the first ``skip[partition]`` rows of a partition: an earlier run persisted them (their ids
-    are still drawn, so that the ids of the rows after them are those of the earlier run).
-    """
-
-    name: str
-    source: int
-    keys: tuple[str, ...]
-    location: str
-    token: str | None = None
-    deterministic: bool = True
-    id_salt: int = 0
-    batch: int = 0  # the micro-batch id in streaming (0 in batch runs): part of every id
-    tls_root_certs: bytes | None = None  # PEM the executors trust for a grpc+tls:// acker
-    job: str | None = None  # the pipeline run's namespace on the acker
-    chunk_bits: int = 0  # > 0: source ids drawn in aligned blocks (chunks) of 2**chunk_bits
-    ordered: bool = True  # a retried task reads each partition in the same order
-    progress: bool = False  # note each persist's end row in its partition (a resumable job)
-    skip: tuple[tuple[int, int], ...] = ()  # ((batch << 16) | partition, rows persisted before)
-    # the input columns' real names when they cross mapInArrow under others (PySpark reads a
-    # name with a dot as a struct field); empty: as they come
-    names: tuple[str, ...] = ()
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from .. import acker, hashing
-
-        client = _client(self.location, self.token, self.tls_root_certs, self.job)
-        ranks = ContentRanks()
-        skip = dict(self.skip)
-        offset = 0  # rows of the partition read so far (this task reads one partition)
-        salt = source_salt(self.name, self.id_salt)
-        for batch in batches:
-            n = batch.num_rows
-            if n == 0:
-                continue
-            # TaskContext.partitionId() is the index in the *task's* RDD (offset inside a
-            # union); spark_partition_id() is the partition of the source's own partitioning
-            i = batch.schema.get_field_index(PART)
-            partition = int(batch.column(i)[0].as_py())
-            batch = batch.remove_column(i)
-            if self.names:
-                batch = pa.RecordBatch.from_arrays(batch.columns, names=list(self.names))
-            missing = [k for k in self.keys if k not in batch.schema.names]
-            if missing:
-                raise StageSchemaError(
-                    f"source {self.name!r}: key column(s) {missing} not in the input columns "
-                    f"{batch.schema.names}"
-                )
-            if self.deterministic and self.chunk_bits and self.ordered:  # a stable order
-                rec = position_record_ids(offset, n, self.batch, self.source, partition, salt)
-            elif self.deterministic:
-                # a keyed source's identical rows share a partition (hash partitioning by the
-                # keys, coalesced or not by adaptive execution: never split), so its ids leave
-                # the partition out: they do not depend on how many partitions the source
-                # goes on in (a barrier's output is coalesced when small)
-                where = -1 if self.keys else partition
-                rec = content_ids(batch, ranks, self.batch, self.source, where, salt)
-            else:
-                rec = acker.new_ids(n)
-            offset += n
-            # a resumed job's progress is kept per (micro-batch, partition): batch runs read
-            # their input in micro-batch 0
-            key = (self.batch << 16) | partition
-            if self.progress and partition >= 1 << 16:
-                raise StageSchemaError(
-                    f"source {self.name!r}: a resumable job (resume=True) reads at most 65536 "
-                    f"partitions per source, got partition {partition}: repartition it"
-                )
-            done = min(n, max(0, skip.get(key, 0) - (offset - n)))
-            if done:  # persisted by an earlier run of the job
-                if done == n:
-                    continue
-                batch, rec, n = batch.slice(done), rec[done:], n - done
-            key_hash = None
-            if self.keys:
-                key_hash = hashing.murmur3_hash([batch.column(k) for k in self.keys])
-            # a deterministic source derives its source ids too (a retried task re-creates
-            # them: the acker keeps one record instead of a copy it would replay)
-            src_ids = None
-            if self.deterministic and self.chunk_bits and self.ordered:
-                src_ids = position_chunk_ids(
-                    offset - n, n, self.chunk_bits, self.batch, self.source, partition, salt
-                )
-            elif self.chunk_bits:
-                src_ids = chunked_ids(n, self.chunk_bits)
-            elif self.deterministic:
-                src_ids = record_src_ids(rec, salt)
-            # the FT layer keeps each record's first id (its birth) and partition: a replay
-            # gets them back as _ft_origin_rec / _ft_origin_partition
-            src = client.persist(
-                batch,
-                key_hash=key_hash,
-                source=self.source,
-                partition=partition,
-                births=rec,
-                src_ids=src_ids,
-                **({"progress": (key, offset)} if self.progress else {}),
-                **({"idempotent": True} if self.deterministic and self.ordered else {}),
-            )
-            src = np.asarray(src, dtype=np.uint64)
-            yield batch.append_column(SRC, pa.array(i64(src), pa.int64())).append_column(
-                REC, pa.array(i64(rec), pa.int64())
-            )
-
-
-#: The column of an optimistic aggregate's groups holding the XOR of their rows' events.
-GROUP_XOR = "_ft_x"
-
-
-def source_salt(name: str, id_salt: int = 0) -> int:
-    """The salt of a source's record ids (its name and the pipeline's ``id_salt``)."""
-    return (_salt(f"source:{name}") ^ id_salt) & 0x7FFF_FFFF_FFFF_FFFF
-
-
-@dataclass(frozen=True)
-class DerivedTagger:
-    """``mapInArrow`` function of an optimistic round that writes an aggregate's output
-    straight into the one Python sink reading it (the next phase folded into this round): each
-    row gets the record id the output's tracked tagger would give it (a keyed source's content
-    id, so that a second run into the sink absorbs the rows whichever path it takes) and the
-    round's own attempt id ``src`` (the sink retracts the round's rows if the round falls
-    back). The ids' XOR goes into the round's accumulator as their births; the sink's acks
-    cancel it. Nothing is persisted: the round's records are its sources'.
-    """
-
-    name: str
-    source: int
-    src: int
-    round_xor: Any  # xorack.spark.optimistic.RoundToken
-    deterministic: bool = True
-    id_salt: int = 0
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from .. import acker
-        from .optimistic import RoundXor
-
-        client = RoundXor(self.round_xor)
-        ranks = ContentRanks()
-        salt = source_salt(self.name, self.id_salt)
-        for batch in batches:
-            names = batch.schema.names
-            if GROUP_XOR in names:  # the groups' events; ghost groups leave no row
-                client.xor(None, u64(batch.column(GROUP_XOR)))
-                keep = batch.column(KEEP)
-                batch = batch.drop_columns([KEEP, GROUP_XOR])
-                if keep.null_count or not pc.all(keep).as_py():
-                    batch = batch.filter(pc.fill_null(keep, False))
-            n = batch.num_rows
-            if n == 0:
-                continue
-            if self.deterministic:  # a keyed source's ids (batch 0, no partition)
-                rec = content_ids(batch, ranks, 0, self.source, -1, salt)
-            else:
-                rec = np.asarray(acker.new_ids(n), dtype=np.uint64)
-            client.xor(None, rec)
-            src = np.full(n, self.src, dtype=np.uint64)
-            yield batch.append_column(SRC, pa.array(i64(src), pa.int64())).append_column(
-                REC, pa.array(i64(rec), pa.int64())
-            )
+    return client_of(location, token, tls_root_certs, job)
 
 
 # --------------------------------------------------------------------------------------------
@@ -905,8 +459,8 @@ def anchor_outputs(
 
     out_rec = None
     if deterministic and len(parent):
-        salt = _salt(f"stage:{stage}")
-        out_rec = acker.derive_ids(in_rec[parent], in_rec[parent], _ordinals(parent), salt)
+        salt = name_salt(f"stage:{stage}")
+        out_rec = acker.derive_ids(in_rec[parent], in_rec[parent], ordinals(parent), salt)
     out_src, out_rec, ev_src, ev_xor = acker.anchor(in_src, in_rec, parent, out_rec)
     if len(ev_src):
         client.xor(ev_src, ev_xor)
@@ -1045,7 +599,7 @@ class GroupStageRunner:
                 return pd.DataFrame(columns=cols)
             return r._select(pd.concat(frames, ignore_index=True), lineage=False)
         assert r.location is not None
-        out = r.process(pdf, _client(r.location, r.token, r.tls_root_certs, r.job))
+        out = r.process(pdf, client_of(r.location, r.token, r.tls_root_certs, r.job))
         return pd.DataFrame(columns=cols) if out is None else out
 
 
