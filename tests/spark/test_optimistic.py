@@ -800,3 +800,73 @@ def test_random_pipelines_complete_optimistically_and_equal_plain_spark(
             records = N + (len(extra.collect()) if "union" in ops[:1] else 0)
             assert report.source_records == report.completed == records
     assert outputs[0] == outputs[1]
+
+
+# ---- explain(): how each phase will run, before it runs ---------------------------------------
+
+
+def _heads(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("phase ")]
+
+
+@pytest.mark.parametrize(
+    ("sink_kind", "phase1"),
+    [
+        (
+            "parquet",
+            "phase 1: no rounds of its own: the barrier's output goes straight to its native sinks",
+        ),
+        (
+            "sqlite",
+            "phase 1: written into its sink by phase 0's optimistic round (tracked "
+            "rounds [python_sink] if that round falls back)",
+        ),
+    ],
+)
+def test_explain_says_how_each_phase_runs_and_the_run_does_so(spark, tmp_path, sink_kind, phase1):
+    p = Pipeline(spark)
+    if sink_kind == "parquet":
+        sink = ParquetSink(str(tmp_path / "out"))
+    else:
+        sink = SQLiteSink(str(tmp_path / "counts.db"), "counts")
+    _wordcount(p, _lines(spark)).sink(sink, name="counts")
+    text = p.explain()
+    assert _heads(text) == [
+        "phase 0: an optimistic round (tracked rounds if it falls back)",
+        phase1,
+    ]
+    assert "lineage: 1 → 0..1 (a removed row is acked as dropped)" in text
+    report = p.run()
+    assert report.optimistic_rounds == 1
+    assert report.tracked_phases == report.optimistic_fallbacks == []
+    assert report.phase_reasons == {}
+
+
+def test_explain_gives_the_typed_reason_the_run_reports(spark, tmp_path):
+    p = Pipeline(spark)
+    words = p.source(_lines(spark), name="lines").select("id", "line")
+    words.sink(SQLiteSink(str(tmp_path / "a.db"), "a"), name="a")
+    words.sink(SQLiteSink(str(tmp_path / "b.db"), "b"), name="b")
+    assert _heads(p.explain()) == [
+        "phase 0: tracked rounds [branch_point] 'select' is a branch point"
+    ]
+    report = p.run()
+    assert report.phase_reasons == {0: Reason.BRANCH_POINT}
+    assert report.tracked_phases == ["phase 0: 'select' is a branch point"]
+    _assert_complete(report)
+
+
+def test_explain_of_a_plan_with_ft_off_is_plain_sparks(spark, tmp_path):
+    p = Pipeline(spark, ft=False)
+    _wordcount(p, _lines(spark)).sink(ParquetSink(str(tmp_path / "out")))
+    text = p.explain()
+    assert text.splitlines()[0] == "xorack plan, FT off (plain Spark's plan)"
+    assert _heads(text) == ["phase 0", "phase 1"]
+
+
+def test_a_tracked_frame_says_what_it_offers_instead_of_a_bare_attribute_error(spark):
+    p = Pipeline(spark)
+    words = p.source(_lines(spark), name="lines")
+    with pytest.raises(AttributeError, match=r"'Tracked' has no attribute 'show'.*sink"):
+        words.show()
+    assert "phase 0" in words.explain()

@@ -111,18 +111,17 @@ def test_a_barrier_meeting_rows_of_two_phases_and_a_sink_fed_by_two():
     assert sink.blocker(scope) == (Reason.SINK_OF_TWO_PHASES, "sink 'all' gets rows of two phases")
 
 
-def test_explain_names_phases_nodes_lineage_and_why_a_phase_runs_tracked():
+def test_explain_names_phases_nodes_lineage_and_how_each_phase_runs():
     plan, _ = _wordcount(PythonSinkNode)
-    notes = {1: PhaseNote(1, Reason.PYTHON_SINK, "sink 'counts' is written from Python")}
-    text = plan.explain(notes.get)
-    lines = text.splitlines()
-    assert lines[0] == "phase 0: an optimistic round (tracked rounds if it fails)"
+    heads = {1: "tracked rounds [python_sink] sink 'counts' is written from Python"}
+    lines = plan.explain(heads.get).splitlines()
+    assert lines[0] == "phase 0"
     assert "phase 1: tracked rounds [python_sink] sink 'counts' is written from Python" in lines
     assert "  map_in_pandas 'split' <- 'lines'" in lines
     assert any("lineage: 1 → 0..n (anchored" in line for line in lines)
     assert any("lineage: n → 1" in line for line in lines)
     assert "  aggregate 'aggregate': groupBy(word).agg() <- 'split'" in lines
-    assert plan.explain().splitlines()[0] == "phase 0"  # without reasons
+    assert plan.explain().splitlines()[0] == "phase 0"  # without heads
 
 
 def test_a_tracked_join_describes_itself():

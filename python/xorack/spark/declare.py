@@ -19,9 +19,7 @@ from .node import Node
 from .outputs import Aggregate, Barrier, NativeSinkNode, PythonSinkNode, Sink, TrackedJoin
 from .plan import Plan
 from .rows import (
-    ArrowStage,
     GroupStage,
-    PandasStage,
     PythonStage,
     RowOperation,
     Source,
@@ -31,11 +29,6 @@ from .rows import (
 from .schema import empty_frame
 from .sinks import capabilities_of
 from .stages import StageSchemaError, check_columns
-
-STAGE_KINDS: dict[str, type[PythonStage]] = {
-    "map_in_pandas": PandasStage,
-    "map_in_arrow": ArrowStage,
-}
 
 
 class PlanBuilder:
@@ -190,13 +183,14 @@ class PlanBuilder:
         )
         return self._add(node)
 
-    def stage(self, parent: Node, kind: str, fn: Any, schema: Any, name: str | None) -> Node:
-        """A Python stage (``map_in_pandas`` or ``map_in_arrow``)."""
+    def stage(
+        self, parent: Node, cls: type[PythonStage], fn: Any, schema: Any, name: str | None
+    ) -> Node:
+        """A Python stage of kind ``cls`` (:class:`PandasStage`, :class:`ArrowStage`)."""
         if not callable(fn):
-            raise TypeError(f"{kind}: fn must be callable, got {type(fn).__name__}")
+            raise TypeError(f"{cls.label}: fn must be callable, got {type(fn).__name__}")
         st = self.struct(schema)
         name = self.unique(name, getattr(fn, "__name__", "stage"))
-        cls = STAGE_KINDS[kind]
         node = cls(name, (parent,), tuple(st.fieldNames()), st, phase=parent.phase, fn=fn)
         return self._add(node)
 

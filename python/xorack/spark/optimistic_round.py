@@ -222,25 +222,7 @@ class OptimisticBuilder:
         return FastOutput(node.name, sink, node, path, out, events, rows)
 
     def _round_writes(self, derived: Source, readers: tuple[Node, ...]) -> bool:
-        """Whether the round writes ``derived`` (a barrier's output) straight into its one
-        reader, a Python sink: the barrier is a keyed aggregate (its rows are distinct, so the
-        ids the output's tracked tagger would give them do not depend on where they are:
-        content ids, which its phase's tracked rounds draw unless that phase stages partial
-        aggregates — then its first round draws ids by position), and the sink can retract
-        the round's rows should it fall back."""
-        ctx = self.ctx
-        if len(readers) != 1 or not isinstance(readers[0], PythonSinkNode):
-            return False
-        if derived.phase in ctx.partial_phases and ctx.deterministic_ids:
-            return False
-        caps = readers[0].caps
-        return (
-            caps.round_writable
-            and caps.retractable
-            and isinstance(derived.derived, Aggregate)
-            and bool(derived.keys)
-            and not any("." in c or "`" in c for c in derived.columns)
-        )
+        return round_writes(self.ctx, derived)
 
     def _round_sink_output(self, derived: Source, sink: PythonSinkNode, groups: Any) -> FastOutput:
         """An aggregate's output written by the round into the Python sink that alone reads it
@@ -263,6 +245,49 @@ class OptimisticBuilder:
         frame = sink.frame(ctx, tagged, round_xor=self.token)
         barrier = derived.derived
         return FastOutput(barrier.name, sink, barrier, "", frame, None, src=src)
+
+
+def round_writes(ctx: RunContext, derived: Source) -> bool:
+    """Whether an optimistic round writes ``derived`` (a barrier's output) straight into its
+    one reader, a Python sink: the barrier is a keyed aggregate (its rows are distinct, so the
+    ids the output's tracked tagger would give them do not depend on where they are: content
+    ids, which its phase's tracked rounds draw unless that phase stages partial aggregates —
+    then its first round draws ids by position), and the sink can retract the round's rows
+    should it fall back."""
+    readers = ctx.plan.readers(derived)
+    if len(readers) != 1 or not isinstance(readers[0], PythonSinkNode):
+        return False
+    if derived.phase in ctx.partial_phases and ctx.deterministic_ids:
+        return False
+    caps = readers[0].caps
+    return (
+        caps.round_writable
+        and caps.retractable
+        and isinstance(derived.derived, Aggregate)
+        and bool(derived.keys)
+        and not any("." in c or "`" in c for c in derived.columns)
+    )
+
+
+def how_phase_runs(ctx: RunContext, phase: int) -> str:
+    """How a batch run will run ``phase`` (``explain()``'s words), from the plan alone: before
+    it runs, a round's outcome is unknown, so an optimistic round says what follows a fall
+    back."""
+    sources = [s for s in ctx.plan.sources if s.phase == phase]
+    if phase > 0 and sources and all(ctx.plan.direct(s) for s in sources):
+        return "no rounds of its own: the barrier's output goes straight to its native sinks"
+    note = OptimisticRound(ctx, phase).blocker()
+    if phase > 0 and sources and all(round_writes(ctx, s) for s in sources):
+        earlier = OptimisticRound(ctx, phase - 1).blocker()
+        if earlier is None:
+            then = "tracked rounds" if note is None else f"tracked rounds [{note.reason.value}]"
+            return (
+                f"written into its sink by phase {phase - 1}'s optimistic round ({then} if that "
+                "round falls back)"
+            )
+    if note is None:
+        return "an optimistic round (tracked rounds if it falls back)"
+    return f"tracked rounds [{note.reason.value}] {note.detail}"
 
 
 class OptimisticRound:
@@ -465,4 +490,11 @@ class OptimisticRound:
                 ctx.fast_derived += n
 
 
-__all__ = ["FastOutput", "NotOptimistic", "OptimisticBuilder", "OptimisticRound"]
+__all__ = [
+    "FastOutput",
+    "NotOptimistic",
+    "OptimisticBuilder",
+    "OptimisticRound",
+    "how_phase_runs",
+    "round_writes",
+]

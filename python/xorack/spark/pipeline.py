@@ -37,9 +37,10 @@ from .batch import BatchRun
 from .context import PipelineConfig, RunContext
 from .declare import PlanBuilder
 from .guard import FailureTally
-from .optimistic_round import OptimisticRound
+from .optimistic_round import how_phase_runs
+from .outputs import Aggregate
 from .plan import Plan
-from .report import REPORT_KEYS, PhaseNote, RoundInfo, RunReport
+from .report import REPORT_KEYS, RoundInfo, RunReport
 from .tracked import GroupedTracked, Tracked
 
 
@@ -252,15 +253,15 @@ class Pipeline:
         >>> # print(p.explain())
         """
         ctx = RunContext(self.config, self._builder.plan())
-
-        def why(phase: int) -> PhaseNote | None:
-            if not self.ft:
-                return None
-            return OptimisticRound(ctx, phase).blocker()
-
-        text = ctx.plan.explain(why if self.ft else None)
-        mode = "FT on" if self.ft else "FT off (plain Spark's plan)"
-        return f"xorack plan, {mode}\n{text}"
+        if not self.ft:
+            return "xorack plan, FT off (plain Spark's plan)\n" + ctx.plan.explain()
+        ctx.partial_phases = {
+            b.parents[0].phase
+            for b in ctx.plan.barriers()
+            if isinstance(b, Aggregate) and b.combining(ctx) is not None
+        }
+        text = ctx.plan.explain(lambda phase: how_phase_runs(ctx, phase))
+        return "xorack plan, FT on\n" + text
 
     # ---- running ------------------------------------------------------------------------------
 

@@ -7,14 +7,13 @@ reach, which barrier outputs go straight to native sinks — and :meth:`Plan.exp
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .node import Node, Scope
 from .outputs import Barrier, NativeSinkNode, PythonSinkNode, Sink
-from .report import PhaseNote
-from .rows import ArrowStage as _ArrowStage
-from .rows import PandasStage, Source
+from .rows import ArrowStage, PandasStage, Source
 from .stages import StageSchemaError
 
 
@@ -77,7 +76,7 @@ class Plan:
         """Whether an optimistic round leaves ``source``'s ids to the Python stage that alone
         reads it (a ``map_in_pandas`` or ``map_in_arrow`` stage)."""
         readers = self.readers(source)
-        return len(readers) == 1 and isinstance(readers[0], (PandasStage, _ArrowStage))
+        return len(readers) == 1 and isinstance(readers[0], (PandasStage, ArrowStage))
 
     # ---- phases ------------------------------------------------------------------------------
 
@@ -115,29 +114,25 @@ class Plan:
 
     # ---- explain -----------------------------------------------------------------------------
 
-    def explain(self, why_tracked: Callable[[int], PhaseNote | None] | None = None) -> str:
+    def explain(self, head: Callable[[int], str | None] | None = None) -> str:
         """The plan as text: per phase, its nodes in declaration order with their parents and
-        lineage rules; ``why_tracked(phase)`` says whether the phase runs an optimistic round
-        (None) and, if not, why."""
+        lineage rules; ``head(phase)`` says how the phase runs (shown after its number)."""
         lines: list[str] = []
         for phase in range(self.phase_count()):
-            nodes = [n for n in self.nodes if n.phase == phase]
-            head = f"phase {phase}"
-            if why_tracked is not None:
-                why = why_tracked(phase)
-                head += (
-                    ": an optimistic round (tracked rounds if it fails)"
-                    if why is None
-                    else f": tracked rounds [{why.reason.value}] {why.detail}"
-                )
-            lines.append(head)
-            for node in nodes:
+            how = head(phase) if head is not None else None
+            lines.append(f"phase {phase}" + (f": {how}" if how else ""))
+            for node in (n for n in self.nodes if n.phase == phase):
                 parents = ", ".join(repr(p.name) for p in node.parents)
                 src = f" <- {parents}" if parents else ""
-                lines.append(f"  {node.describe()}{src}")
+                lines.append(f"  {_readable(node.describe())}{src}")
                 if node.lineage:
                     lines.append(f"      lineage: {node.lineage}")
         return "\n".join(lines)
+
+
+def _readable(text: str) -> str:
+    """PySpark's ``Column<'expr'>`` as ``expr``."""
+    return re.sub(r"Column<'(.*?)'>", r"\1", text)
 
 
 __all__ = ["Plan"]

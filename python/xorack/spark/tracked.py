@@ -15,7 +15,7 @@ from .arrow_stage import ArrowFunction
 from .declare import PlanBuilder
 from .node import Node
 from .plan import Plan
-from .rows import Source
+from .rows import ArrowStage, PandasStage, Source
 from .sinks import NativeSink, Sink
 from .stages import StageSchemaError, UserFunction, check_columns
 
@@ -144,7 +144,7 @@ class Tracked:
         >>> # words = lines.map_in_pandas(lambda df: df.assign(word=df.line.str.split())
         >>> #                             .explode("word"), "word string", name="split")
         """
-        return self._on(self._builder.stage(self._node, "map_in_pandas", fn, schema, name))
+        return self._on(self._builder.stage(self._node, PandasStage, fn, schema, name))
 
     def map_in_arrow(self, fn: ArrowFunction, schema: Any, name: str | None = None) -> Tracked:
         """A tracked stage on ``mapInArrow``: ``fn(batch) -> batch`` (or an iterable of
@@ -164,7 +164,7 @@ class Tracked:
         >>> #     return rows.append_column("word", pc.list_flatten(words))
         >>> # words = lines.map_in_arrow(split, "word string", name="split")
         """
-        return self._on(self._builder.stage(self._node, "map_in_arrow", fn, schema, name))
+        return self._on(self._builder.stage(self._node, ArrowStage, fn, schema, name))
 
     def apply_in_pandas(
         self,
