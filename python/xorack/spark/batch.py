@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import time
 from collections.abc import Callable
 
@@ -32,6 +33,8 @@ from .publish import (
 from .report import RoundInfo, RunReport
 from .stages import ROUND_PROPERTY
 from .tracked_rounds import TrackedRounds
+
+log = logging.getLogger(__name__)
 
 
 class BatchRun:
@@ -129,9 +132,13 @@ class BatchRun:
         tracked rounds until every record of the phase is completed or dead-lettered."""
         ctx = self.ctx
         if ctx.ft and phase > 0 and not phase_has_input(ctx, phase):
-            return  # its barriers' outputs were written by an optimistic round, or go direct
+            log.info("phase %d: nothing to run (written by a round, or straight to sinks)", phase)
+            return
         if ctx.ft and OptimisticRound(ctx, phase).run(report):
-            return  # every record of the phase completed in one optimistic round
+            log.info("phase %d: complete in one optimistic round", phase)
+            return
+        why = report.phase_reasons.get(phase)
+        log.info("phase %d: tracked rounds (%s)", phase, why.value if why else "ft off")
         TrackedRounds(ctx, phase).run(report, self.ended, on_round)
 
     def _finish(self, report: RunReport, start: float) -> bool:

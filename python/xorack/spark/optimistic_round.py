@@ -7,6 +7,7 @@ execute it (cancelled at a failed row), account for it, then accept or discard i
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,8 @@ from .rows import PythonStage, Source, tagged_schema
 from .schema import empty_frame
 from .stages import ROUND_PROPERTY
 from .tagging import GROUP_XOR, DerivedTagger
+
+log = logging.getLogger(__name__)
 
 #: Rows per partition of a barrier output that an optimistic round counted (a small output goes
 #: on in fewer partitions than ``spark.sql.shuffle.partitions``: one task per partition costs a
@@ -349,6 +352,7 @@ class OptimisticRound:
         if why is not None:
             self._discard(report)
             report.note(PhaseNote(self.phase, *why))
+            log.info("phase %d: the optimistic round fell back: %s", self.phase, why[1])
             return False
         self._accept(report)
         report.rounds += 1

@@ -9,6 +9,7 @@ barrier input and native sink, the events of the staged rows, a runaway check, t
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,8 @@ from .context import RunContext
 from .guard import FailureTally, RunawayFailure, tally_param
 from .report import RoundInfo, RunReport
 from .stages import ROUND_PROPERTY
+
+log = logging.getLogger(__name__)
 
 
 def run_summaries(frames: list[Any], report: RunReport) -> None:
@@ -105,6 +108,14 @@ class TrackedRounds:
             ctx.client.expire_all()
             ended.append(self._release(ctx.client.take_ended(), partial))
             stats = ctx.client.stats()
+            log.debug(
+                "phase %d round %d: %d replayed in, %s pending, %s dead-lettered",
+                phase,
+                round_no,
+                work.replays,
+                stats.get("pending"),
+                stats.get("dead_lettered"),
+            )
             if on_round is not None:
                 on_round(RoundInfo(round_no, work.replays, stats))
             if not stats.get("pending", 0) and not replays_waiting(stats):
