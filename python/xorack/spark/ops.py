@@ -152,6 +152,59 @@ def check_expressions(what: str, cols: Sequence[Any]) -> None:
             )
 
 
+def _plan_nodes(plan: Any) -> list[str]:
+    """The class names of a JVM logical plan's operators, top down."""
+    names = [str(plan.getClass().getSimpleName())]
+    children = plan.children()
+    for i in range(children.size()):
+        names += _plan_nodes(children.apply(i))
+    return names
+
+
+def check_row_plan(what: str, out: Any, proto: Any, allowed: frozenset[str]) -> None:
+    """A clear error, at declaration, for a row operation whose rows a tracked frame cannot
+    anchor or a replay would not reproduce. ``out`` is the operation applied to the payload-only
+    frame ``proto``; the operators it adds must be of the kinds in ``allowed`` — Spark rewrites
+    ``F.window`` with a filter on the time column (a tumbling window; a ghost or a null time
+    would vanish unacked) or an ``Expand`` that copies each row (a sliding window) — and its
+    expressions deterministic (a replayed record would get other values than its first
+    attempt; ``input_file_name()`` reads ``''`` after a tracked source)."""
+    try:
+        plan = out._jdf.queryExecution().analyzed()
+        nodes = _plan_nodes(plan)
+        below = len(_plan_nodes(proto._jdf.queryExecution().analyzed()))
+        deterministic = bool(plan.deterministic())
+    except Exception:  # not a classic DataFrame (Spark Connect): not inspected
+        return
+    extra = set(nodes[: len(nodes) - below]) - allowed
+    if "Expand" in extra:
+        raise TrackedOperationError(
+            f"{what}: makes several rows of each input row (a sliding window, F.window(ts, "
+            "duration, slide), does), which a tracked DataFrame cannot anchor to their record; "
+            "compute it before p.source() or after the sink"
+        )
+    if extra:
+        raise TrackedOperationError(
+            f"{what}: Spark rewrites it with {sorted(extra)} (F.window filters on its time "
+            "column), which would drop rows behind the lineage; compute the window's bounds "
+            "from the time instead, e.g. F.timestamp_seconds(F.floor(F.unix_timestamp('ts') / "
+            "10) * 10) for 10-second windows"
+        )
+    if not deterministic:
+        raise TrackedOperationError(
+            f"{what}: a non-deterministic expression (monotonically_increasing_id(), "
+            "input_file_name(), rand(), uuid(), spark_partition_id() ...) would give a replayed "
+            "record other values than its first attempt (input_file_name() reads '' after a "
+            "tracked source); compute it on the input DataFrame before p.source(), where its "
+            "values are persisted with the record"
+        )
+
+
+#: the operators a row operation may add to its input's plan
+_SELECT_NODES = frozenset({"Project", "Generate"})
+_FILTER_NODES = frozenset({"Filter"})
+
+
 def live_only(c: Any) -> Any:
     """``c`` evaluated on live rows only (null on a ghost, a row removed upstream): Spark never
     evaluates a removed row's expressions, so neither may a tracked frame (an ANSI cast,
@@ -291,6 +344,7 @@ class Select:
                 "t.withColumn('all', F.lit(1)).groupBy('all').agg(...)"
             )
         check_output_names("select", out.columns)
+        check_row_plan(self.describe(), out, proto, _SELECT_NODES)
         self._names[tuple(proto.columns)] = list(out.columns)
         return out
 
@@ -435,7 +489,9 @@ class WithColumns:
         if select is not None:
             return select.declare(proto)
         check_expressions("withColumn", [c for _, c in self.mapping])
-        return proto.withColumns(dict(self.mapping))
+        out = proto.withColumns(dict(self.mapping))
+        check_row_plan(self.describe(), out, proto, _SELECT_NODES)
+        return out
 
     def apply(self, df: Any, ft: bool) -> Any:
         select = self._select(payload_of(df) if ft else list(df.columns))
@@ -513,7 +569,9 @@ class Filter:
     def declare(self, proto: Any) -> Any:
         """The declaration-time analysis on a payload-only frame (see the module's doc)."""
         check_expressions("filter", [_condition(self.cond)])
-        return self.apply(proto, ft=False)
+        out = self.apply(proto, ft=False)
+        check_row_plan(self.describe(), out, proto, _FILTER_NODES)
+        return out
 
     def apply(self, df: Any, ft: bool) -> Any:
         if not ft:

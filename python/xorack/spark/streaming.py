@@ -75,6 +75,13 @@ class StreamingRun:
             )
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        if checkpoint_location is not None and ctx.ft and not ctx.config.resume:
+            raise ValueError(
+                "start_stream: with a Spark checkpoint a restarted query skips the offsets it "
+                "committed, so the records a crashed driver left pending would be lost "
+                "silently; give Pipeline(resume=True, storage='sqlite:///...', workdir=...) "
+                "with checkpoint_location (README: Resuming after a driver crash)"
+            )
         if available_now and trigger_seconds is not None:
             raise ValueError(
                 "start_stream: available_now=True reads the input to its end as fast as it can; "

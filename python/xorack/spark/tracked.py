@@ -112,6 +112,11 @@ class Tracked:
             return self._on(self._builder.tracked_join(self._node, other._node, on, how))
         if not hasattr(other, "columns") or not hasattr(other, "join"):
             raise TypeError(f"join: expected a DataFrame or a Tracked, got {type(other)}")
+        if getattr(other, "isStreaming", False):
+            raise ops.TrackedOperationError(
+                "join: the other side is a streaming DataFrame; a lookup join takes a static one "
+                "(a stream-stream join needs both sides tracked, which is not supported yet)"
+            )
         keys = tuple(ops.join_keys(on, self.columns, list(other.columns)))
         return self._native("join", lambda name: ops.LookupJoin(other, keys, how, name))
 
