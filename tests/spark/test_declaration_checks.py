@@ -133,3 +133,19 @@ def test_a_streaming_checkpoint_without_a_resumable_job_is_refused(spark, tmp_pa
     p.source(stream, name="s").sink(SQLiteSink(str(tmp_path / "o.db"), "o"))
     with pytest.raises(ValueError, match="resume=True"):
         p.start_stream(checkpoint_location=str(tmp_path / "checkpoint"))
+
+
+class _TypedSinkOfOnesOwn:
+    """A sink written before capabilities: typed by its create's signature, no check_schema."""
+
+    def create(self, columns, schema=None):
+        self.created = (list(columns), schema)
+
+    def open_writer(self, partition):
+        raise NotImplementedError
+
+
+def test_a_typed_sink_of_ones_own_without_check_schema_is_accepted(spark):
+    p = Pipeline(spark)
+    p.source(_events(spark), name="events").sink(_TypedSinkOfOnesOwn(), name="mine")
+    assert "sink 'mine'" in p.explain()

@@ -179,6 +179,20 @@ def test_a_sink_of_ones_own_gets_capabilities_from_its_protocol():
     )
 
 
+def test_a_subclass_that_says_otherwise_the_older_way_is_heard(tmp_path):
+    class NoRoundWrites(SQLiteSink):
+        round_writes = False
+
+    class Untyped(SQLiteSink):
+        def create(self, columns):
+            return super().create(columns)
+
+    caps = capabilities_of(NoRoundWrites(str(tmp_path / "a.db")))
+    assert not caps.round_writable
+    assert caps.retractable
+    assert not capabilities_of(Untyped(str(tmp_path / "b.db"))).typed
+
+
 def test_what_is_not_a_sink_is_refused_with_what_a_sink_needs():
     with pytest.raises(TypeError, match=r"create, open_writer"):
         capabilities_of(object())

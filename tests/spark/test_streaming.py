@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import pandas as pd
 import pytest
@@ -235,3 +236,56 @@ def test_streaming_refuses_barriers_with_ft_on_and_off(spark, tmp_path, ft):
     counts.sink(SQLiteSink(str(tmp_path / "counts.db"), "counts"), name="counts")
     with pytest.raises(ValueError, match=r"aggregations and tracked joins \(\['aggregate'\]\)"):
         p.start_stream(available_now=True)
+
+
+def _fail_second_half(pdf: pd.DataFrame) -> pd.DataFrame:
+    # a poisoned record's second row fails on every attempt (its first row went to the other
+    # sink); value % 7 == 0 fails on its first attempt only
+    from xorack.spark import current_attempt
+
+    attempt = current_attempt(pdf)
+    bad = (pdf["value"] % 50 == 1).to_numpy()
+    bad |= (pdf["value"] % 7 == 0).to_numpy() & (attempt == 1)
+    if bad.any():
+        raise xorack.FailRecord("injected", rows=bad)
+    return pdf
+
+
+def test_replays_and_dead_letters_settle_while_the_stream_runs(spark, tmp_path):
+    """Without stop(): an idle stream replays its failed records (no next micro-batch is
+    needed), and the rows of records that end dead-lettered leave the sinks as soon as they do:
+    the sinks are exact while the query runs, not only after stop()."""
+    from pyspark.sql import functions as F
+
+    first = SQLiteSink(str(tmp_path / "first.db"), "out")
+    second = SQLiteSink(str(tmp_path / "second.db"), "out")
+    p = Pipeline(spark, max_attempts=3)
+    src = p.source(_stream(spark, tmp_path / "in"), name="files", partitions=2)
+    halves = src.select("value", F.explode(F.array(F.lit(0), F.lit(1))).alias("half"))
+    halves.where(F.col("half") == 0).sink(first, name="first")
+    failing = halves.where(F.col("half") == 1)
+    failing.map_in_pandas(_fail_second_half, failing.schema, name="fails").sink(second)
+    poison = {v for v in range(N) if v % 50 == 1}
+    want = [v for v in range(N) if v not in poison]
+
+    def exact() -> bool:
+        return sorted(first.read()["value"]) == sorted(second.read()["value"]) == want
+
+    run = p.start_stream(timeout=10.0)  # a micro-batch of 25 rows takes far less
+    try:
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            if run.batches >= FILES and not p.client.stats().get("pending") and exact():
+                break
+            time.sleep(0.5)
+        assert exact()  # while the query still runs
+        assert run.query.isActive
+        assert run.idle_rounds > 0  # the replays did not wait for a micro-batch
+        assert p.client.stats()["dead_lettered"] == len(poison)
+        # the poisoned records' first halves, and the flaky ones' of their first attempt
+        assert run.report.retracted_rows >= len(poison)
+    finally:
+        report = run.stop()
+    assert report.lost == 0
+    assert report.dead_lettered == len(poison)
+    assert exact()

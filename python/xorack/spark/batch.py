@@ -80,6 +80,7 @@ class BatchRun:
             ctx.stop_service()
             if workdir is not None and finished:
                 close_staging(ctx, workdir)
+            ctx.release()
         report.wall_seconds = round(time.perf_counter() - start, 3)
         return report
 
@@ -138,7 +139,8 @@ class BatchRun:
             log.info("phase %d: complete in one optimistic round", phase)
             return
         why = report.phase_reasons.get(phase)
-        log.info("phase %d: tracked rounds (%s)", phase, why.value if why else "ft off")
+        said = why.value if why else ("optimistic=False" if ctx.ft else "FT off")
+        log.info("phase %d: tracked rounds (%s)", phase, said)
         TrackedRounds(ctx, phase).run(report, self.ended, on_round)
 
     def _finish(self, report: RunReport, start: float) -> bool:

@@ -136,13 +136,12 @@ class RoundBuilder:
 
         ctx = self.ctx
         cfg = ctx.config
-        n = ctx.partitions(node)
         tagged = None
         if fresh is not None:
             # with FT off a barrier's output goes on as Spark made it (plain Spark's plan: its
             # round-robin repartition only fixes the partitioning that replays are routed by)
             plain_output = node.derived is not None and not ctx.ft
-            prepared = fresh if plain_output else node.prepare(fresh, n)
+            prepared = fresh if plain_output else node.prepare(fresh, ctx)
             ordered = True  # a retried task reads the partition in the same order
             if cfg.resume and (node.repartition or node.derived is not None):
                 # a shuffle's (or a barrier's) output order within a partition varies from run
@@ -169,6 +168,7 @@ class RoundBuilder:
         if replayed is None:
             return (with_pending(tagged) if tagged is not None else None), 0
         cols = [q(c) for c in (*node.columns, SRC, REC)]
+        n = ctx.partitions(node)
         if tagged is not None:
             import xorack.hashing as hashing
 

@@ -101,6 +101,7 @@ class RunContext:
         # rows are retracted with the ended attempts')
         self.lost_round_srcs: list[int] = []
         self.dead_letters: pa.Table | None = None  # the run's, once it ended
+        self.ended = False  # the run is over (its dead letters are final)
         self._nodes: dict[int, NodeRun] = {}
 
     # ---- per node --------------------------------------------------------------------------
@@ -111,6 +112,12 @@ class RunContext:
         if got is None:
             got = self._nodes[id(node)] = NodeRun()
         return got
+
+    def release(self) -> None:
+        """Forget what the run made of the nodes (barrier outputs, staging) once it is over:
+        what a finished run keeps is its dead letters."""
+        self._nodes.clear()
+        self.ended = True
 
     def partitions(self, source: Source) -> int:
         """A source's partition count in this run."""

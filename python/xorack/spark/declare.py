@@ -239,8 +239,9 @@ class PlanBuilder:
 
     def sink(self, parent: Node, sink: Any, name: str | None) -> Sink:
         caps = capabilities_of(sink)  # a TypeError for what is not a sink
-        if caps.typed and not caps.native:
-            sink.check_schema(parent.schema)  # an unsupported type fails here, not per row
+        check = getattr(sink, "check_schema", None) if caps.typed and not caps.native else None
+        if check is not None:
+            check(parent.schema)  # an unsupported type fails here, not per row
         cls = NativeSinkNode if caps.native else PythonSinkNode
         node = cls(
             self.unique(name, "sink"),

@@ -111,7 +111,7 @@ class OptimisticBuilder:
         if df is None or ctx.plan.direct(node):
             return None
         salt = optimistic.round_salt(node.name)
-        prepared = node.prepare(df, ctx.partitions(node))
+        prepared = node.prepare(df, ctx)
         if ctx.plan.births_in_stage(node):
             # its rows go straight into a Python stage, which draws their ids there and counts
             # them: no ids and no observed metric in the JVM (an observed metric splits the

@@ -198,6 +198,7 @@ class Pipeline:
         )
         self._builder = PlanBuilder(self.config)
         self._run: RunContext | None = None  # the running (or last) run
+        self._before: RunContext | None = None  # the run before it
 
     # ---- settings, read-only ------------------------------------------------------------------
 
@@ -220,6 +221,22 @@ class Pipeline:
     @property
     def ackers(self) -> int:
         return self.config.ackers
+
+    @property
+    def storage(self) -> Any:
+        return self.config.storage
+
+    @property
+    def workdir(self) -> str | None:
+        return self.config.workdir
+
+    @property
+    def job(self) -> str | None:
+        return self.config.job
+
+    @property
+    def optimistic(self) -> bool:
+        return self.config.optimistic
 
     # ---- declaration --------------------------------------------------------------------------
 
@@ -273,7 +290,7 @@ class Pipeline:
         """
         ctx = RunContext(self.config, self._builder.plan())
         ctx.plan.sinks()  # a plan without a sink is an error
-        self._run = ctx
+        self._before, self._run = self._run, ctx
         return BatchRun(ctx).run(on_round)
 
     def start_stream(
@@ -297,7 +314,7 @@ class Pipeline:
         from .streaming import StreamingRun
 
         ctx = RunContext(self.config, self._builder.plan())
-        self._run = ctx
+        self._before, self._run = self._run, ctx
         return StreamingRun(ctx, timeout, trigger_seconds, checkpoint_location, available_now)
 
     @property
@@ -340,7 +357,8 @@ class Pipeline:
 
     def dead_letters(self) -> pa.Table | None:
         """The dead-letter table of the last run (payload, origin id, attempts, last reason)."""
-        return self._run.dead_letters if self._run is not None else None
+        last = self._run if self._run is not None and self._run.ended else self._before
+        return last.dead_letters if last is not None else None  # while running: the last run's
 
 
 __all__ = ["REPORT_KEYS", "GroupedTracked", "Pipeline", "RoundInfo", "RunReport", "Tracked"]

@@ -91,14 +91,15 @@ class Source(Node):
             self.fixed_partitions = num_partitions(self.df)  # a cache of a fact of the input
         return self.fixed_partitions
 
-    def prepare(self, df: Any, partitions: int) -> Any:
-        """The source's own partitioning applied to an input DataFrame (or micro-batch)."""
+    def prepare(self, df: Any, ctx: RunContext) -> Any:
+        """The source's own partitioning applied to an input DataFrame (or micro-batch); its
+        partition count is asked for only when it repartitions."""
         if self.keys:
             from pyspark.sql import functions as F
 
-            return df.repartition(partitions, *[F.col(q(k)) for k in self.keys])
+            return df.repartition(ctx.partitions(self), *[F.col(q(k)) for k in self.keys])
         if self.repartition:
-            return df.repartition(partitions)
+            return df.repartition(ctx.partitions(self))
         return df
 
     def tagged(self, ctx: RunContext, df: Any, ordered: bool = True) -> Any:
@@ -139,9 +140,10 @@ class Source(Node):
         return b.source(self)
 
     def blocker(self, scope: Scope) -> tuple[Reason, str] | None:
-        if self.df is not None and self.df.isStreaming:
+        why = super().blocker(scope)
+        if why is None and self.df is not None and self.df.isStreaming:
             return Reason.STREAMING, "streaming runs tracked rounds"
-        return super().blocker(scope)
+        return why
 
     def describe(self) -> str:
         how = f"hash({', '.join(self.keys)})" if self.keys else "its input's partitioning"

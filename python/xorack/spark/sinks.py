@@ -22,6 +22,7 @@ deterministic functions.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sqlite3
 from dataclasses import dataclass
@@ -115,6 +116,11 @@ def capabilities_of(sink: Any) -> SinkCapabilities:
     declared = getattr(type(sink), "capabilities", None)
     if isinstance(declared, SinkCapabilities):
         caps = declared
+        # a subclass that says otherwise the older way, or whose create takes no schema
+        if declared.round_writable and getattr(sink, "round_writes", True) is False:
+            caps = dataclasses.replace(caps, round_writable=False)
+        if declared.typed and not _takes_schema(sink):
+            caps = dataclasses.replace(caps, typed=False)
     else:
         native = bool(getattr(sink, "native", False))
         caps = SinkCapabilities(

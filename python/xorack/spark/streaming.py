@@ -101,6 +101,11 @@ class StreamingRun:
         self._error: BaseException | None = None
         self._stopping = False
         self._stopped = False
+        self._ended: list[np.ndarray] = []  # attempts that ended without completing
+        self._last_activity = time.monotonic()  # when a micro-batch or idle round last ended
+        self.idle_rounds = 0  # replay rounds run while no micro-batch came
+        self._wake = threading.Event()  # set by stop(): the idle replayer ends
+        self._idle: threading.Thread | None = None
         sinks = plan.python_sinks()
         plan.sinks()  # a plan without a sink is an error
         ctx.on_replays = self._replays_taken
@@ -131,6 +136,11 @@ class StreamingRun:
             if checkpoint_location is not None:
                 writer = writer.option("checkpointLocation", checkpoint_location)
             self.query = writer.start()
+            if self.ft and not self.available_now:
+                self._idle = threading.Thread(
+                    target=self._replay_when_idle, name="xorack-idle-replays", daemon=True
+                )
+                self._idle.start()
         except BaseException:
             ctx.on_replays = None
             ctx.resume_skip = {}
@@ -170,20 +180,74 @@ class StreamingRun:
                     self.batches += 1
                     self._last_batch = int(batch_id)
                     return
-                if not self._embedded_rotation:
-                    now = time.monotonic()
-                    while now >= self._next_rotation:  # an external acker: rotate from here
-                        ctx.client.rotate()
-                        self._next_rotation += self._interval
+                self._rotate()
                 work = RoundBuilder(ctx, fresh, replays_wanted=True).build()
                 run_summaries(work.summaries, self.report)
+                self._retract_ended()
                 self.batches += 1
                 self._last_batch = int(batch_id)
+                self._last_activity = time.monotonic()
         except _StoppedBeforeBatch:
             raise
         except BaseException as exc:
             self._error = exc
             raise
+
+    def _rotate(self) -> None:
+        """An external acker's timeouts rotate from here, on wall-clock time (the embedded
+        one rotates in a thread of its own)."""
+        if self._embedded_rotation:
+            return
+        now = time.monotonic()
+        while now >= self._next_rotation:
+            self.ctx.client.rotate()
+            self._next_rotation += self._interval
+
+    def _retract_ended(self) -> None:
+        """All or nothing at every moment, not only after ``stop()``: the rows of attempts
+        that ended without completing (failed, timed out, dead-lettered) leave the sinks as
+        soon as the micro-batch or replay round that saw them end is over (no task of this
+        query writes then: micro-batches and replay rounds run one at a time)."""
+        ended = self.ctx.client.take_ended()
+        if not len(ended):
+            return
+        self._ended.append(ended)
+        for node in self.ctx.plan.python_sinks():
+            if node.caps.retractable:
+                self.report.add_retracted(node.name, int(node.sink.retract(ended)))
+
+    def _replay_when_idle(self) -> None:
+        """Replays do not wait for the next micro-batch: when none came for a timeout bucket's
+        time and replays are waiting (failed rows, timed-out records), a replay round runs
+        them now, as the drain at ``stop()`` would. Runs in a thread of its own until
+        ``stop()``; an error ends it and is raised by ``stop()``."""
+        ctx = self.ctx
+        sc = ctx.spark.sparkContext
+        while not self._wake.wait(self._interval / 2):
+            if time.monotonic() - self._last_activity < self._interval:
+                continue  # micro-batches are coming: they take the replays
+            with self._lock:
+                if self._stopping or self._error is not None:
+                    return
+                try:
+                    self._rotate()
+                    stats = ctx.client.stats()
+                    if not stats.get("replays_waiting") and not stats.get("pending"):
+                        self._last_activity = time.monotonic()
+                        continue
+                    if not stats.get("replays_waiting"):
+                        continue  # pending records not timed out yet
+                    ctx.round = self._last_batch + 1  # the micro-batch number they go with
+                    sc.setLocalProperty(ROUND_PROPERTY, str(ctx.round))
+                    sc.setLocalProperty(ATTEMPTS_PROPERTY, encode_attempts([], []))
+                    work = RoundBuilder(ctx, {}, replays_wanted=True).build()
+                    run_summaries(work.summaries, self.report)
+                    self._retract_ended()
+                    self.idle_rounds += 1
+                    self._last_activity = time.monotonic()
+                except BaseException as exc:
+                    self._error = exc
+                    return
 
     def wait(self, timeout: float | None = None) -> RunReport:
         """Wait until the query terminates, then :meth:`stop` (drain) and return the report.
@@ -229,6 +293,9 @@ class StreamingRun:
         try:
             with self._lock:  # let the running micro-batch finish; no new one starts its work
                 self._stopping = True
+            self._wake.set()
+            if self._idle is not None:
+                self._idle.join()
             self.query.stop()
             if self._embedded_rotation:
                 ctx.ft_layer.stop()
@@ -244,7 +311,8 @@ class StreamingRun:
             ctx.resume_skip = {}
             ctx.round = 0
             ctx.stop_service()
-        self.report.rounds += self.batches
+            ctx.release()
+        self.report.rounds += self.batches + self.idle_rounds
         self.report.wall_seconds = round(time.perf_counter() - self._start, 3)
         if self._error is not None:
             raise self._error
@@ -266,8 +334,10 @@ class StreamingRun:
                 work = RoundBuilder(ctx, {}, replays_wanted=True).build()
                 run_summaries(work.summaries, self.report)
                 self.report.rounds += 1
-        # all or nothing: the rows of attempts that ended without completing go
-        ended = ctx.client.take_ended()
+        # all or nothing: the rows of attempts that ended without completing go (those of
+        # earlier micro-batches again: a row written late by an attempt retracted before)
+        self._ended.append(ctx.client.take_ended())
+        ended = np.concatenate(self._ended)
         for node in ctx.plan.python_sinks():
             if node.caps.retractable:
                 self.report.add_retracted(node.name, int(node.sink.retract(ended)))
