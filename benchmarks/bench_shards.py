@@ -1,8 +1,12 @@
 """Sharded acker scaling: XOR events/s and persisted records/s from several client processes
 against 1, 2 and 4 acker shard processes on loopback (a script: one table, ratios from one run).
 
-    PYTHONPATH=python python benchmarks/bench_shards.py [--clients 2,4] [--shards 1,2,4]
-        [--records 131072] [--batches 4] [--rounds 3]
+    python benchmarks/bench_shards.py [--clients 2,4] [--shards 1,2,4]
+        [--records 131072] [--batches 4] [--rounds 3] [--allow-fallback]
+
+Run it where xorack is installed with its C++ extension (``pip install .``); from a checkout
+without an in-place build (``PYTHONPATH=python``) the kernels are the pure-Python fallback, and
+the script refuses to measure them unless told ``--allow-fallback`` (the table then says so).
 
 Every acker is ``xorack serve --shard k/N`` processes started by ``ShardedAcker`` (1 shard = one
 acker process, the same code path as a standalone ``xorack serve``), memory storage. Each client
@@ -118,7 +122,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, default=4, help="64 K xor batches per client/round")
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per cell")
     ap.add_argument("--json", action="store_true", help="print the cells as JSON lines too")
+    ap.add_argument(
+        "--allow-fallback",
+        action="store_true",
+        help="measure even when the kernels are the pure-Python fallback",
+    )
     args = ap.parse_args(argv)
+    import xorack
+
+    backend = xorack.backend  # the shard and client processes inherit this environment
+    if backend != "native" and not args.allow_fallback:
+        print(
+            f"bench_shards: the kernels here are the {backend!r} backend (no C++ extension: "
+            f"xorack from {Path(xorack.__file__).parent}); install xorack with it "
+            "(pip install .), or pass --allow-fallback to measure the fallback",
+            file=sys.stderr,
+        )
+        return 2
     load0 = os.getloadavg()[0]
     cells = []
     for clients in args.clients:
@@ -128,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 print(json.dumps(cell), flush=True)
     print(
-        f"sharded acker on loopback: {os.cpu_count()} cores, load average "
+        f"sharded acker on loopback, {backend} kernels: {os.cpu_count()} cores, load average "
         f"{load0:.1f} -> {os.getloadavg()[0]:.1f}; {args.records:,} records and "
         f"{args.batches} x 64K xor events per client per round, median of {args.rounds} rounds"
     )

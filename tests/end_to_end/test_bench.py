@@ -79,3 +79,25 @@ def test_a_demo_run_in_a_process_of_its_own_reports_its_driver_peak_rss() -> Non
     assert row.rss_on_mb > 0
     assert row.rss_off_mb > 0
     assert "driver RSS off / on MiB" in bench.render_markdown(report)
+
+
+def test_the_shard_benchmark_refuses_to_measure_the_fallback_silently() -> None:
+    """Run from a checkout without the extension (or with XORACK_BACKEND=python), the shard
+    benchmark would time the pure-Python kernels: it says so and stops, before any process
+    starts, unless told --allow-fallback."""
+    import os
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_shards.py"
+    env = {**os.environ, "XORACK_BACKEND": "python"}
+    done = subprocess.run(
+        [sys.executable, str(script), "--shards", "1", "--clients", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "'python' backend" in done.stderr
+    assert "--allow-fallback" in done.stderr
