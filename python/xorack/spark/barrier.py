@@ -144,6 +144,8 @@ def combining_plan(spec: AggregateSpec, input_schema: Any, output_schema: Any) -
         from pyspark.sql.session import SparkSession
     except ImportError:  # pragma: no cover - Spark Connect only
         return None
+    if not spec.keys:  # a global aggregate: one row even over no rows, which merged partials
+        return None  # of no chunk would not give (a count of null, not 0)
     spark = SparkSession.getActiveSession()
     if spark is None or spark._jvm is None:
         return None

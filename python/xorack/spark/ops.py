@@ -340,8 +340,8 @@ class Select:
         if _plan_kind(out) == "Aggregate":
             raise TrackedOperationError(
                 f"{self.describe()}: an aggregate function without groupBy aggregates every row "
-                "into one, which a tracked DataFrame does by key: group by a constant, e.g. "
-                "t.withColumn('all', F.lit(1)).groupBy('all').agg(...)"
+                "into one, which a tracked DataFrame does as a barrier: write t.agg(...) (or "
+                "t.groupBy().agg(...)) instead of t.select(...)"
             )
         check_output_names("select", out.columns)
         check_row_plan(self.describe(), out, proto, _SELECT_NODES)

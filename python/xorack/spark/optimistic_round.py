@@ -158,6 +158,11 @@ class OptimisticBuilder:
             raise NotOptimistic(
                 Reason.AGGREGATE_READS_STAR, f"the aggregate {node.name!r} reads `*`"
             )
+        if not spec.keys:  # a global aggregate: one row, even when no live row reaches it
+            events = Observation()
+            live = optimistic.staged(df, events).where(F.col(KEEP))
+            out = live.selectExpr(*map(q, node.parents[0].columns)).groupBy().agg(*spec.exprs)
+            return self._barrier_output(node, out, events, counted=False)
         grouped = df.groupBy(*spec.keys, KEEP).agg(*spec.exprs, xor)
         got = [fl for fl in grouped.schema.fields if fl.name not in (KEEP, GROUP_XOR)]
         if [(fl.name, fl.dataType.simpleString()) for fl in got] != [

@@ -121,19 +121,64 @@ class Tracked:
         return self._native("join", lambda name: ops.LookupJoin(other, keys, how, name))
 
     def groupBy(self, *cols: str) -> GroupedTracked:
-        """``DataFrame.groupBy(*cols)`` (column names); then ``.agg(*exprs)`` or ``.count()``.
+        """``DataFrame.groupBy(*cols)`` (column names; none: a global aggregate, one row even
+        over no rows, as Spark's); then ``.agg(*exprs)``, ``.count()``, ``.sum(...)``,
+        ``.avg(...)``/``.mean(...)``, ``.min(...)``, ``.max(...)``.
 
         >>> # counts = words.groupBy("word").agg(F.count("*").alias("n"))
+        >>> # total = sales.groupBy().agg(F.sum("price").alias("revenue"))
         """
         if len(cols) == 1 and isinstance(cols[0], (list, tuple)):
             cols = tuple(cols[0])
         bad = [c for c in cols if not isinstance(c, str)]
-        if bad or not cols:
-            raise TypeError(f"groupBy: takes column names on a tracked DataFrame, got {cols!r}")
+        if bad:
+            raise TypeError(
+                f"groupBy: takes column names on a tracked DataFrame, got {bad!r}; add the "
+                "expression as a column first (withColumn) and group by its name"
+            )
         check_columns("groupBy", self.columns, cols, "groupBy")
         return GroupedTracked(self, tuple(cols))
 
     groupby = groupBy
+
+    def agg(self, *exprs: Any) -> Tracked:
+        """``DataFrame.agg(*exprs)``: a global aggregate, ``groupBy().agg(*exprs)``.
+
+        >>> # revenue = lineitem.agg(F.sum(F.col("price") * F.col("discount")).alias("revenue"))
+        """
+        return self.groupBy().agg(*exprs)
+
+    def selectExpr(self, *exprs: str) -> Tracked:
+        """``DataFrame.selectExpr(*exprs)``: :meth:`select` of SQL expressions."""
+        from pyspark.sql import functions as F
+
+        if len(exprs) == 1 and isinstance(exprs[0], (list, tuple)):
+            exprs = tuple(exprs[0])
+        bad = [e for e in exprs if not isinstance(e, str)]
+        if bad:
+            raise TypeError(f"selectExpr: takes SQL strings, got {bad!r}")
+        return self.select(*[e if e == "*" else F.expr(e) for e in exprs])
+
+    def unionByName(self, other: Tracked, allowMissingColumns: bool = False) -> Tracked:
+        """``DataFrame.unionByName`` (the payload columns must be the same: a tracked union
+        matches by name already)."""
+        if allowMissingColumns:
+            raise ops.TrackedOperationError(
+                "unionByName: allowMissingColumns=True is not supported on a tracked DataFrame; "
+                "add the missing columns with withColumn(name, F.lit(None).cast(type)) first"
+            )
+        return self.union(other)
+
+    def distinct(self) -> Tracked:
+        """``DataFrame.distinct()``: one row per distinct payload row (an aggregate: exactly
+        once, whatever was replayed; its rows are records of the next phase)."""
+        from pyspark.sql import functions as F
+
+        name = "_xorack_rows"
+        while name in self.columns:
+            name += "_"
+        grouped = self.groupBy(*self.columns).agg(F.count(F.lit(1)).alias(name))
+        return grouped.drop(name)
 
     def map_in_pandas(self, fn: UserFunction, schema: Any, name: str | None = None) -> Tracked:
         """A tracked stage: ``fn(pdf) -> pdf`` (or an iterable of frames) per pandas batch.
@@ -285,6 +330,50 @@ class GroupedTracked:
         from pyspark.sql import functions as F
 
         return self.agg(F.count("*").alias("count"))
+
+    def _numeric(self, what: str, cols: tuple[str, ...]) -> list[str]:
+        """``cols``, or every numeric payload column but the keys (Spark's rule for
+        ``GroupedData.sum()`` without columns)."""
+        from pyspark.sql.types import NumericType
+
+        schema = self._parent.schema
+        if not cols:
+            return [
+                f.name
+                for f in schema.fields
+                if isinstance(f.dataType, NumericType) and f.name not in self._keys
+            ]
+        check_columns(what, self._parent.columns, cols, what)
+        bad = [c for c in cols if not isinstance(schema[c].dataType, NumericType)]
+        if bad:
+            raise ops.TrackedOperationError(f"{what}: {bad} are not numeric columns")
+        return list(cols)
+
+    def _each(self, function: str, cols: tuple[str, ...]) -> Tracked:
+        from pyspark.sql import functions as F
+
+        names = self._numeric(function, cols)
+        if not names:
+            raise ops.TrackedOperationError(f"{function}: no numeric column to aggregate")
+        return self.agg(*[getattr(F, function)(F.col(c)) for c in names])
+
+    def sum(self, *cols: str) -> Tracked:
+        """``GroupedData.sum(*cols)``: ``sum(c)`` columns (every numeric one without cols)."""
+        return self._each("sum", cols)
+
+    def avg(self, *cols: str) -> Tracked:
+        """``GroupedData.avg(*cols)``: ``avg(c)`` columns."""
+        return self._each("avg", cols)
+
+    mean = avg
+
+    def min(self, *cols: str) -> Tracked:
+        """``GroupedData.min(*cols)``: ``min(c)`` columns."""
+        return self._each("min", cols)
+
+    def max(self, *cols: str) -> Tracked:
+        """``GroupedData.max(*cols)``: ``max(c)`` columns."""
+        return self._each("max", cols)
 
 
 __all__ = ["GroupedTracked", "Tracked"]
