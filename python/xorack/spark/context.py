@@ -169,9 +169,7 @@ class RunContext:
         cfg = self.config
         self.job = cfg.job or f"run-{os.urandom(8).hex()}"
         if cfg.service is not None:
-            if cfg.tls_cert is not None:
-                with open(cfg.tls_cert, "rb") as f:
-                    self.tls_root_certs = f.read()
+            self._trust_given_cert()
             try:
                 client = self.client_for(cfg.service)
                 client.ping()
@@ -226,10 +224,14 @@ class RunContext:
             tls_key=cfg.tls_key,
             serve_args=args,
         )
-        if cfg.tls_cert is not None:
-            with open(cfg.tls_cert, "rb") as f:
-                self.tls_root_certs = f.read()
+        self._trust_given_cert()
         return str(self.shards.location)
+
+    def _trust_given_cert(self) -> None:
+        """The executors trust the certificate the pipeline was given (``tls_cert``)."""
+        if self.config.tls_cert is not None:
+            with open(self.config.tls_cert, "rb") as f:
+                self.tls_root_certs = f.read()
 
     def stop_service(self) -> None:
         """Stop what :meth:`start_service` started (a standalone acker keeps running)."""

@@ -141,7 +141,7 @@ class PlanBuilder:
         repartition = bool(keys or partitions or df.isStreaming)
         if not self.ft and not repartition and not df.isStreaming:
             # with FT off its native operations analyze the input itself: the frames they
-            # analyze are the ones the run executes (see RowOperation.reused)
+            # analyze are the ones the run executes (see Node.reused)
             proto = df
         else:
             proto = empty_frame(self.spark, df.schema)

@@ -53,6 +53,9 @@ class Node:
     #: the frame a declaration on this node's output is analyzed against (None: an empty
     #: frame of its payload); with FT off a source's input or a native node's own output
     proto: Any = field(default=None, kw_only=True, repr=False)
+    #: the input frames ``proto`` was analyzed from (FT off: a run fed the very same frames
+    #: reuses ``proto`` instead of building the operation again, see :meth:`reused`)
+    analyzed_from: tuple[Any, ...] = field(default=(), kw_only=True, repr=False)
 
     #: how record ids flow through the node (explain's words)
     lineage: ClassVar[str] = ""
@@ -66,6 +69,16 @@ class Node:
 
     def is_settled(self) -> bool:
         return self.settled
+
+    def reused(self, inputs: list[Any]) -> Any:
+        """The frame the declaration analyzed, if the run feeds the node the very frames that
+        analysis was given (FT off: DataFrames are immutable, so applying the operation again
+        would build the same plan; the declaration's analysis is not paid twice); else None."""
+        given = self.analyzed_from
+        if not given or len(given) != len(inputs):
+            return None
+        same = all(a is b for a, b in zip(given, inputs, strict=True))
+        return self.proto if same else None
 
     def tracked(self, b: RoundBuilder, inputs: list[Any]) -> Any:
         """This node's frame in a round (FT on: tracked; FT off: plain Spark's), given its

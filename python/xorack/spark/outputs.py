@@ -36,16 +36,8 @@ class Barrier(Node):
     declaration analyzed from ``analyzed_from``, reused when the run feeds the same frames)."""
 
     spec: Any = None
-    analyzed_from: tuple[Any, ...] = ()
 
     terminal: ClassVar[bool] = True
-
-    def reused(self, inputs: list[Any]) -> Any:
-        given = self.analyzed_from
-        if not given or len(given) != len(inputs):
-            return None
-        same = all(a is b for a, b in zip(given, inputs, strict=True))
-        return self.proto if same else None
 
     def tracked(self, b: RoundBuilder, inputs: list[Any]) -> Any:
         ctx = b.ctx

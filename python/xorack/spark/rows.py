@@ -158,23 +158,12 @@ class RowOperation(Node):
     kept in columns; ``proto`` is the frame its declaration analyzed, from ``analyzed_from``."""
 
     op: Any = None
-    analyzed_from: tuple[Any, ...] = ()
 
     label: ClassVar[str] = "native"
 
     @property
     def lineage(self) -> str:  # type: ignore[override]
         return str(getattr(self.op, "lineage", "1 → 1"))
-
-    def reused(self, inputs: list[Any]) -> Any:
-        """The frame the declaration analyzed, if the run feeds it the very frames that
-        analysis was given (FT off: DataFrames are immutable, so applying the operation again
-        would build the same plan; the declaration's analysis is not paid twice); else None."""
-        given = self.analyzed_from
-        if not given or len(given) != len(inputs):
-            return None
-        same = all(a is b for a, b in zip(given, inputs, strict=True))
-        return self.proto if same else None
 
     def tracked(self, b: RoundBuilder, inputs: list[Any]) -> Any:
         df = self.reused(inputs)
