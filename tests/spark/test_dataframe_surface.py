@@ -139,3 +139,14 @@ def test_union_by_name_with_missing_columns_says_what_to_write(spark):
     u = t.select("k")
     with pytest.raises(TrackedOperationError, match="allowMissingColumns"):
         u.unionByName(u.select("k"), allowMissingColumns=True)
+
+
+@pytest.mark.parametrize("subset", [["k"], ["k", "qty"], None])
+def test_drop_duplicates_keeps_one_input_row_per_key(spark, tmp_path, subset):
+    _, got = _run(spark, tmp_path, lambda t: t.dropDuplicates(subset))
+    plain = _plain(spark)
+    want = plain.dropDuplicates(subset)
+    assert got.columns == want.columns
+    keys = subset or plain.columns
+    assert _rows(got.select(*keys)) == _rows(want.select(*keys))  # one row per key
+    assert not set(_rows(got)) - set(_rows(plain))  # each one a row of the input

@@ -180,6 +180,31 @@ class Tracked:
         grouped = self.groupBy(*self.columns).agg(F.count(F.lit(1)).alias(name))
         return grouped.drop(name)
 
+    def dropDuplicates(self, subset: list[str] | tuple[str, ...] | None = None) -> Tracked:
+        """``DataFrame.dropDuplicates(subset)``: one row per distinct ``subset`` (all columns
+        when None), the other columns from one of its rows — the aggregate Spark itself runs
+        for it (``first`` of each other column); exactly once, a barrier like ``distinct``.
+
+        >>> # latest = events.dropDuplicates(["user"])
+        """
+        from pyspark.sql import functions as F
+
+        if subset is None:
+            return self.distinct()
+        if isinstance(subset, str):
+            subset = [subset]
+        keys = tuple(subset)
+        if not keys:
+            return self.distinct()
+        check_columns("dropDuplicates", self.columns, keys, "dropDuplicates")
+        others = [c for c in self.columns if c not in keys]
+        if not others:
+            return self.distinct()
+        picked = self.groupBy(*dict.fromkeys(keys)).agg(*[F.first(c).alias(c) for c in others])
+        return picked.select(*self.columns)
+
+    drop_duplicates = dropDuplicates
+
     def map_in_pandas(self, fn: UserFunction, schema: Any, name: str | None = None) -> Tracked:
         """A tracked stage: ``fn(pdf) -> pdf`` (or an iterable of frames) per pandas batch.
 
@@ -290,10 +315,11 @@ class Tracked:
             raise AttributeError(name)
         raise AttributeError(
             f"'Tracked' has no attribute {name!r}: a tracked DataFrame is declared lazily and "
-            "built afresh for each round; it offers filter/where, select, withColumn(s), "
-            "withColumnRenamed, drop, join, groupBy, map_in_pandas, map_in_arrow, "
-            "apply_in_pandas, transform, repartition, union, sink and explain (columns and "
-            "schema tell its payload). Look at results in the sink after Pipeline.run()."
+            "built afresh for each round; it offers filter/where, select, selectExpr, "
+            "withColumn(s), withColumnRenamed, drop, join, groupBy, agg, distinct, "
+            "dropDuplicates, map_in_pandas, map_in_arrow, apply_in_pandas, transform, "
+            "repartition, union, unionByName, sink and explain (columns and schema tell its "
+            "payload). Look at results in the sink after Pipeline.run()."
         )
 
 
