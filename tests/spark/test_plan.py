@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 pytest.importorskip("pyspark", reason="pyspark is not installed: install xorack[test]")
@@ -230,4 +229,3 @@ def test_fallback_reasons_are_told_apart_from_blocking_ones():
         Reason.METRICS_MISSING,
         Reason.UNBALANCED,
     }
-    assert np.all([isinstance(r.value, str) for r in Reason])

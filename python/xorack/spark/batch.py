@@ -16,6 +16,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -75,7 +76,7 @@ class BatchRun:
             ctx.round = ctx.phase = 0
             ctx.resume_skip = {}
             ctx.workdir = None
-            if ctx.ft:
+            if ctx.ft and ctx.dead_letters is None:  # a run that did not get to _finish
                 ctx.dead_letters = ctx.fetch_dead_letters()
             ctx.stop_service()
             if workdir is not None and finished:
@@ -148,6 +149,7 @@ class BatchRun:
         ctx = self.ctx
         self.ended.append(ctx.client.take_ended())
         Publisher(ctx, np.concatenate(self.ended), report).publish()
+        ctx.dead_letters = ctx.fetch_dead_letters()  # final: every record has settled
         report.fill(ctx.client.stats())
         ctx.client.release_replays()  # a standalone acker frees the last round's
         report.discount_derived(self.derived_persisted, self._derived_dead())
@@ -171,13 +173,13 @@ class BatchRun:
         derived = self.ctx.plan.derived_indexes()
         if not derived:
             return 0
-        return dead_by_kind(self.ctx, derived)[True]
+        return dead_by_kind(self.ctx.dead_letters, derived)[True]
 
 
-def dead_by_kind(ctx: RunContext, derived: set[int]) -> dict[bool, int]:
-    """Dead letters of the job: of barrier outputs (True) and of input sources (False)."""
+def dead_by_kind(table: Any, derived: set[int]) -> dict[bool, int]:
+    """Dead letters of the job (its dead-letter table): of barrier outputs (True) and of input
+    sources (False)."""
     dead = {True: 0, False: 0}
-    table = ctx.fetch_dead_letters()
     if table is not None and table.num_rows and "_ft_source" in table.schema.names:
         sources = table.column("_ft_source").to_numpy(zero_copy_only=False)
         dead[True] = int(np.isin(sources, list(derived)).sum())
@@ -195,7 +197,9 @@ def fill_job(ctx: RunContext, report: RunReport) -> None:
     rows = {True: 0, False: 0}
     for source, parts in progress.items():
         rows[source in derived] += sum(parts.values())
-    dead = dead_by_kind(ctx, derived)
+    if ctx.dead_letters is None:
+        ctx.dead_letters = ctx.fetch_dead_letters()
+    dead = dead_by_kind(ctx.dead_letters, derived)
     lost = report.lost or 0
     report.source_records = rows[False]
     report.dead_lettered = dead[False]

@@ -18,7 +18,6 @@ from . import ops, optimistic
 from .context import RunContext
 from .guard import tally_param
 from .lineage import EVENT, KEEP, q
-from .node import Node
 from .outputs import Aggregate, Barrier, NativeSinkNode, PythonSinkNode, Sink, TrackedJoin
 from .report import PhaseNote, Reason, RunReport
 from .rows import PythonStage, Source, tagged_schema
@@ -174,7 +173,7 @@ class OptimisticBuilder:
             )
         derived = self.ctx.plan.derived_source(node)
         readers = self.ctx.plan.readers(derived)
-        if self._round_writes(derived, readers):  # the groups' events XORed in Python
+        if round_writes(self.ctx, derived):  # the groups' events XORed in Python
             groups = grouped.selectExpr(*map(q, node.columns), KEEP, GROUP_XOR)
             reader = readers[0]
             assert isinstance(reader, PythonSinkNode)
@@ -228,9 +227,6 @@ class OptimisticBuilder:
         rows = Observation()
         out = out.observe(rows, F.count(F.lit(1)).alias("rows"))
         return FastOutput(node.name, sink, node, path, out, events, rows)
-
-    def _round_writes(self, derived: Source, readers: tuple[Node, ...]) -> bool:
-        return round_writes(self.ctx, derived)
 
     def _round_sink_output(self, derived: Source, sink: PythonSinkNode, groups: Any) -> FastOutput:
         """An aggregate's output written by the round into the Python sink that alone reads it

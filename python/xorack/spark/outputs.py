@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .barrier import AggregateSpec, PartialStaging, Staging, combining_plan
+from .barrier import PartialStaging, Staging, combining_plan
 from .node import Node, Scope
 from .report import Reason
 from .sinks import SinkCapabilities, create_sink
@@ -231,11 +231,6 @@ class PythonSinkNode(Sink):
         pub.python(self)
 
 
-def is_aggregate(node: Any) -> bool:
-    """Whether ``node`` is an aggregate barrier (keyed by its spec)."""
-    return isinstance(node, Barrier) and isinstance(node.spec, AggregateSpec)
-
-
 __all__ = [
     "Aggregate",
     "Barrier",
@@ -243,5 +238,4 @@ __all__ = [
     "PythonSinkNode",
     "Sink",
     "TrackedJoin",
-    "is_aggregate",
 ]

@@ -172,11 +172,16 @@ class Publisher:
         return int(rows)
 
     def python(self, node: PythonSinkNode) -> None:
-        if not node.caps.retractable:
-            return
         lost = np.asarray(self.ctx.lost_round_srcs, dtype=np.uint64)
         ended = np.concatenate([self.ended, lost]) if len(lost) else self.ended
-        self.report.add_retracted(node.name, int(node.sink.retract(ended)))
+        retract(node, ended, self.report)
+
+
+def retract(node: PythonSinkNode, ended: np.ndarray, report: RunReport) -> None:
+    """Remove from a sink written from Python the rows of the attempts ``ended`` (that ended
+    without completing); a sink that cannot retract keeps them."""
+    if node.caps.retractable and len(ended):
+        report.add_retracted(node.name, int(node.sink.retract(ended)))
 
 
 __all__ = [
@@ -187,4 +192,5 @@ __all__ = [
     "open_staging",
     "phase_has_input",
     "remove_staged",
+    "retract",
 ]

@@ -33,6 +33,7 @@ import numpy as np
 from .batch import fill_job
 from .build import RoundBuilder
 from .context import RunContext
+from .publish import retract
 from .report import RunReport
 from .rows import Source
 from .stages import ATTEMPTS_PROPERTY, ROUND_PROPERTY, encode_attempts, u64
@@ -213,8 +214,18 @@ class StreamingRun:
             return
         self._ended.append(ended)
         for node in self.ctx.plan.python_sinks():
-            if node.caps.retractable:
-                self.report.add_retracted(node.name, int(node.sink.retract(ended)))
+            retract(node, ended, self.report)
+
+    def _replay_round(self, round_no: int) -> None:
+        """A round of the replays waiting in the FT layer, without fresh input (when the
+        stream is idle, and the drain after ``stop()``)."""
+        ctx = self.ctx
+        sc = ctx.spark.sparkContext
+        ctx.round = round_no
+        sc.setLocalProperty(ROUND_PROPERTY, str(round_no))
+        sc.setLocalProperty(ATTEMPTS_PROPERTY, encode_attempts([], []))  # set per replay
+        work = RoundBuilder(ctx, {}, replays_wanted=True).build()
+        run_summaries(work.summaries, self.report)
 
     def _replay_when_idle(self) -> None:
         """Replays do not wait for the next micro-batch: when none came for a timeout bucket's
@@ -222,7 +233,6 @@ class StreamingRun:
         them now, as the drain at ``stop()`` would. Runs in a thread of its own until
         ``stop()``; an error ends it and is raised by ``stop()``."""
         ctx = self.ctx
-        sc = ctx.spark.sparkContext
         while not self._wake.wait(self._interval / 2):
             if time.monotonic() - self._last_activity < self._interval:
                 continue  # micro-batches are coming: they take the replays
@@ -237,11 +247,7 @@ class StreamingRun:
                         continue
                     if not stats.get("replays_waiting"):
                         continue  # pending records not timed out yet
-                    ctx.round = self._last_batch + 1  # the micro-batch number they go with
-                    sc.setLocalProperty(ROUND_PROPERTY, str(ctx.round))
-                    sc.setLocalProperty(ATTEMPTS_PROPERTY, encode_attempts([], []))
-                    work = RoundBuilder(ctx, {}, replays_wanted=True).build()
-                    run_summaries(work.summaries, self.report)
+                    self._replay_round(self._last_batch + 1)  # the next micro-batch's number
                     self._retract_ended()
                     self.idle_rounds += 1
                     self._last_activity = time.monotonic()
@@ -322,29 +328,22 @@ class StreamingRun:
         """With FT on, after the query stopped: drain, retract, fill the report."""
         ctx = self.ctx
         if drain:
-            sc = ctx.spark.sparkContext
             for r in range(ctx.config.max_attempts + 1):
-                ctx.round = self._last_batch + 1 + r
-                sc.setLocalProperty(ROUND_PROPERTY, str(ctx.round))
-                sc.setLocalProperty(ATTEMPTS_PROPERTY, encode_attempts([], []))
                 ctx.client.expire_all()
-                stats = ctx.client.stats()
-                if not stats.get("pending", 0):
+                if not ctx.client.stats().get("pending", 0):
                     break
-                work = RoundBuilder(ctx, {}, replays_wanted=True).build()
-                run_summaries(work.summaries, self.report)
+                self._replay_round(self._last_batch + 1 + r)
                 self.report.rounds += 1
         # all or nothing: the rows of attempts that ended without completing go (those of
         # earlier micro-batches again: a row written late by an attempt retracted before)
         self._ended.append(ctx.client.take_ended())
         ended = np.concatenate(self._ended)
         for node in ctx.plan.python_sinks():
-            if node.caps.retractable:
-                self.report.add_retracted(node.name, int(node.sink.retract(ended)))
+            retract(node, ended, self.report)
+        ctx.dead_letters = ctx.fetch_dead_letters()
         self.report.fill(ctx.client.stats())
         if ctx.config.resume:
             fill_job(ctx, self.report)  # the counts of the whole job, over its restarts
-        ctx.dead_letters = ctx.fetch_dead_letters()
 
 
 __all__ = ["StreamingRun"]
