@@ -94,6 +94,8 @@ class RunContext:
         self.resume_skip: dict[int, dict[int, int]] = {}  # source -> partition -> rows
         # streaming: told the replay tables each round takes (for current_attempt(pdf))
         self.on_replays: Any = None
+        # a stream's watermark column: the sources persist each record's event time
+        self.event_time: str | None = None
         self.optimistic_group: str | None = None  # the job group of a running optimistic round
         self.fast_records = 0  # records of input sources completed by optimistic rounds
         self.fast_derived = 0  # records of barrier outputs completed by optimistic rounds

@@ -16,7 +16,15 @@ from .barrier import AggregateSpec, JoinSpec
 from .context import PipelineConfig
 from .lineage import LINEAGE
 from .node import Node
-from .outputs import Aggregate, Barrier, NativeSinkNode, PythonSinkNode, Sink, TrackedJoin
+from .outputs import (
+    Aggregate,
+    Barrier,
+    NativeSinkNode,
+    PythonSinkNode,
+    Sink,
+    TrackedJoin,
+    WindowAggregate,
+)
 from .plan import Plan
 from .rows import (
     GroupStage,
@@ -29,6 +37,7 @@ from .rows import (
 from .schema import empty_frame
 from .sinks import capabilities_of
 from .stages import StageSchemaError, check_columns
+from .windows import Watermark, WindowSpec, delay_micros, window_of
 
 
 class PlanBuilder:
@@ -41,10 +50,11 @@ class PlanBuilder:
         self.nodes: list[Node] = []
         self.sources: list[Source] = []
         self._names: set[str] = set()
+        self._watermark: Watermark | None = None
 
     def plan(self) -> Plan:
         """The plan as declared so far (immutable)."""
-        return Plan(tuple(self.nodes), tuple(self.sources))
+        return Plan(tuple(self.nodes), tuple(self.sources), self._watermark)
 
     # ---- checks ------------------------------------------------------------------------------
 
@@ -301,6 +311,62 @@ class PlanBuilder:
 
     def aggregate(self, parent: Node, keys: tuple[str, ...], exprs: tuple[Any, ...]) -> Source:
         return self._barrier([parent], AggregateSpec(keys, exprs), Aggregate, keys=keys)
+
+    def watermark(self, node: Node, column: Any, delay: Any) -> None:
+        """``withWatermark(column, delay)``: a timestamp column of the source ``node`` reads,
+        one watermark per pipeline."""
+        from pyspark.sql.types import TimestampNTZType, TimestampType
+
+        if not isinstance(column, str):
+            raise TypeError(f"withWatermark: eventTime must be a column name, got {column!r}")
+        check_columns("withWatermark", node.columns, (column,), "withWatermark")
+        delay_us = delay_micros(delay)
+        self.analyze("withWatermark", lambda: self.prototype(node).withWatermark(column, delay))
+        kind = node.schema[column].dataType
+        if not isinstance(kind, (TimestampType, TimestampNTZType)):
+            raise ops.TrackedOperationError(
+                f"withWatermark: {column!r} is {kind.simpleString()}, not a timestamp; cast it "
+                "first (F.col(c).cast('timestamp')), on the input DataFrame"
+            )
+        roots = [s for s in self.sources if s.df is not None and s.df.isStreaming]
+        roots = roots or [s for s in self.sources if s.derived is None]
+        if not any(column in s.columns for s in roots):
+            raise ops.TrackedOperationError(
+                f"withWatermark: {column!r} is not a column of the source; the event time must "
+                "be the source records' own (the FT layer keeps it with each record)"
+            )
+        wm = Watermark(column, str(delay), delay_us)
+        if self._watermark is not None and self._watermark != wm:
+            raise ops.TrackedOperationError(
+                f"withWatermark: this pipeline already has {self._watermark.column!r} "
+                f"{self._watermark.delay!r}; one watermark per pipeline"
+            )
+        self._watermark = wm
+
+    def windowed_aggregate(
+        self, parent: Node, groups: tuple[Any, ...], at: int, exprs: tuple[Any, ...]
+    ) -> Source:
+        """``groupBy(..., F.window(ts, ...) or F.session_window(ts, gap), ...).agg(*exprs)``."""
+        found = window_of(groups[at])
+        assert found is not None  # checked by Tracked.groupBy
+        kind, time = found
+        if time not in parent.columns:
+            raise ops.TrackedOperationError(
+                f"groupBy: the window's time column {time!r} is not among the columns "
+                f"{list(parent.columns)}"
+            )
+        wm = self._watermark
+        if wm is not None and time != wm.column:
+            raise ops.TrackedOperationError(
+                f"groupBy: the window is over {time!r} but the watermark is on {wm.column!r}; "
+                "window over the watermark's column"
+            )
+        spec = WindowSpec(tuple(groups), at, kind, time, tuple(exprs))
+        proto = empty_frame(self.spark, parent.schema)
+        out = self.analyze(spec.describe(), lambda: spec.compute([proto]))
+        spec = WindowSpec(tuple(groups), at, kind, time, tuple(exprs), tuple(out.columns))
+        keys = (spec.window_name, *spec.keys)
+        return self._barrier([parent], spec, WindowAggregate, keys=keys)
 
     def tracked_join(self, left: Node, right: Node, on: Any, how: str) -> Source:
         if right is left:

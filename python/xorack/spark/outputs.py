@@ -20,6 +20,7 @@ from .node import Node, Scope
 from .report import Reason
 from .sinks import SinkCapabilities, create_sink
 from .stages import SUMMARY_SCHEMA, SinkRunner
+from .windows import WindowStaging
 
 if TYPE_CHECKING:
     from .build import RoundBuilder
@@ -119,6 +120,28 @@ class Aggregate(Barrier):
 
     def optimistic_output(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
         return b.aggregate_output(self, inputs[0])
+
+
+@dataclass(eq=False)
+class WindowAggregate(Aggregate):
+    """``groupBy(F.window(ts, ...) or F.session_window(ts, gap), *keys).agg(*exprs)``. In a
+    batch run an aggregate like any other (in tracked rounds: Spark's time windowing runs on
+    the staged rows, once); in a stream each window is written once, final, when the watermark
+    — held back by the event time of the records still pending — passes its end
+    (:mod:`xorack.spark.windows`)."""
+
+    lineage: ClassVar[str] = "n → 1 per window: staged, written once when the watermark passes"
+    label: ClassVar[str] = "window_aggregate"
+
+    def combining(self, ctx: RunContext) -> Any:
+        return None  # the staged rows keep their time: a window is not a chunk's
+
+    def open_staging(self, ctx: RunContext, workdir: str) -> list[Staging]:
+        root = os.path.join(workdir, self.name, "0")
+        return [WindowStaging(root, self.parents[0].schema)]
+
+    def blocker(self, scope: Scope) -> tuple[Reason, str] | None:
+        return Reason.TIME_WINDOW, f"{self.name!r} groups by a time window"
 
 
 @dataclass(eq=False)
@@ -238,4 +261,5 @@ __all__ = [
     "PythonSinkNode",
     "Sink",
     "TrackedJoin",
+    "WindowAggregate",
 ]

@@ -15,6 +15,7 @@ from .node import Node, Scope
 from .outputs import Barrier, NativeSinkNode, PythonSinkNode, Sink
 from .rows import ArrowStage, PandasStage, Source
 from .stages import StageSchemaError
+from .windows import Watermark
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,7 @@ class Plan:
 
     nodes: tuple[Node, ...]
     sources: tuple[Source, ...]
+    watermark: Watermark | None = None  # withWatermark(column, delay), one per pipeline
     _readers: dict[int, tuple[Node, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

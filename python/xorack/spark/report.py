@@ -59,6 +59,7 @@ class Reason(str, enum.Enum):
     UNREAD = "unread"  # rows that reach no sink
     AGGREGATE_READS_STAR = "aggregate_reads_star"
     AGGREGATE_READS_LINEAGE = "aggregate_reads_lineage"
+    TIME_WINDOW = "time_window"  # an aggregation by a time window (Spark's Expand)
     # the phase's optimistic round fell back
     ROW_FAILED = "row_failed"  # a Python stage failed a row (the round may have been cancelled)
     TASK_FAILED = "task_failed"  # a Spark task attempt failed or was retried

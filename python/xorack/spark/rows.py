@@ -102,6 +102,14 @@ class Source(Node):
             return df.repartition(ctx.partitions(self))
         return df
 
+    def event_time(self, ctx: RunContext) -> str | None:
+        """The column whose value the FT layer keeps as each record's event time (a stream
+        with a watermark on this source's column), else None."""
+        column = ctx.event_time
+        if column is None or self.derived is not None or column not in self.columns:
+            return None
+        return column
+
     def tagged(self, ctx: RunContext, df: Any, ordered: bool = True) -> Any:
         """The rows of ``df`` with their lineage: ids drawn and the rows persisted by the
         executors' :class:`~xorack.spark.tagging.SourceTagger` (FT on)."""
@@ -121,6 +129,7 @@ class Source(Node):
             ordered=ordered,
             progress=cfg.resume,
             skip=tuple(sorted(ctx.resume_skip.get(self.index, {}).items())),
+            event_time=self.event_time(ctx),
             **ctx.runner_args(),
         )
         df = df.withColumn(PART, F.spark_partition_id())

@@ -431,6 +431,30 @@ class ParquetSink:
         df.observe(seen, F.count(F.lit(1)).alias("rows")).write.mode(self.mode).parquet(self.path)
         return int(seen.get["rows"])
 
+    def append(self, df: Any) -> int:
+        """Add rows to ``path`` (a stream's closed windows, each written once); returns how
+        many. Spark's commit protocol moves a write's files in when its job commits: a reader
+        sees final rows only (the files of one write may appear one after the other)."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        seen = Observation()
+        df.observe(seen, F.count(F.lit(1)).alias("rows")).write.mode("append").parquet(self.path)
+        return int(seen.get["rows"])
+
+    def clear(self, spark: Any) -> None:
+        """Before a stream's first write with ``mode="overwrite"``: remove what ``path`` held
+        (``"error"``: an existing ``path`` is an error)."""
+        from .optimistic import remove_dir
+
+        if self.mode == "overwrite":
+            remove_dir(spark, self.path)
+            return
+        jvm = spark._jvm
+        p = jvm.org.apache.hadoop.fs.Path(self.path)
+        if p.getFileSystem(spark._jsc.hadoopConfiguration()).exists(p):
+            raise FileExistsError(f"ParquetSink: path {self.path} already exists (mode 'error')")
+
     def adopt(self, spark: Any, staged: str) -> None:
         """Publish a directory of Parquet files that Spark wrote for this sink (the rows of an
         optimistic round, :mod:`xorack.spark.optimistic`) by moving it to ``path``: no second

@@ -30,14 +30,17 @@ from typing import Any
 
 import numpy as np
 
+from .barrier import ids_frame, send_staged_events
 from .batch import fill_job
 from .build import RoundBuilder
 from .context import RunContext
-from .publish import retract
+from .outputs import Sink, WindowAggregate
+from .publish import close_staging, open_staging, retract
 from .report import RunReport
 from .rows import Source
 from .stages import ATTEMPTS_PROPERTY, ROUND_PROPERTY, encode_attempts, u64
 from .tracked_rounds import run_summaries
+from .windows import WindowStaging, write_emitted
 
 
 class _StoppedBeforeBatch(Exception):
@@ -58,21 +61,14 @@ class StreamingRun:
         available_now: bool = False,
     ) -> None:
         plan = ctx.plan
-        barriers = [n.name for n in plan.barriers()]
-        native = [n.name for n in plan.native_sinks()]
-        if barriers or native:
-            raise ValueError(
-                "start_stream: aggregations and tracked joins "
-                f"({barriers}) and native sinks such as ParquetSink ({native}) need the whole "
-                "input to settle before they produce rows; in streaming, aggregate in the sink "
-                "(or run the pipeline in batch with p.run()). Native row operations (filter, "
-                "select, explode, lookup joins) work in streaming."
-            )
+        windowed = check_stream_plan(ctx)
         streaming = [s for s in plan.sources if s.df is not None and s.df.isStreaming]
-        if len(streaming) != 1 or len(plan.sources) != 1:
+        inputs = [s for s in plan.sources if s.derived is None]
+        if not streaming or len(streaming) != len(inputs):
             raise ValueError(
-                "start_stream: the pipeline needs exactly one source, a streaming DataFrame "
-                f"(got {len(plan.sources)} source(s), {len(streaming)} streaming)"
+                "start_stream: every source of the pipeline must be a streaming DataFrame (got "
+                f"{len(inputs)} source(s), {len(streaming)} streaming); join a static "
+                "DataFrame as a lookup (tracked.join(static_df, on))"
             )
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
@@ -94,7 +90,8 @@ class StreamingRun:
         self.available_now = bool(available_now)
         self.report = RunReport(ft=self.ft)
         self.batches = 0
-        self._source: Source = streaming[0]
+        self._sources: list[Source] = streaming
+        self._attempts: list[tuple[np.ndarray, np.ndarray]] = []  # the round's replays
         self._lock = threading.Lock()
         self._last_batch = -1
         self._start = time.perf_counter()
@@ -107,6 +104,7 @@ class StreamingRun:
         self.idle_rounds = 0  # replay rounds run while no micro-batch came
         self._wake = threading.Event()  # set by stop(): the idle replayer ends
         self._idle: threading.Thread | None = None
+        self.windows = StreamState(ctx, windowed, self.report)
         sinks = plan.python_sinks()
         plan.sinks()  # a plan without a sink is an error
         ctx.on_replays = self._replays_taken
@@ -129,7 +127,8 @@ class StreamingRun:
                     ft.start(self._interval)  # background rotations on wall-clock time
             for node in sinks:
                 node.create()
-            writer = self._source.df.writeStream.foreachBatch(self._on_batch)
+            self.windows.open()
+            writer = merged_stream(streaming).writeStream.foreachBatch(self._on_batch)
             if trigger_seconds is not None:
                 writer = writer.trigger(processingTime=f"{trigger_seconds} seconds")
             elif self.available_now:
@@ -145,20 +144,30 @@ class StreamingRun:
         except BaseException:
             ctx.on_replays = None
             ctx.resume_skip = {}
+            self.windows.close()
             ctx.stop_service()
             raise
 
     def _replays_taken(self, tables: list[Any]) -> None:
-        """Called by the pipeline with the replay tables it feeds to the round being built:
-        their attempts, for :func:`~xorack.spark.current_attempt` in the round's tasks."""
+        """Called by the pipeline with the replay tables it feeds to the round being built
+        (one call per source): their attempts, for :func:`~xorack.spark.current_attempt` in
+        the round's tasks."""
         if not tables:
             return
         src = np.concatenate([u64(t.column("_ft_src")) for t in tables])
         attempt = np.concatenate(
             [t.column("_ft_attempt").to_numpy(zero_copy_only=False) for t in tables]
         )
+        self._attempts.append((src, attempt))
         sc = self.ctx.spark.sparkContext
-        sc.setLocalProperty(ATTEMPTS_PROPERTY, encode_attempts(src, attempt))
+        every = [np.concatenate(x) for x in zip(*self._attempts, strict=True)]
+        sc.setLocalProperty(ATTEMPTS_PROPERTY, encode_attempts(every[0], every[1]))
+
+    def _fresh_attempts(self) -> None:
+        """A new round: no replay taken yet (every row on its first attempt)."""
+        self._attempts = []
+        sc = self.ctx.spark.sparkContext
+        sc.setLocalProperty(ATTEMPTS_PROPERTY, encode_attempts([], []))
 
     def _on_batch(self, batch_df: Any, batch_id: int) -> None:
         ctx = self.ctx
@@ -172,19 +181,28 @@ class StreamingRun:
                     )
                 sc = ctx.spark.sparkContext
                 sc.setLocalProperty(ROUND_PROPERTY, str(batch_id))
-                sc.setLocalProperty(ATTEMPTS_PROPERTY, encode_attempts([], []))  # all fresh
+                self._fresh_attempts()
                 ctx.round = int(batch_id)
-                fresh = {self._source.index: batch_df}
+                fresh = split_batch(self._sources, batch_df)
                 if not self.ft:
                     work = RoundBuilder(ctx, fresh, replays_wanted=False).build()
                     run_summaries(work.summaries, self.report)
+                    for node, df in work.plain_writes:  # native sinks: appended per batch
+                        rows = int(node.sink.append(df) or 0)
+                        self.report.sink_rows[node.name] = (
+                            self.report.sink_rows.get(node.name, 0) + rows
+                        )
                     self.batches += 1
                     self._last_batch = int(batch_id)
                     return
                 self._rotate()
+                self.windows.before_round()
                 work = RoundBuilder(ctx, fresh, replays_wanted=True).build()
                 run_summaries(work.summaries, self.report)
+                self.windows.stage(work, f"b{batch_id:07d}")
+                self.windows.saw(fresh.values())
                 self._retract_ended()
+                self.windows.after_round()
                 self.batches += 1
                 self._last_batch = int(batch_id)
                 self._last_activity = time.monotonic()
@@ -213,8 +231,10 @@ class StreamingRun:
         if not len(ended):
             return
         self._ended.append(ended)
+        self.windows.ended.append(ended)
         for node in self.ctx.plan.python_sinks():
-            retract(node, ended, self.report)
+            if node.phase == 0:
+                retract(node, ended, self.report)
 
     def _replay_round(self, round_no: int) -> None:
         """A round of the replays waiting in the FT layer, without fresh input (when the
@@ -223,9 +243,11 @@ class StreamingRun:
         sc = ctx.spark.sparkContext
         ctx.round = round_no
         sc.setLocalProperty(ROUND_PROPERTY, str(round_no))
-        sc.setLocalProperty(ATTEMPTS_PROPERTY, encode_attempts([], []))  # set per replay
+        self._fresh_attempts()  # set per replay
+        self.windows.before_round()
         work = RoundBuilder(ctx, {}, replays_wanted=True).build()
         run_summaries(work.summaries, self.report)
+        self.windows.stage(work, f"r{round_no:07d}")
 
     def _replay_when_idle(self) -> None:
         """Replays do not wait for the next micro-batch: when none came for a timeout bucket's
@@ -249,6 +271,7 @@ class StreamingRun:
                         continue  # pending records not timed out yet
                     self._replay_round(self._last_batch + 1)  # the next micro-batch's number
                     self._retract_ended()
+                    self.windows.after_round()
                     self.idle_rounds += 1
                     self._last_activity = time.monotonic()
                 except BaseException as exc:
@@ -316,6 +339,8 @@ class StreamingRun:
             ctx.on_replays = None
             ctx.resume_skip = {}
             ctx.round = 0
+            ctx.event_time = None
+            self.windows.close()
             ctx.stop_service()
             ctx.release()
         self.report.rounds += self.batches + self.idle_rounds
@@ -337,13 +362,280 @@ class StreamingRun:
         # all or nothing: the rows of attempts that ended without completing go (those of
         # earlier micro-batches again: a row written late by an attempt retracted before)
         self._ended.append(ctx.client.take_ended())
+        self.windows.ended.append(self._ended[-1])
         ended = np.concatenate(self._ended)
         for node in ctx.plan.python_sinks():
-            retract(node, ended, self.report)
+            if node.phase == 0:
+                retract(node, ended, self.report)
+        self.windows.after_round()  # nothing pending: the watermark is plain Spark's
         ctx.dead_letters = ctx.fetch_dead_letters()
         self.report.fill(ctx.client.stats())
         if ctx.config.resume:
             fill_job(ctx, self.report)  # the counts of the whole job, over its restarts
 
 
-__all__ = ["StreamingRun"]
+#: The column telling, in a micro-batch of several streaming sources, which source a row is of.
+SOURCE_COLUMN = "_ft_input"
+
+
+def _source_column(source: Source, column: str) -> str:
+    return f"_ft_s{source.index}_{column}"
+
+
+def merged_stream(sources: list[Source]) -> Any:
+    """The one streaming DataFrame a query over ``sources`` reads: the source itself, or the
+    union of several (each row with its source's index and its columns under names of their
+    own, so that sources of different columns and types meet)."""
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    if len(sources) == 1:
+        return sources[0].df
+    frames = [
+        s.df.select(
+            F.lit(s.index).alias(SOURCE_COLUMN),
+            *[F.col(f"`{c}`").alias(_source_column(s, c)) for c in s.columns],
+        )
+        for s in sources
+    ]
+    return reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
+
+
+def split_batch(sources: list[Source], batch_df: Any) -> dict[int, Any]:
+    """A micro-batch of :func:`merged_stream` split back into each source's fresh rows."""
+    from pyspark.sql import functions as F
+
+    if len(sources) == 1:
+        return {sources[0].index: batch_df}
+    return {
+        s.index: batch_df.where(F.col(SOURCE_COLUMN) == s.index).select(
+            *[F.col(_source_column(s, c)).alias(c) for c in s.columns]
+        )
+        for s in sources
+    }
+
+
+def check_stream_plan(ctx: RunContext) -> list[WindowAggregate]:
+    """What a stream can carry, checked at ``start_stream``: row operations, stages and sinks
+    on the fresh rows; aggregations by a time window over the watermark's column (append
+    mode), written straight into sinks. Returns the windowed aggregations."""
+    plan = ctx.plan
+    windowed = [b for b in plan.barriers() if isinstance(b, WindowAggregate)]
+    others = [b.name for b in plan.barriers() if not isinstance(b, WindowAggregate)]
+    if others:
+        raise ValueError(
+            f"start_stream: aggregations without a time window and tracked joins ({others}) "
+            "would have to wait for the whole stream to settle; group by a time window "
+            "(groupBy(F.window('ts', '1 minute'), ...) after withWatermark('ts', delay): each "
+            "window is written once, final), or run the pipeline in batch with p.run()"
+        )
+    for agg in windowed:
+        if plan.watermark is None:
+            raise ValueError(
+                f"start_stream: {agg.name!r} groups by a time window but the stream has no "
+                "watermark: declare withWatermark(column, delay) on the source (a window is "
+                "written once the watermark passes its end)"
+            )
+        if not ctx.ft:
+            raise ValueError(
+                "start_stream: Pipeline(ft=False) runs no windowed aggregation in a stream; "
+                "run the query in plain Structured Streaming to compare"
+            )
+        if ctx.config.resume:
+            raise ValueError(
+                "start_stream: resume=True with a windowed aggregation is not supported yet "
+                "(the open windows' rows are not kept across a restart)"
+            )
+        if any(p.phase != 0 for p in agg.parents):
+            raise ValueError(
+                f"start_stream: {agg.name!r} aggregates the output of another aggregation; "
+                "one windowed aggregation per branch of a stream"
+            )
+        out = plan.derived_source(agg)
+        readers = plan.readers(out)
+        if not readers or not all(isinstance(r, Sink) for r in readers):
+            raise ValueError(
+                f"start_stream: write the windows of {agg.name!r} straight into sinks "
+                "(.sink(...) on the aggregation's output); operations after a windowed "
+                "aggregation are not supported in a stream yet"
+            )
+    no_append = [n.name for n in plan.native_sinks() if not hasattr(n.sink, "append")]
+    if no_append:
+        raise ValueError(
+            f"start_stream: native sinks {no_append} have no append(df): a stream adds rows "
+            "to a native sink micro-batch after micro-batch (ParquetSink has it)"
+        )
+    native = [n.name for n in plan.native_sinks() if n.phase == 0]
+    if native and ctx.ft and ctx.config.resume:
+        raise ValueError(
+            f"start_stream: resume=True with native sinks ({native}) of the stream's rows is not "
+            "supported yet (a restart could publish a micro-batch's rows twice); write them "
+            "into a sink written from Python (SQLiteSink, your own)"
+        )
+    return windowed
+
+
+class StreamState:
+    """What a stream keeps between micro-batches: the staged rows of its native sinks (such as
+    ``ParquetSink``) and windowed aggregations, and the watermark
+    (:mod:`xorack.spark.windows`).
+
+    The rows reaching each of them are staged per round, their events sent from what was
+    written. After each micro-batch or replay round, a native sink gets the staged rows of the
+    completed attempts appended once no record is pending (an instant where every staged row's
+    record has settled; at the latest at ``stop()``); the watermark moves to
+    ``min(max event time - delay, min event time pending)`` (never back) and the windows it
+    passed are written into the aggregation's sinks, once."""
+
+    def __init__(self, ctx: RunContext, windowed: list[WindowAggregate], report: RunReport):
+        self.ctx = ctx
+        self.windowed = windowed
+        self.report = report
+        self.ended: list[np.ndarray] = []  # attempts that ended without completing
+        self.max_event_us: int | None = None  # the largest event time seen (fresh rows)
+        self.spark_us = 0  # plain Spark's watermark (max event time - delay, in ms steps)
+        self.watermark_us = 0  # the watermark the windows close by (held back)
+        self.emits = 0  # writes of closed windows
+        self._workdir: str | None = None
+        self._tags = 0
+        self.native = [n for n in ctx.plan.native_sinks() if n.phase == 0] if ctx.ft else []
+        self.publishes = 0  # appends of settled rows to the native sinks
+
+    @property
+    def watermark(self) -> Any:
+        """The watermark windows close by, a UTC datetime (the epoch before any input)."""
+        import datetime as dt
+
+        return dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=self.watermark_us)
+
+    def open(self) -> None:
+        ctx = self.ctx
+        for node in ctx.plan.native_sinks():
+            if hasattr(node.sink, "clear"):  # a stream appends: start from nothing
+                node.sink.clear(ctx.spark)
+        if not self.windowed and not self.native:
+            return
+        if self.windowed:
+            ctx.event_time = ctx.plan.watermark.column if ctx.plan.watermark else None
+        self._workdir = open_staging(ctx)
+        ctx.workdir = self._workdir
+
+    def close(self) -> None:
+        if self._workdir is not None:
+            close_staging(self.ctx, self._workdir)
+            self._workdir = None
+            self.ctx.workdir = None
+
+    def _stagings(self) -> list[WindowStaging]:
+        return [
+            st
+            for agg in self.windowed
+            for st in self.ctx.of(agg).staging
+            if isinstance(st, WindowStaging)
+        ]
+
+    def before_round(self) -> None:
+        """The rows staged by the next round are late against the watermark now."""
+        for st in self._stagings():
+            st.watermark_us = self.watermark_us
+
+    def stage(self, work: Any, tag: str) -> None:
+        """Write the round's rows reaching the windowed aggregations, then send their events
+        (read back from what was written: an ack never precedes its write)."""
+        ctx = self.ctx
+        if not work.staged:
+            return
+        self._tags += 1
+        paths = [st.write(df, f"{tag}-{self._tags:07d}") for st, df in work.staged]
+        assert ctx.location is not None
+        send_staged_events(
+            ctx.spark, paths, ctx.location, ctx.token, ctx.tls_root_certs, ctx.job, hold=False
+        )
+
+    def saw(self, frames: Any) -> None:
+        """Plain Spark's watermark after a micro-batch: its largest event time (in Spark's
+        milliseconds) minus the delay, never moving back (the fresh rows of every source
+        with the watermark's column, as Spark's watermark over their union)."""
+        from functools import reduce
+
+        from pyspark.sql import functions as F
+
+        wm = self.ctx.plan.watermark
+        if not self.windowed or wm is None:
+            return
+        col = F.col(f"`{wm.column}`").cast("timestamp")
+        times = [df.select(col.alias("t")) for df in frames if wm.column in df.columns]
+        if not times:
+            return
+        union = reduce(lambda a, b: a.unionByName(b), times)
+        got = union.agg(F.unix_micros(F.max("t"))).collect()[0][0]
+        if got is None:
+            return
+        got = int(got)
+        self.max_event_us = got if self.max_event_us is None else max(self.max_event_us, got)
+        spark_us = (self.max_event_us // 1000 - wm.delay_us // 1000) * 1000
+        self.spark_us = max(self.spark_us, spark_us)
+
+    def _ended_frame(self) -> Any:
+        ended = np.concatenate(self.ended) if self.ended else np.empty(0, np.uint64)
+        return ids_frame(self.ctx.spark, ended)
+
+    def publish(self, stats: dict[str, Any]) -> None:
+        """Append the staged rows of the native sinks once no record is pending."""
+        ctx = self.ctx
+        if not self.native or stats.get("pending", 0):
+            return
+        ended_df = None
+        for node in self.native:
+            (staging,) = ctx.of(node).staging
+            if not staging.paths:
+                continue
+            if ended_df is None:
+                ended_df = self._ended_frame()
+            written = node.sink.append(staging.rows(ctx.spark, ended_df))
+            self.report.sink_rows[node.name] = self.report.sink_rows.get(node.name, 0) + int(
+                written or 0
+            )
+            staging.remove()
+            self.publishes += 1
+
+    def after_round(self) -> None:
+        """After a micro-batch or replay round (its ended attempts taken): publish what
+        settled, close the windows the watermark passed."""
+        if not self.windowed and not self.native:
+            return
+        stats = self.ctx.client.stats()
+        self.publish(stats)
+        self.emit(stats)
+
+    def emit(self, stats: dict[str, Any]) -> None:
+        """Move the watermark as far as the records still pending allow, and write the windows
+        it passed."""
+        ctx = self.ctx
+        if not self.windowed:
+            return
+        hold = self.spark_us
+        if stats.get("pending", 0):
+            if "min_event_time" not in stats:  # an acker that cannot tell: wait
+                return
+            pending = stats["min_event_time"]
+            if pending is not None:
+                hold = min(hold, int(pending))
+        new = max(self.watermark_us, hold)
+        if new <= self.watermark_us:
+            return
+        ended_df = self._ended_frame()
+        for agg in self.windowed:
+            (staging,) = ctx.of(agg).staging
+            assert isinstance(staging, WindowStaging)
+            rows = staging.staged(ctx.spark, ended_df)
+            out = agg.spec.emit(rows, self.watermark_us, new).localCheckpoint(eager=True)
+            for node in ctx.plan.readers(ctx.plan.derived_source(agg)):
+                written = write_emitted(node, out)
+                self.report.sink_rows[node.name] = self.report.sink_rows.get(node.name, 0) + written
+        self.watermark_us = new
+        self.emits += 1
+
+
+__all__ = ["StreamState", "StreamingRun", "check_stream_plan", "merged_stream", "split_batch"]

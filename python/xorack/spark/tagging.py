@@ -57,6 +57,9 @@ class SourceTagger:
     # the input columns' real names when they cross mapInArrow under others (PySpark reads a
     # name with a dot as a struct field); empty: as they come
     names: tuple[str, ...] = ()
+    # the watermark's column: each record's event time (microseconds) is persisted with it,
+    # so that the FT layer can hold the watermark back by the records still pending
+    event_time: str | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from .. import acker, hashing
@@ -133,11 +136,24 @@ class SourceTagger:
                 src_ids=src_ids,
                 **({"progress": (key, offset)} if self.progress else {}),
                 **({"idempotent": True} if self.deterministic and self.ordered else {}),
+                **({"event_time": event_micros(batch, self.event_time)} if self.event_time else {}),
             )
             src = np.asarray(src, dtype=np.uint64)
             yield batch.append_column(SRC, pa.array(i64(src), pa.int64())).append_column(
                 REC, pa.array(i64(rec), pa.int64())
             )
+
+
+NO_EVENT_TIME = -(2**63)  # a record without an event time (the FT layer's "none")
+
+
+def event_micros(batch: pa.RecordBatch, column: str) -> np.ndarray:
+    """The event time of each row of ``batch`` (its timestamp ``column``) in microseconds since
+    the epoch; a null as the smallest int64, "none" to the FT layer (a row without a time
+    falls in no window)."""
+    col = batch.column(column)
+    us = pc.cast(col, pa.timestamp("us", tz=getattr(col.type, "tz", None))).cast(pa.int64())
+    return us.fill_null(NO_EVENT_TIME).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 #: The column of an optimistic aggregate's groups holding the XOR of their rows' events.

@@ -120,24 +120,51 @@ class Tracked:
         keys = tuple(ops.join_keys(on, self.columns, list(other.columns)))
         return self._native("join", lambda name: ops.LookupJoin(other, keys, how, name))
 
-    def groupBy(self, *cols: str) -> GroupedTracked:
+    def groupBy(self, *cols: Any) -> GroupedTracked:
         """``DataFrame.groupBy(*cols)`` (column names; none: a global aggregate, one row even
         over no rows, as Spark's); then ``.agg(*exprs)``, ``.count()``, ``.sum(...)``,
-        ``.avg(...)``/``.mean(...)``, ``.min(...)``, ``.max(...)``.
+        ``.avg(...)``/``.mean(...)``, ``.min(...)``, ``.max(...)``. One of the columns may be
+        a time window, ``F.window(ts, duration[, slide])`` (tumbling or sliding), or a session
+        window, ``F.session_window(ts, gap)``, over the column of :meth:`withWatermark`: in a
+        stream each window is written once, final, when the watermark passes its end (see
+        :mod:`xorack.spark.windows`).
 
         >>> # counts = words.groupBy("word").agg(F.count("*").alias("n"))
         >>> # total = sales.groupBy().agg(F.sum("price").alias("revenue"))
+        >>> # per10s = words.withWatermark("ts", "10 seconds").groupBy(
+        >>> #     F.window("ts", "10 seconds"), "word").count()
         """
+        from .windows import window_of
+
         if len(cols) == 1 and isinstance(cols[0], (list, tuple)):
             cols = tuple(cols[0])
-        bad = [c for c in cols if not isinstance(c, str)]
+        windows = [i for i, c in enumerate(cols) if window_of(c) is not None]
+        bad = [c for i, c in enumerate(cols) if not isinstance(c, str) and i not in windows]
         if bad:
             raise TypeError(
-                f"groupBy: takes column names on a tracked DataFrame, got {bad!r}; add the "
-                "expression as a column first (withColumn) and group by its name"
+                f"groupBy: takes column names (and one F.window/F.session_window) on a tracked "
+                f"DataFrame, got {bad!r}; add the expression as a column first (withColumn) and "
+                "group by its name"
             )
-        check_columns("groupBy", self.columns, cols, "groupBy")
-        return GroupedTracked(self, tuple(cols))
+        if len(windows) > 1:
+            raise ops.TrackedOperationError(
+                "groupBy: one time window per aggregation (Spark allows one too)"
+            )
+        names = [c for c in cols if isinstance(c, str)]
+        check_columns("groupBy", self.columns, tuple(names), "groupBy")
+        return GroupedTracked(self, tuple(cols), windows[0] if windows else None)
+
+    def withWatermark(self, eventTime: str, delayThreshold: str) -> Tracked:
+        """``DataFrame.withWatermark(eventTime, delayThreshold)``: the event-time column of a
+        tracked stream (a timestamp column of its source, reaching the aggregation unchanged)
+        and how late its rows may come. A window closes when the watermark passes its end —
+        held back by the event time of every record still pending, so a replayed record is
+        never late (:mod:`xorack.spark.windows`). One watermark per pipeline.
+
+        >>> # words = p.source(stream).withWatermark("ts", "10 seconds")
+        """
+        self._builder.watermark(self._node, eventTime, delayThreshold)
+        return self
 
     groupby = groupBy
 
@@ -316,7 +343,7 @@ class Tracked:
         raise AttributeError(
             f"'Tracked' has no attribute {name!r}: a tracked DataFrame is declared lazily and "
             "built afresh for each round; it offers filter/where, select, selectExpr, "
-            "withColumn(s), withColumnRenamed, drop, join, groupBy, agg, distinct, "
+            "withColumn(s), withColumnRenamed, drop, join, groupBy, agg, distinct, withWatermark, "
             "dropDuplicates, map_in_pandas, map_in_arrow, apply_in_pandas, transform, "
             "repartition, union, unionByName, sink and explain (columns and schema tell its "
             "payload). Look at results in the sink after Pipeline.run()."
@@ -335,9 +362,10 @@ class GroupedTracked:
     replayed if something after the aggregation fails.
     """
 
-    def __init__(self, parent: Tracked, keys: tuple[str, ...]) -> None:
+    def __init__(self, parent: Tracked, keys: tuple[Any, ...], window: int | None = None) -> None:
         self._parent = parent
         self._keys = keys
+        self._window = window  # the index of the time window in keys, if any
 
     def agg(self, *exprs: Any) -> Tracked:
         """``GroupedData.agg(*exprs)`` with aggregate Columns (``F.sum("x").alias("total")``)."""
@@ -349,7 +377,10 @@ class GroupedTracked:
         if not exprs:
             raise TypeError("agg: give at least one aggregate Column")
         parent = self._parent
-        return parent._on(parent._builder.aggregate(parent._node, self._keys, tuple(exprs)))
+        b = parent._builder
+        if self._window is not None:
+            return parent._on(b.windowed_aggregate(parent._node, self._keys, self._window, exprs))
+        return parent._on(b.aggregate(parent._node, self._keys, tuple(exprs)))
 
     def count(self) -> Tracked:
         """``GroupedData.count()``: a ``count`` column per group."""
@@ -367,7 +398,8 @@ class GroupedTracked:
             return [
                 f.name
                 for f in schema.fields
-                if isinstance(f.dataType, NumericType) and f.name not in self._keys
+                if isinstance(f.dataType, NumericType)
+                and f.name not in [k for k in self._keys if isinstance(k, str)]
             ]
         check_columns(what, self._parent.columns, cols, what)
         bad = [c for c in cols if not isinstance(schema[c].dataType, NumericType)]

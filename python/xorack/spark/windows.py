@@ -1,0 +1,301 @@
+"""Event time in a tracked stream: the watermark, time and session windows, and when a window
+may close.
+
+``withWatermark(column, delay)`` and ``groupBy(F.window(column, ...), *keys).agg(...)`` (or
+``F.session_window``) are Spark's own declarations; what xorack adds is *when* a window is
+written. Plain Spark closes a window once its end is at or below the watermark, the largest
+event time seen minus the delay. Under record-level replay that is not enough: a record that
+failed, or that is waiting for its timeout, will come back, and its rows must still find their
+window open. So the watermark xorack acts on is **held back by the event time of every record
+still pending** in the FT layer (persisted and not yet completed nor dead-lettered: in flight,
+failed and waiting for replay, timed out):
+
+    watermark = max(previous, min(max event time seen - delay, min event time pending))
+
+Each source record's event time (its watermark column, in microseconds) is persisted with it
+as a record field (``persist(event_time=...)``); ``stats()["min_event_time"]`` is the minimum
+over the pending records. A pending record's rows all have event times at or above the
+watermark, so they cannot fall into a window that closes; a window whose end is at or below it
+holds rows of completed records only — the rows of attempts that ended without completing are
+left out, a dead-lettered record's included — and is written once, final (append mode).
+
+A row is *late*, as in plain Spark, when its window ends at or below the watermark in force when
+it arrives (a session window: the row's own ``[ts, ts + gap)``): each staged row keeps that
+watermark (``_ft_wm``) and the late ones are left out. A replayed record is never late: the
+watermark waited for it. Without failures the watermark is plain Spark's.
+
+>>> delay_micros("10 seconds"), delay_micros("1 minute 30 seconds"), delay_micros("2 hours")
+(10000000, 90000000, 7200000000)
+>>> window_of_repr("Column<'window(ts, '10 seconds', '5 seconds', '0 second')'>")
+('window', 'ts')
+>>> window_of_repr("Column<'session_window(`event time`, '5 seconds') AS s'>")
+('session_window', 'event time')
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .barrier import Staging
+from .lineage import KEEP, SRC, q
+
+#: The staged column of the watermark in force when a row was staged (timestamp).
+WM = "_ft_wm"
+#: A row's own window while late rows are left out.
+WIN = "_ft_w"
+#: The deterministic record id of an emitted window row (absorbed when written twice).
+ROW_ID = "_ft_row"
+
+_UNIT_MICROS = {
+    "microsecond": 1,
+    "millisecond": 1_000,
+    "second": 1_000_000,
+    "minute": 60_000_000,
+    "hour": 3_600_000_000,
+    "day": 86_400_000_000,
+    "week": 7 * 86_400_000_000,
+}
+_PART = re.compile(r"\s*(-?\d+(?:\.\d+)?)\s*([a-z]+?)s?\s*(?=\d|-|$)")
+
+
+def delay_micros(text: str) -> int:
+    """The length of a delay or duration in Spark's interval syntax (``"10 seconds"``,
+    ``"1 minute 30 seconds"``, ``"interval 2 hours"``), in microseconds. Months and years,
+    whose length varies, are refused (Spark refuses them in a watermark too)."""
+    if not isinstance(text, str) or not text.strip():
+        raise TypeError(f"a delay must be a string such as '10 seconds', got {text!r}")
+    s = text.strip().lower()
+    if s.startswith("interval "):
+        s = s[len("interval ") :]
+    pos, total = 0, 0
+    while pos < len(s):
+        m = _PART.match(s, pos)
+        if m is None or m.end() == pos:
+            raise ValueError(
+                f"cannot read the delay {text!r}: give it as '<number> <unit>', units "
+                f"{sorted(_UNIT_MICROS)} (months and years vary in length)"
+            )
+        unit = m.group(2)
+        if unit not in _UNIT_MICROS:
+            raise ValueError(
+                f"delay {text!r}: unknown unit {unit!r}; use one of {sorted(_UNIT_MICROS)} "
+                "(months and years vary in length)"
+            )
+        total += round(float(m.group(1)) * _UNIT_MICROS[unit])
+        pos = m.end()
+    if total < 0:
+        raise ValueError(f"delay {text!r} is negative")
+    return total
+
+
+@dataclass(frozen=True)
+class Watermark:
+    """``withWatermark(column, delay)`` of a tracked stream (one per pipeline)."""
+
+    column: str
+    delay: str
+    delay_us: int
+
+
+_WINDOW_REPR = re.compile(r"^Column<'(window|session_window)\((`(?:[^`]|``)+`|[^,()]+), ")
+
+
+def window_of_repr(text: str) -> tuple[str, str] | None:
+    """``(kind, time column)`` of a ``F.window``/``F.session_window`` Column's repr, else None
+    (the time column given by name: ``F.window("ts", ...)`` or ``F.window(F.col("ts"), ...)``)."""
+    m = _WINDOW_REPR.match(text)
+    if m is None:
+        return None
+    name = m.group(2).strip()
+    if name.startswith("`"):
+        name = name[1:-1].replace("``", "`")
+    return m.group(1), name
+
+
+def window_of(column: Any) -> tuple[str, str] | None:
+    """``(kind, time column)`` when ``column`` is a time or session window, else None."""
+    from pyspark.sql import Column
+
+    if not isinstance(column, Column):
+        return None
+    return window_of_repr(repr(column))
+
+
+def _f() -> Any:
+    from pyspark.sql import functions
+
+    return functions
+
+
+def micros_literal(us: int) -> Any:
+    """A timestamp literal ``us`` microseconds after the epoch."""
+    f = _f()
+    return f.timestamp_micros(f.lit(int(us)))
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """``groupBy(*groups).agg(*exprs)`` where ``groups[at]`` is a time window (``kind``
+    ``"window"``, tumbling or sliding) or a session window over the column ``time``; the other
+    groups are column names. ``names``: the output's column names (plain Spark's)."""
+
+    groups: tuple[Any, ...]
+    at: int
+    kind: str
+    time: str
+    exprs: tuple[Any, ...]
+    names: tuple[str, ...] = ()
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The grouping columns besides the window."""
+        return tuple(g for i, g in enumerate(self.groups) if i != self.at)
+
+    @property
+    def window_name(self) -> str:
+        return self.names[self.at]
+
+    def describe(self) -> str:
+        groups = [str(g) if i == self.at else g for i, g in enumerate(self.groups)]
+        return f"groupBy({', '.join(groups)}).agg({', '.join(map(str, self.exprs))})"
+
+    def compute(self, inputs: Sequence[Any]) -> Any:
+        """Plain Spark's aggregation over ``inputs[0]`` (every window, nothing late)."""
+        return inputs[0].groupBy(*self.groups).agg(*self.exprs)
+
+    def emit(self, rows: Any, lo_us: int, hi_us: int) -> Any:
+        """The windows whose end is in ``(lo_us, hi_us]``, over the staged ``rows`` (payload
+        and ``_ft_wm``), late rows left out; the output's columns are plain Spark's."""
+        f = _f()
+        w = self.groups[self.at]
+        own = rows.select("*", w.alias(WIN))  # a sliding window copies the row per window
+        live = own.where(f.col(f"{WIN}.end") > f.col(WM))
+        if self.kind == "window":
+            groups = [
+                f.col(WIN).alias(self.window_name) if i == self.at else f.col(q(g))
+                for i, g in enumerate(self.groups)
+            ]
+            out = live.groupBy(*groups).agg(*self.exprs)
+        else:  # sessions merge the rows that are not late
+            out = live.drop(WIN).groupBy(*self.groups).agg(*self.exprs)
+        out = out.toDF(*self.names)
+        end = f.col(q(self.window_name)).getField("end")
+        return out.where((end > micros_literal(lo_us)) & (end <= micros_literal(hi_us)))
+
+
+@dataclass
+class WindowStaging(Staging):
+    """The staged rows of a windowed aggregation: each with the watermark in force when it was
+    staged (``watermark_us``, set by the streaming run before each round; None in a batch
+    run, which has no late rows)."""
+
+    watermark_us: int | None = None
+    ended: list[np.ndarray] = field(default_factory=list)
+
+    def write(self, df: Any, tag: str) -> str:
+        path = os.path.join(self.root, tag)
+        wm = micros_literal(self.watermark_us or 0)
+        cols = [*map(q, self.payload), SRC, _staged_event(), KEEP]
+        df.selectExpr(*cols).withColumn(WM, wm).write.mode("overwrite").parquet(path)
+        self.paths.append(path)
+        return path
+
+    def staged(self, spark: Any, ended: Any) -> Any:
+        """The staged rows of attempts not in ``ended`` with their ``_ft_wm`` (ghosts left
+        out)."""
+        from .schema import empty_frame
+
+        if not self.paths:
+            f = _f()
+            return (
+                empty_frame(spark, self.schema)
+                .withColumn(WM, micros_literal(0))
+                .where(f.lit(False))
+            )
+        df = spark.read.parquet(*self.paths).where(_f().col(KEEP))
+        if ended is not None:
+            df = df.join(ended, SRC, "left_anti")
+        return df.selectExpr(*map(q, self.payload), WM)
+
+
+def _staged_event() -> str:
+    from .lineage import staged_event
+
+    return staged_event()
+
+
+@dataclass(frozen=True)
+class EmitWriter:
+    """``mapInPandas`` function writing emitted window rows into a sink written from Python,
+    each keyed by ``_ft_row`` (a hash of its window and keys): a window written again (a
+    micro-batch re-run after a crash) is absorbed by an idempotent sink."""
+
+    sink: Any
+    columns: tuple[str, ...]
+
+    def __call__(self, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        writer = self.sink.open_writer(ctx.partitionId() if ctx is not None else 0)
+        rows = dups = 0
+        try:
+            for pdf in frames:
+                if not len(pdf):
+                    continue
+                ids = pdf[ROW_ID].to_numpy(np.int64).view(np.uint64)
+                ids = np.where(ids == 0, np.uint64(1), ids)
+                payload = pdf[list(self.columns)]
+                payload.columns = list(self.columns)
+                dups += int(writer.write(payload.reset_index(drop=True), ids) or 0)
+                rows += len(pdf)
+        finally:
+            writer.close()
+        yield pd.DataFrame({"rows": [rows], "dups": [dups]})
+
+
+def write_emitted(node: Any, out: Any) -> int:
+    """Write the emitted window rows ``out`` into the sink ``node`` (a sink node after a
+    windowed aggregation); returns the rows written (absorbed duplicates not counted)."""
+    f = _f()
+    cols = list(node.columns)
+    df = out.selectExpr(*map(q, cols))
+    if node.caps.native:
+        rows = node.sink.append(df) if hasattr(node.sink, "append") else node.sink.write(df)
+        return int(rows or 0)
+    keyed = df.withColumn(ROW_ID, f.xxhash64(*[f.col(q(c)) for c in _key_columns(node)]))
+    res = keyed.mapInPandas(EmitWriter(node.sink, tuple(cols)), "rows long, dups long").agg(
+        f.sum("rows"), f.sum("dups")
+    )
+    got = res.collect()[0]
+    return int(got[0] or 0) - int(got[1] or 0)
+
+
+def _key_columns(node: Any) -> list[str]:
+    """The columns that identify an emitted row: its aggregation's window and keys."""
+    agg = node.parents[0].derived
+    spec = agg.spec
+    return [spec.names[i] for i in range(len(spec.groups))]
+
+
+__all__ = [
+    "ROW_ID",
+    "WIN",
+    "WM",
+    "EmitWriter",
+    "Watermark",
+    "WindowSpec",
+    "WindowStaging",
+    "delay_micros",
+    "micros_literal",
+    "window_of",
+    "window_of_repr",
+    "write_emitted",
+]

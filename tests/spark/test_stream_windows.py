@@ -1,0 +1,274 @@
+"""Windowed aggregations in a tracked stream, against plain Structured Streaming as the oracle.
+
+Spark's ``structured_network_wordcount_windowed`` ported: lines with an event time, split into
+words by a pandas stage, ``withWatermark("ts", ...)``, ``groupBy(F.window(...), "word")``,
+append mode. The same files are read by plain Structured Streaming (``maxFilesPerTrigger=1``:
+one file per micro-batch on both sides) with the poisoned lines removed; its windows are what
+the sinks must hold — each window once, with its value, none that Spark would not close.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+import threading
+import time
+
+import pandas as pd
+import pytest
+
+import xorack
+from xorack.spark import ParquetSink, Pipeline, SQLiteSink
+
+pytest.importorskip("pyspark", reason="pyspark is not installed: install xorack[test]")
+from pyspark import cloudpickle
+
+pytestmark = pytest.mark.spark
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the stage functions below
+
+FILES = 6
+LINES = 20  # per file
+WORDS = ["apple", "pear", "plum", "fig", "kiwi"]
+SCHEMA = "id long, ts timestamp, line string"
+WORD_SCHEMA = "id long, ts timestamp, word string"
+T0 = dt.datetime(2026, 11, 26, 12, 0, 0)
+WAIT = 600.0
+
+
+def _is_poison(i: int) -> bool:
+    return i % 23 == 7
+
+
+def _write_input(directory, late: bool = False) -> None:
+    """File f holds event times in [10 f, 10 f + 10) seconds (in order within the 5 s delay);
+    with ``late``, two lines per file 12 s behind, in a window plain Spark has closed."""
+    directory.mkdir(parents=True)
+    for f in range(FILES):
+        with open(directory / f"part-{f:02d}.json", "w") as out:
+            for k in range(LINES):
+                i = f * LINES + k
+                ts = T0 + dt.timedelta(seconds=10 * f + k * 10 / LINES)
+                if late and k in (3, 11) and f >= 2:
+                    ts -= dt.timedelta(seconds=22)
+                words = " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(1 + i % 3))
+                row = {"id": i, "ts": ts.isoformat(), "line": words}
+                out.write(json.dumps(row) + "\n")
+
+
+def _read(spark, directory):
+    return spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(directory))
+
+
+def _split(pdf: pd.DataFrame) -> pd.DataFrame:
+    # a poisoned line fails on every attempt; every fifth line fails on its first attempt
+    from xorack.spark import current_attempt
+
+    attempt = current_attempt(pdf)
+    bad = pdf["id"].map(_is_poison).to_numpy(bool)
+    bad |= (pdf["id"] % 5 == 0).to_numpy() & (attempt == 1)
+    if bad.any():
+        raise xorack.FailRecord("injected", rows=bad)
+    words = pdf.assign(word=pdf["line"].str.split(" ")).explode("word")
+    return words.drop(columns=["line"]).reset_index(drop=True)  # the lineage columns stay
+
+
+def _split_clean(pdf: pd.DataFrame) -> pd.DataFrame:
+    words = pdf.assign(word=pdf["line"].str.split(" ")).explode("word")
+    return words.drop(columns=["line"]).reset_index(drop=True)  # the lineage columns stay
+
+
+def _plain(spark, directory, window, name, drop_poison=True):
+    """Plain Structured Streaming's windows over the same files (append mode)."""
+    from pyspark.sql import functions as F
+
+    lines = _read(spark, directory)
+    if drop_poison:
+        poison = [i for i in range(FILES * LINES) if _is_poison(i)]
+        lines = lines.where(~F.col("id").isin(poison))
+    words = lines.withWatermark("ts", "5 seconds").select(
+        "id", "ts", F.explode(F.split("line", " ")).alias("word")
+    )
+    counts = words.groupBy(window(), "word").agg(F.count("*").alias("n"), F.max("id").alias("top"))
+    q = (
+        counts.writeStream.outputMode("append")
+        .format("memory")
+        .queryName(name)
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination(WAIT)
+    rows = spark.table(name).collect()
+    spark.sql(f"DROP VIEW IF EXISTS {name}")
+    return sorted(_key(r) for r in rows)
+
+
+def _key(r) -> tuple:
+    w = r[0]
+    return (w["start"], w["end"], r[1], int(r[2]), int(r[3]))
+
+
+def _tracked(spark, directory, window, sink, fn=_split, max_attempts=3):
+    from pyspark.sql import functions as F
+
+    p = Pipeline(spark, max_attempts=max_attempts)
+    lines = p.source(_read(spark, directory), name="lines", partitions=2)
+    words = lines.withWatermark("ts", "5 seconds").map_in_pandas(fn, WORD_SCHEMA, name="split")
+    counts = words.groupBy(window(), "word").agg(F.count("*").alias("n"), F.max("id").alias("top"))
+    counts.sink(sink, name="windows")
+    return p
+
+
+def _tumbling():
+    from pyspark.sql import functions as F
+
+    return F.window("ts", "10 seconds")
+
+
+def _sliding():
+    from pyspark.sql import functions as F
+
+    return F.window("ts", "10 seconds", "5 seconds")
+
+
+def _session():
+    from pyspark.sql import functions as F
+
+    return F.session_window("ts", "3 seconds")
+
+
+@pytest.mark.parametrize(
+    "window", [_tumbling, _sliding, _session], ids=["tumbling", "sliding", "session"]
+)
+def test_windows_equal_plain_structured_streaming_under_failures(spark, tmp_path, window):
+    directory = tmp_path / "in"
+    _write_input(directory)
+    want = _plain(spark, directory, window, f"plain_{window.__name__[1:]}")
+    assert want  # Spark closed windows
+    out = str(tmp_path / "windows.parquet")
+    p = _tracked(spark, directory, window, ParquetSink(out))
+    run = p.start_stream(timeout=60.0, available_now=True)
+    report = run.wait(timeout=WAIT)
+
+    got = sorted(_key(r) for r in spark.read.parquet(out).collect())
+    assert got == want  # every window Spark closes, once, with its value; no other
+    dead = set(p.dead_letters().column("id").to_pylist())
+    assert dead == {i for i in range(FILES * LINES) if _is_poison(i)}
+    assert report.lost == 0
+    assert report.replayed > 0
+    assert report.sink_rows["windows"] == len(want)
+
+
+def test_late_rows_are_dropped_as_plain_spark_drops_them(spark, tmp_path):
+    directory = tmp_path / "in"
+    _write_input(directory, late=True)
+    want = _plain(spark, directory, _tumbling, "plain_late", drop_poison=False)
+    without = _plain(spark, directory, _tumbling, "plain_late_all", drop_poison=False)
+    assert want == without
+    out = str(tmp_path / "late.parquet")
+    p = _tracked(spark, directory, _tumbling, ParquetSink(out), fn=_split_clean)
+    report = p.start_stream(timeout=60.0, available_now=True).wait(timeout=WAIT)
+    got = sorted(_key(r) for r in spark.read.parquet(out).collect())
+    assert got == want
+    assert report.lost == 0 and report.dead_lettered == 0
+
+
+def test_a_reader_sees_only_final_windows_while_the_stream_runs(spark, tmp_path):
+    """Read the SQLite sink over and over while the stream runs: every row ever seen is a row
+    of the final result (a window is written once its records have settled, never partial)."""
+    directory = tmp_path / "in"
+    _write_input(directory)
+    want = _plain(spark, directory, _tumbling, "plain_live")
+    sink = SQLiteSink(str(tmp_path / "live.db"), "windows")
+    p = _tracked(spark, directory, _tumbling, sink)
+    seen: set = set()
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            try:
+                frame = sink.read()
+            except Exception:  # the table is created by start_stream
+                frame = None
+            if frame is not None:
+                for r in frame.itertuples(index=False):
+                    seen.add(_row(r))
+            time.sleep(0.05)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    try:
+        report = p.start_stream(timeout=60.0, available_now=True).wait(timeout=WAIT)
+    finally:
+        stop.set()
+        t.join()
+    final = {_row(r) for r in sink.read().itertuples(index=False)}
+    assert sorted(final) == sorted(want)
+    assert seen <= final  # nothing partial, nothing retracted, was ever visible
+    assert report.lost == 0
+
+
+def _row(r) -> tuple:
+    w = r.window
+    start, end = (w["start"], w["end"]) if isinstance(w, dict) else (w.start, w.end)
+    return (
+        pd.Timestamp(start).to_pydatetime(),
+        pd.Timestamp(end).to_pydatetime(),
+        r.word,
+        int(r.n),
+        int(r.top),
+    )
+
+
+def test_a_stream_refuses_what_it_cannot_carry(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    directory = tmp_path / "in"
+    _write_input(directory)
+    sink = SQLiteSink(str(tmp_path / "r.db"), "r")
+
+    p = Pipeline(spark)
+    words = p.source(_read(spark, directory), name="lines", partitions=2)
+    words.groupBy(F.window("ts", "10 seconds"), "line").count().sink(sink)
+    with pytest.raises(ValueError, match="no watermark"):
+        p.start_stream(available_now=True)
+
+    p = Pipeline(spark)
+    words = p.source(_read(spark, directory), name="lines", partitions=2)
+    with pytest.raises(xorack.spark.ops.TrackedOperationError, match="not a timestamp"):
+        words.withWatermark("line", "5 seconds")
+    with pytest.raises(ValueError, match="unknown unit"):
+        words.withWatermark("ts", "5 parsecs")
+    w = words.withWatermark("ts", "5 seconds")
+    with pytest.raises(xorack.spark.ops.TrackedOperationError, match="one watermark"):
+        words.withWatermark("ts", "6 seconds")
+    counts = w.groupBy(F.window("ts", "10 seconds"), "line").count()
+    counts.select("line").sink(sink)
+    with pytest.raises(ValueError, match="straight into sinks"):
+        p.start_stream(available_now=True)
+
+
+@pytest.mark.parametrize("window", [_sliding, _session], ids=["sliding", "session"])
+def test_windows_in_a_batch_run_equal_plain_spark(spark, tmp_path, window):
+    """The same declaration in ``p.run()``: every window (a batch has no late rows)."""
+    from pyspark.sql import functions as F
+
+    directory = tmp_path / "in"
+    _write_input(directory)
+    lines = spark.read.schema(SCHEMA).json(str(directory))
+    poison = [i for i in range(FILES * LINES) if _is_poison(i)]
+    words = lines.where(~F.col("id").isin(poison)).select(
+        "id", "ts", F.explode(F.split("line", " ")).alias("word")
+    )
+    plain = words.groupBy(window(), "word").agg(F.count("*").alias("n"), F.max("id").alias("top"))
+    want = sorted(_key(r) for r in plain.collect())
+    out = str(tmp_path / "batch.parquet")
+    p = Pipeline(spark, max_attempts=3)
+    src = p.source(lines, name="lines").withWatermark("ts", "5 seconds")
+    counted = src.map_in_pandas(_split, WORD_SCHEMA, name="split").groupBy(window(), "word")
+    counted.agg(F.count("*").alias("n"), F.max("id").alias("top")).sink(ParquetSink(out))
+    report = p.run()
+    assert sorted(_key(r) for r in spark.read.parquet(out).collect()) == want
+    assert report.lost == 0
+    assert report.dead_lettered == len(poison)
