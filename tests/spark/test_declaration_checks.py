@@ -123,16 +123,22 @@ def test_a_streaming_lookup_side_is_refused(spark, tmp_path):
         t.join(stream, "x")
 
 
-def test_a_streaming_checkpoint_without_a_resumable_job_is_refused(spark, tmp_path):
+def test_a_streaming_checkpoint_that_cannot_keep_the_ft_state_is_refused(spark, tmp_path):
+    """The default keeps the FT state inside a local checkpoint; a checkpoint elsewhere, or
+    settings that are neither the default nor resumable, would lose pending records."""
     from xorack.spark import SQLiteSink
 
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     stream = spark.readStream.schema("x long").json(str(inbox))
-    p = Pipeline(spark)
+    p = Pipeline(spark, storage=f"sqlite:///{tmp_path / 'ft.db'}")
     p.source(stream, name="s").sink(SQLiteSink(str(tmp_path / "o.db"), "o"))
     with pytest.raises(ValueError, match="resume=True"):
         p.start_stream(checkpoint_location=str(tmp_path / "checkpoint"))
+    p = Pipeline(spark)
+    p.source(stream, name="s").sink(SQLiteSink(str(tmp_path / "o.db"), "o"))
+    with pytest.raises(ValueError, match="resume=True"):
+        p.start_stream(checkpoint_location="hdfs://nowhere/checkpoint")
 
 
 class _TypedSinkOfOnesOwn:

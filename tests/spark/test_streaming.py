@@ -351,3 +351,52 @@ def test_a_parquet_sink_of_a_stream_holds_each_row_once(spark, tmp_path, ft):
     if ft:
         assert report.lost == 0
         assert report.dead_lettered == len(poison)
+
+
+def test_a_checkpoint_keeps_the_ft_state_and_is_checked_at_every_start(spark, tmp_path):
+    """With a Spark checkpoint and the default settings the FT state lives inside it: a second
+    start goes on where the first ended (the report counts the whole query); a start whose FT
+    state does not belong to the checkpoint is refused, never run short."""
+    import shutil
+
+    inbox = tmp_path / "in"
+    _write_input(inbox)
+    checkpoint = tmp_path / "checkpoint"
+    sink = SQLiteSink(str(tmp_path / "out.db"), "out")
+
+    def pipeline(**settings):
+        p = Pipeline(spark, max_attempts=3, **settings)
+        stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(inbox))
+        src = p.source(stream, name="files", partitions=2)
+        src.map_in_pandas(_fail_second_half, src.schema, name="fails").sink(sink, name="out")
+        return p
+
+    def start(p, where=checkpoint):
+        run = p.start_stream(timeout=300.0, checkpoint_location=str(where), available_now=True)
+        return run.wait(timeout=WAIT)
+
+    first = start(pipeline())
+    assert (checkpoint / "xorack" / "ft.db").exists()
+    assert first.source_records == N
+    for f in range(FILES, FILES + 2):  # two more files: the next start reads only them
+        with open(inbox / f"part-{f}.json", "w") as out:
+            for v in range(f * ROWS, (f + 1) * ROWS):
+                out.write(json.dumps({"value": v, "word": f"w{v % 5}"}) + "\n")
+    total = (FILES + 2) * ROWS
+    second = start(pipeline())
+    poison = {v for v in range(total) if v % 50 == 1}
+    assert sorted(sink.read()["value"]) == [v for v in range(total) if v not in poison]
+    assert second.resumed
+    assert second.source_records == total  # the whole query, both starts
+    assert second.dead_lettered == len(poison)
+    assert second.lost == 0
+
+    kept = tmp_path / "kept"
+    shutil.copytree(checkpoint / "xorack", kept)
+    shutil.rmtree(checkpoint / "xorack")  # the FT state deleted: refused
+    with pytest.raises(ValueError, match="has none of its query"):
+        start(pipeline())
+    other = tmp_path / "other-checkpoint"  # another query's checkpoint with this FT state
+    settings = dict(resume=True, storage=f"sqlite:///{kept / 'ft.db'}", workdir=str(kept / "w"))
+    with pytest.raises(ValueError, match="belongs to query"):
+        start(pipeline(**settings), where=other)

@@ -302,7 +302,12 @@ class Pipeline:
     ) -> Any:
         """Run the pipeline over its streaming source in ``foreachBatch``; returns a
         :class:`~xorack.spark.streaming.StreamingRun` (``.query``, ``.stop() -> RunReport``,
-        ``.wait() -> RunReport``). Records not completed ``timeout`` seconds after they were
+        ``.wait() -> RunReport``). With ``checkpoint_location`` (Spark's) the FT state is
+        durable and kept inside it by default (``<checkpoint>/xorack/``: a SQLite storage and
+        the work directory; the pipeline's own ``resume=True`` settings otherwise) and checked
+        against it at every start: a restart after a driver crash is exactly once, and one
+        whose FT state does not belong to the checkpoint is refused. Records not completed
+        ``timeout`` seconds after they were
         persisted or replayed are replayed in a later micro-batch. ``available_now=True``
         (Spark's ``trigger(availableNow=True)``) reads what the source holds when the query
         starts and ends; ``run.wait()`` then drains and returns the report. With ``ft=False``
@@ -311,9 +316,10 @@ class Pipeline:
         >>> # run = p.start_stream(timeout=10.0); ...; report = run.stop()
         >>> # report = p.start_stream(available_now=True).wait()
         """
-        from .streaming import StreamingRun
+        from .streaming import StreamingRun, checkpoint_config
 
-        ctx = RunContext(self.config, self._builder.plan())
+        config = checkpoint_config(self.config, checkpoint_location)
+        ctx = RunContext(config, self._builder.plan())
         self._before, self._run = self._run, ctx
         return StreamingRun(ctx, timeout, trigger_seconds, checkpoint_location, available_now)
 

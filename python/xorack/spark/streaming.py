@@ -24,6 +24,8 @@ fresh records and replays).
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import threading
 import time
 from typing import Any
@@ -33,7 +35,7 @@ import numpy as np
 from .barrier import ids_frame, send_staged_events
 from .batch import fill_job
 from .build import RoundBuilder
-from .context import RunContext
+from .context import PipelineConfig, RunContext
 from .outputs import Sink, WindowAggregate
 from .publish import close_staging, open_staging, retract
 from .report import RunReport
@@ -72,13 +74,6 @@ class StreamingRun:
             )
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-        if checkpoint_location is not None and ctx.ft and not ctx.config.resume:
-            raise ValueError(
-                "start_stream: with a Spark checkpoint a restarted query skips the offsets it "
-                "committed, so the records a crashed driver left pending would be lost "
-                "silently; give Pipeline(resume=True, storage='sqlite:///...', workdir=...) "
-                "with checkpoint_location (README: Resuming after a driver crash)"
-            )
         if available_now and trigger_seconds is not None:
             raise ValueError(
                 "start_stream: available_now=True reads the input to its end as fast as it can; "
@@ -91,6 +86,7 @@ class StreamingRun:
         self.report = RunReport(ft=self.ft)
         self.batches = 0
         self._sources: list[Source] = streaming
+        self._checkpoint: str | None = None  # until the FT state is marked as the query's
         self._attempts: list[tuple[np.ndarray, np.ndarray]] = []  # the round's replays
         self._lock = threading.Lock()
         self._last_batch = -1
@@ -113,6 +109,9 @@ class StreamingRun:
         if self.ft:
             ctx.start_service()
         try:
+            self._checkpoint = checkpoint_location if self.ft else None
+            if self._checkpoint is not None:
+                check_checkpoint(ctx, self._checkpoint)
             if ctx.config.resume:  # restarted from its checkpoint: Spark re-runs the
                 # micro-batch the crash cut short; the rows its earlier run persisted are
                 # skipped (their records are replayed by the FT layer, or completed)
@@ -179,6 +178,9 @@ class StreamingRun:
                     raise _StoppedBeforeBatch(
                         f"micro-batch {batch_id} started after stop(): left uncommitted"
                     )
+                if self._checkpoint is not None:  # the FT state now belongs to the query
+                    mark_checkpoint(ctx, self._checkpoint)
+                    self._checkpoint = None
                 sc = ctx.spark.sparkContext
                 sc.setLocalProperty(ROUND_PROPERTY, str(batch_id))
                 self._fresh_attempts()
@@ -374,6 +376,107 @@ class StreamingRun:
             fill_job(ctx, self.report)  # the counts of the whole job, over its restarts
 
 
+#: Where a stream's FT state lives inside its Spark checkpoint by default.
+CHECKPOINT_STATE = "xorack"
+
+
+def _local_path(location: str) -> str | None:
+    """The local directory of a checkpoint location (a path or a ``file:`` URI), else None."""
+    from urllib.parse import urlparse
+
+    if location.startswith("file:"):
+        return os.path.abspath(urlparse(location).path)
+    return None if "://" in location else os.path.abspath(location)
+
+
+def checkpoint_config(config: PipelineConfig, checkpoint: str | None) -> PipelineConfig:
+    """The settings of a stream with a Spark checkpoint: the pipeline's when it is resumable
+    already; else (FT on, the default memory storage, the embedded acker) a durable FT state
+    inside the checkpoint. Anything else is refused: a restart would lose the records a
+    crashed driver left pending, silently."""
+    if checkpoint is None or not config.ft or config.resume:
+        return config
+    if not isinstance(checkpoint, str) or not checkpoint:
+        raise TypeError(f"checkpoint_location must be a path, got {checkpoint!r}")
+    local = _local_path(checkpoint)
+    default = config.storage == "memory" and config.service is None and config.ackers == 1
+    if local is None or not default:
+        raise ValueError(
+            "start_stream: with a Spark checkpoint a restarted query skips the offsets it "
+            "committed, so the records a crashed driver left pending must outlive it: give "
+            "Pipeline(resume=True, storage='sqlite:///...', workdir=...) (README: Resuming "
+            "after a driver crash); the default keeps them inside a local checkpoint"
+        )
+    state = os.path.join(local, CHECKPOINT_STATE)
+    os.makedirs(state, exist_ok=True)
+    return dataclasses.replace(
+        config,
+        storage=f"sqlite:///{os.path.join(state, 'ft.db')}",
+        workdir=os.path.join(state, "work"),
+        resume=True,
+    )
+
+
+def _checkpoint_id(ctx: RunContext, checkpoint: str) -> tuple[str | None, bool]:
+    """The query id of a Spark checkpoint (its ``metadata``) and whether it planned a batch
+    (its ``offsets`` log is not empty), through Hadoop's file system API."""
+    import json
+
+    jvm = ctx.spark._jvm
+    conf = ctx.spark._jsc.hadoopConfiguration()
+    root = jvm.org.apache.hadoop.fs.Path(checkpoint)
+    fs = root.getFileSystem(conf)
+    meta = jvm.org.apache.hadoop.fs.Path(checkpoint + "/metadata")
+    query = None
+    if fs.exists(meta):
+        stream = fs.open(meta)
+        try:
+            text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+        finally:
+            stream.close()
+        query = json.loads(text.splitlines()[0]).get("id")
+    offsets = jvm.org.apache.hadoop.fs.Path(checkpoint + "/offsets")
+    planned = bool(fs.exists(offsets) and len(fs.listStatus(offsets)) > 0)
+    return query, planned
+
+
+def check_checkpoint(ctx: RunContext, checkpoint: str) -> None:
+    """Refuse a start whose FT state does not belong to the Spark checkpoint: a checkpoint
+    that planned micro-batches needs the FT state its query marked (a memory storage, a deleted
+    or another query's FT state would lose the records its crash left pending); a new
+    checkpoint needs an FT state no query has used."""
+    query, planned = _checkpoint_id(ctx, checkpoint)
+    state = ctx.client.job_state()
+    marked = state["marks"].get("checkpoint")
+    storage = ctx.config.storage
+    if planned and marked is None:
+        raise ValueError(
+            f"start_stream: the checkpoint {checkpoint} has run micro-batches, but the FT state "
+            f"({storage}) has none of its query: the records its last run left pending would "
+            "be lost; give the storage and workdir that query used, or delete the checkpoint "
+            "to start over"
+        )
+    if marked is not None and marked != query:
+        raise ValueError(
+            f"start_stream: the FT state ({storage}) belongs to query {marked}, the checkpoint "
+            f"{checkpoint} to {query or 'no query yet'}; give each query its own storage (the "
+            "default keeps it inside the checkpoint), or delete both to start over"
+        )
+    if not planned and marked is None and state["progress"]:
+        raise ValueError(
+            f"start_stream: the FT state ({storage}) holds records of another query; give this "
+            "query a storage of its own (the default keeps it inside the checkpoint)"
+        )
+
+
+def mark_checkpoint(ctx: RunContext, checkpoint: str) -> None:
+    """Note in the FT state which query it belongs to (the checkpoint's id), before the first
+    micro-batch of this run persists anything."""
+    query, _ = _checkpoint_id(ctx, checkpoint)
+    if query is not None:
+        ctx.client.job_state(marks={"checkpoint": query})
+
+
 #: The column telling, in a micro-batch of several streaming sources, which source a row is of.
 SOURCE_COLUMN = "_ft_input"
 
@@ -444,8 +547,8 @@ def check_stream_plan(ctx: RunContext) -> list[WindowAggregate]:
             )
         if ctx.config.resume:
             raise ValueError(
-                "start_stream: resume=True with a windowed aggregation is not supported yet "
-                "(the open windows' rows are not kept across a restart)"
+                "start_stream: a checkpoint (resume=True) with a windowed aggregation is not "
+                "supported yet (the open windows' rows are not kept across a restart)"
             )
         if any(p.phase != 0 for p in agg.parents):
             raise ValueError(
@@ -469,9 +572,9 @@ def check_stream_plan(ctx: RunContext) -> list[WindowAggregate]:
     native = [n.name for n in plan.native_sinks() if n.phase == 0]
     if native and ctx.ft and ctx.config.resume:
         raise ValueError(
-            f"start_stream: resume=True with native sinks ({native}) of the stream's rows is not "
-            "supported yet (a restart could publish a micro-batch's rows twice); write them "
-            "into a sink written from Python (SQLiteSink, your own)"
+            f"start_stream: a checkpoint (resume=True) with native sinks ({native}) of the "
+            "stream's rows is not supported yet (a restart could publish a micro-batch's rows "
+            "twice); write them into a sink written from Python (SQLiteSink, your own)"
         )
     return windowed
 
@@ -638,4 +741,12 @@ class StreamState:
         self.emits += 1
 
 
-__all__ = ["StreamState", "StreamingRun", "check_stream_plan", "merged_stream", "split_batch"]
+__all__ = [
+    "StreamState",
+    "StreamingRun",
+    "check_checkpoint",
+    "check_stream_plan",
+    "checkpoint_config",
+    "merged_stream",
+    "split_batch",
+]
