@@ -181,14 +181,14 @@ def check_row_plan(what: str, out: Any, proto: Any, allowed: frozenset[str]) -> 
         raise TrackedOperationError(
             f"{what}: makes several rows of each input row (a sliding window, F.window(ts, "
             "duration, slide), does), which a tracked DataFrame cannot anchor to their record; "
-            "compute it before p.source() or after the sink"
+            "group by the window instead: groupBy(F.window(ts, duration, slide), ...).agg(...)"
         )
     if extra:
         raise TrackedOperationError(
             f"{what}: Spark rewrites it with {sorted(extra)} (F.window filters on its time "
-            "column), which would drop rows behind the lineage; compute the window's bounds "
-            "from the time instead, e.g. F.timestamp_seconds(F.floor(F.unix_timestamp('ts') / "
-            "10) * 10) for 10-second windows"
+            "column), which would drop rows behind the lineage; group by the window instead: "
+            "groupBy(F.window(ts, duration), ...).agg(...) (or compute its bounds from the "
+            "time, F.timestamp_seconds(F.floor(F.unix_timestamp('ts') / 10) * 10))"
         )
     if not deterministic:
         raise TrackedOperationError(

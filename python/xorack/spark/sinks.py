@@ -431,16 +431,57 @@ class ParquetSink:
         df.observe(seen, F.count(F.lit(1)).alias("rows")).write.mode(self.mode).parquet(self.path)
         return int(seen.get["rows"])
 
-    def append(self, df: Any) -> int:
-        """Add rows to ``path`` (a stream's closed windows, each written once); returns how
-        many. Spark's commit protocol moves a write's files in when its job commits: a reader
-        sees final rows only (the files of one write may appear one after the other)."""
+    def append(self, df: Any, name: str | None = None) -> int:
+        """Add rows to ``path`` (a stream's settled rows or closed windows, each written once);
+        returns how many. Spark's commit protocol moves a write's files in when its job
+        commits: a reader sees final rows only (the files of one write may appear one after
+        the other). With ``name`` the files are written aside and moved in as
+        ``<name>-<n>.parquet``, so that :meth:`remove_named` can take back a write that a crash
+        cut short."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
         seen = Observation()
-        df.observe(seen, F.count(F.lit(1)).alias("rows")).write.mode("append").parquet(self.path)
+        df = df.observe(seen, F.count(F.lit(1)).alias("rows"))
+        if name is None:
+            df.write.mode("append").parquet(self.path)
+            return int(seen.get["rows"])
+        spark = df.sparkSession
+        aside = f"{self.staging_dir}/_append-{name}"
+        df.write.mode("overwrite").parquet(aside)
+        jvm = spark._jvm
+        Path = jvm.org.apache.hadoop.fs.Path
+        src = Path(aside)
+        fs = src.getFileSystem(spark._jsc.hadoopConfiguration())
+        dst = Path(self.path)
+        fs.mkdirs(dst)
+        parts = sorted(
+            str(st.getPath().getName())
+            for st in fs.listStatus(src)
+            if str(st.getPath().getName()).endswith(".parquet")
+        )
+        for i, part in enumerate(parts):
+            target = Path(dst, f"{name}-{i:05d}.parquet")
+            if fs.exists(target):
+                fs.delete(target, False)
+            fs.rename(Path(src, part), target)
+        fs.delete(src, True)
         return int(seen.get["rows"])
+
+    def remove_named(self, spark: Any, name: str) -> int:
+        """Delete the files an :meth:`append` with ``name`` moved in (a write a crash cut
+        short, done again); returns how many."""
+        jvm = spark._jvm
+        dst = jvm.org.apache.hadoop.fs.Path(self.path)
+        fs = dst.getFileSystem(spark._jsc.hadoopConfiguration())
+        if not fs.exists(dst):
+            return 0
+        gone = 0
+        for st in fs.listStatus(dst):
+            if str(st.getPath().getName()).startswith(f"{name}-"):
+                fs.delete(st.getPath(), False)
+                gone += 1
+        return gone
 
     def clear(self, spark: Any) -> None:
         """Before a stream's first write with ``mode="overwrite"``: remove what ``path`` held

@@ -37,7 +37,7 @@ from .batch import fill_job
 from .build import RoundBuilder
 from .context import PipelineConfig, RunContext
 from .outputs import Sink, WindowAggregate
-from .publish import close_staging, open_staging, retract
+from .publish import adopt_staged, close_staging, open_staging, retract
 from .report import RunReport
 from .rows import Source
 from .stages import ATTEMPTS_PROPERTY, ROUND_PROPERTY, encode_attempts, u64
@@ -545,11 +545,6 @@ def check_stream_plan(ctx: RunContext) -> list[WindowAggregate]:
                 "start_stream: Pipeline(ft=False) runs no windowed aggregation in a stream; "
                 "run the query in plain Structured Streaming to compare"
             )
-        if ctx.config.resume:
-            raise ValueError(
-                "start_stream: a checkpoint (resume=True) with a windowed aggregation is not "
-                "supported yet (the open windows' rows are not kept across a restart)"
-            )
         if any(p.phase != 0 for p in agg.parents):
             raise ValueError(
                 f"start_stream: {agg.name!r} aggregates the output of another aggregation; "
@@ -569,14 +564,30 @@ def check_stream_plan(ctx: RunContext) -> list[WindowAggregate]:
             f"start_stream: native sinks {no_append} have no append(df): a stream adds rows "
             "to a native sink micro-batch after micro-batch (ParquetSink has it)"
         )
-    native = [n.name for n in plan.native_sinks() if n.phase == 0]
-    if native and ctx.ft and ctx.config.resume:
-        raise ValueError(
-            f"start_stream: a checkpoint (resume=True) with native sinks ({native}) of the "
-            "stream's rows is not supported yet (a restart could publish a micro-batch's rows "
-            "twice); write them into a sink written from Python (SQLiteSink, your own)"
-        )
+    if ctx.ft and ctx.config.resume:  # a write a crash cut short is done again
+        once = [
+            n.name
+            for n in plan.sinks()
+            if (n.caps.native and not hasattr(n.sink, "remove_named"))
+            or (not n.caps.native and n.phase > 0 and not n.caps.idempotent)
+        ]
+        if once:
+            raise ValueError(
+                f"start_stream: a checkpoint (resume=True) needs sinks that a write done again "
+                f"leaves as they were; {once} cannot: use ParquetSink or an idempotent sink "
+                "(SQLiteSink, or your own declaring SinkCapabilities(idempotent=True))"
+            )
     return windowed
+
+
+#: A resumable stream's marks in its FT state (job_state): the watermark windows closed by,
+#: plain Spark's watermark and the largest event time seen, a window write or a native sink's
+#: publication under way (a crash cut it short: taken back and done again).
+MARK_WATERMARK = "stream:watermark"
+MARK_SPARK = "stream:spark"
+MARK_MAX = "stream:max_event"
+MARK_EMIT = "stream:emitting"
+MARK_PUBLISH = "stream:publishing:"
 
 
 class StreamState:
@@ -603,6 +614,7 @@ class StreamState:
         self._workdir: str | None = None
         self._tags = 0
         self.native = [n for n in ctx.plan.native_sinks() if n.phase == 0] if ctx.ft else []
+        self.resume = False
         self.publishes = 0  # appends of settled rows to the native sinks
 
     @property
@@ -614,19 +626,64 @@ class StreamState:
 
     def open(self) -> None:
         ctx = self.ctx
-        for node in ctx.plan.native_sinks():
-            if hasattr(node.sink, "clear"):  # a stream appends: start from nothing
-                node.sink.clear(ctx.spark)
+        self.resume = ctx.ft and ctx.config.resume
+        if not self.resume:
+            for node in ctx.plan.native_sinks():
+                if hasattr(node.sink, "clear"):  # a stream appends: start from nothing
+                    node.sink.clear(ctx.spark)
         if not self.windowed and not self.native:
             return
         if self.windowed:
             ctx.event_time = ctx.plan.watermark.column if ctx.plan.watermark else None
         self._workdir = open_staging(ctx)
         ctx.workdir = self._workdir
+        if self.resume:
+            self._restore()
+
+    def _restore(self) -> None:
+        """A restarted query: the watermark as its last run left it, the rows its runs staged
+        (open windows, unpublished rows), and a write that a crash cut short taken back (it
+        is done again)."""
+        ctx = self.ctx
+        marks = ctx.client.job_state()["marks"]
+        self.watermark_us = int(marks.get(MARK_WATERMARK) or 0)
+        self.spark_us = int(marks.get(MARK_SPARK) or 0)
+        top = marks.get(MARK_MAX)
+        self.max_event_us = int(top) if top else None
+        adopt_staged(ctx, np.empty(0, np.uint64))
+        undone: dict[str, str | None] = {}
+        cut = marks.get(MARK_EMIT)
+        if cut:  # an emission cut short: its files go, the windows are written again
+            for node in self._window_sinks():
+                if node.caps.native:
+                    node.sink.remove_named(ctx.spark, f"w{cut}")
+            undone[MARK_EMIT] = None
+        for node in self.native:
+            pub = marks.get(MARK_PUBLISH + node.name)
+            if not pub:
+                continue
+            name, state = pub.rsplit(":", 1)
+            if state == "done":  # published: its staged rows go
+                ctx.of(node).staging[0].remove()
+            else:  # cut short: its files go, the staged rows are published again
+                node.sink.remove_named(ctx.spark, name)
+            undone[MARK_PUBLISH + node.name] = None
+        if undone:
+            ctx.client.job_state(marks=undone)
+
+    def _window_sinks(self) -> list[Any]:
+        plan = self.ctx.plan
+        return [n for agg in self.windowed for n in plan.readers(plan.derived_source(agg))]
+
+    def _note(self, marks: dict[str, str | None]) -> None:
+        """A resumable query's stream state, durable with its FT state."""
+        if self.resume:
+            self.ctx.client.job_state(marks=marks)
 
     def close(self) -> None:
         if self._workdir is not None:
-            close_staging(self.ctx, self._workdir)
+            if not self.resume:  # a resumable query keeps its open windows for a restart
+                close_staging(self.ctx, self._workdir)
             self._workdir = None
             self.ctx.workdir = None
 
@@ -650,7 +707,8 @@ class StreamState:
         if not work.staged:
             return
         self._tags += 1
-        paths = [st.write(df, f"{tag}-{self._tags:07d}") for st, df in work.staged]
+        name = f"{ctx.run_tag}{tag}-{self._tags:07d}"  # name order = write order
+        paths = [st.write(df, name) for st, df in work.staged]
         assert ctx.location is not None
         send_staged_events(
             ctx.spark, paths, ctx.location, ctx.token, ctx.tls_root_certs, ctx.job, hold=False
@@ -679,6 +737,7 @@ class StreamState:
         self.max_event_us = got if self.max_event_us is None else max(self.max_event_us, got)
         spark_us = (self.max_event_us // 1000 - wm.delay_us // 1000) * 1000
         self.spark_us = max(self.spark_us, spark_us)
+        self._note({MARK_SPARK: str(self.spark_us), MARK_MAX: str(self.max_event_us)})
 
     def _ended_frame(self) -> Any:
         ended = np.concatenate(self.ended) if self.ended else np.empty(0, np.uint64)
@@ -696,11 +755,16 @@ class StreamState:
                 continue
             if ended_df is None:
                 ended_df = self._ended_frame()
-            written = node.sink.append(staging.rows(ctx.spark, ended_df))
+            key = MARK_PUBLISH + node.name
+            name = "p" + os.path.basename(staging.paths[0].rstrip("/"))
+            self._note({key: f"{name}:started"})
+            written = node.sink.append(staging.rows(ctx.spark, ended_df), name=name)
+            self._note({key: f"{name}:done"})
             self.report.sink_rows[node.name] = self.report.sink_rows.get(node.name, 0) + int(
                 written or 0
             )
             staging.remove()
+            self._note({key: None})
             self.publishes += 1
 
     def after_round(self) -> None:
@@ -729,15 +793,17 @@ class StreamState:
         if new <= self.watermark_us:
             return
         ended_df = self._ended_frame()
+        self._note({MARK_EMIT: str(new)})
         for agg in self.windowed:
             (staging,) = ctx.of(agg).staging
             assert isinstance(staging, WindowStaging)
             rows = staging.staged(ctx.spark, ended_df)
             out = agg.spec.emit(rows, self.watermark_us, new).localCheckpoint(eager=True)
             for node in ctx.plan.readers(ctx.plan.derived_source(agg)):
-                written = write_emitted(node, out)
+                written = write_emitted(node, out, name=f"w{new}")
                 self.report.sink_rows[node.name] = self.report.sink_rows.get(node.name, 0) + written
         self.watermark_us = new
+        self._note({MARK_WATERMARK: str(new), MARK_EMIT: None})
         self.emits += 1
 
 

@@ -261,15 +261,15 @@ class EmitWriter:
         yield pd.DataFrame({"rows": [rows], "dups": [dups]})
 
 
-def write_emitted(node: Any, out: Any) -> int:
+def write_emitted(node: Any, out: Any, name: str) -> int:
     """Write the emitted window rows ``out`` into the sink ``node`` (a sink node after a
-    windowed aggregation); returns the rows written (absorbed duplicates not counted)."""
+    windowed aggregation; a native one gets files named after the write, ``name``); returns
+    the rows written (absorbed duplicates not counted)."""
     f = _f()
     cols = list(node.columns)
     df = out.selectExpr(*map(q, cols))
     if node.caps.native:
-        rows = node.sink.append(df) if hasattr(node.sink, "append") else node.sink.write(df)
-        return int(rows or 0)
+        return int(node.sink.append(df, name=name) or 0)
     keyed = df.withColumn(ROW_ID, f.xxhash64(*[f.col(q(c)) for c in _key_columns(node)]))
     res = keyed.mapInPandas(EmitWriter(node.sink, tuple(cols)), "rows long, dups long").agg(
         f.sum("rows"), f.sum("dups")
