@@ -22,11 +22,12 @@ the SQLite sink and the words in the Parquet sink.
 
     python resume_driver.py stream WORKDIR RECORDS [CRASH]
 
-The streaming variant: the sentences are JSON files (four, written on the first run), read
-one file per micro-batch with a Spark checkpoint under WORKDIR; split, drop stop words, every
-word into a SQLite sink. CRASH ``batch`` kills the driver from the split stage in micro-batch
-2. A restart uses the same checkpoint, FT storage and ``resume=True``, with
-``trigger(availableNow=True)``.
+The streaming variant: the sentences, with an event time, are JSON files (four, written on
+the first run), read one file per micro-batch with a Spark checkpoint under WORKDIR and the
+default settings (the FT state inside the checkpoint); split, drop stop words, every word into
+a SQLite sink and a count per 10-second window and word (5 s watermark) into a Parquet sink.
+CRASH ``batch`` kills the driver from the split stage in micro-batch 2. A restart uses the same
+checkpoint, with ``trigger(availableNow=True)``.
 """
 
 from __future__ import annotations
@@ -53,6 +54,21 @@ def poisoned(sid: int) -> bool:
 
 def fails_first(sid: int) -> bool:
     return (sid * 2654435761) % 100 < 2
+
+
+#: The streaming variant's event times: file k holds [10 k, 10 k + 10) seconds after T0.
+T0 = "2026-11-26T12:00:00"
+WINDOW = 10  # seconds, tumbling
+DELAY = 5  # seconds behind the largest event time
+
+
+def event_time(sid: int, records: int) -> str:
+    import datetime as dt
+
+    per = records // 4
+    k, j = divmod(sid, per)
+    at = dt.datetime.fromisoformat(T0) + dt.timedelta(seconds=10 * k + 10 * j / per)
+    return at.isoformat()
 
 
 def kill(pid: int) -> None:
@@ -162,7 +178,7 @@ def main_stream() -> None:
     from pyspark.sql import functions as F
 
     from xorack import FailRecord
-    from xorack.spark import SQLiteSink, current_attempt, current_round
+    from xorack.spark import ParquetSink, Pipeline, SQLiteSink, current_attempt, current_round
     from xorack.spark.session import get_or_create_session
 
     inbox = os.path.join(workdir, "inbox")
@@ -170,7 +186,13 @@ def main_stream() -> None:
         os.makedirs(inbox + ".tmp")
         for k in range(4):
             sids = range(k * records // 4, (k + 1) * records // 4)
-            part = pd.DataFrame({"sid": sids, "text": [" ".join(sentence_words(i)) for i in sids]})
+            part = pd.DataFrame(
+                {
+                    "sid": sids,
+                    "ts": [event_time(i, records) for i in sids],
+                    "text": [" ".join(sentence_words(i)) for i in sids],
+                }
+            )
             part.to_json(
                 os.path.join(inbox + ".tmp", f"part{k}.json"), orient="records", lines=True
             )
@@ -188,14 +210,20 @@ def main_stream() -> None:
         return out.drop(columns=["text"])
 
     stream = (
-        spark.readStream.schema("sid long, text string").option("maxFilesPerTrigger", 1).json(inbox)
+        spark.readStream.schema("sid long, ts timestamp, text string")
+        .option("maxFilesPerTrigger", 1)
+        .json(inbox)
     )
-    p = resumable(spark, workdir)
-    words = p.source(stream, name="sentences").map_in_pandas(
-        split, "sid long, word string", name="split"
-    )
+    # the default settings: the FT state lives inside the Spark checkpoint
+    p = Pipeline(spark, max_attempts=3)
+    sentences = p.source(stream, name="sentences").withWatermark("ts", f"{DELAY} seconds")
+    words = sentences.map_in_pandas(split, "sid long, ts timestamp, word string", name="split")
     sink = SQLiteSink(os.path.join(workdir, "words.db"), "words")
-    words.where(~F.col("word").isin(STOP)).sink(sink, name="words")
+    kept = words.where(~F.col("word").isin(STOP))
+    kept.select("sid", "word").sink(sink, name="words")
+    windows = os.path.join(workdir, "windows.parquet")
+    per_window = kept.groupBy(F.window("ts", f"{WINDOW} seconds"), "word").count()
+    per_window.sink(ParquetSink(windows), name="windows")
     run = p.start_stream(
         timeout=120.0,  # no timeout on a loaded machine: the drain at the end expires the rest
         checkpoint_location=os.path.join(workdir, "checkpoint"),
@@ -215,6 +243,11 @@ def main_stream() -> None:
         "dead": dead,
         "reasons": sorted(set(reasons)),
         "words": sorted([int(a), b] for a, b in zip(stored["sid"], stored["word"], strict=True)),
+        "windows": sorted(
+            [r.window.start.isoformat(), r.word, int(r["count"])]
+            for r in spark.read.parquet(windows).collect()
+        ),
+        "ft_state": os.path.isdir(os.path.join(workdir, "checkpoint", "xorack")),
     }
     print(json.dumps(out))
     spark.stop()

@@ -258,3 +258,30 @@ def test_a_streaming_driver_killed_midway_restarts_from_its_checkpoint_exactly_o
     assert report["completed"] + report["dead_lettered"] == RECORDS
     assert sorted(result["dead"]) == sorted(dead)  # each poisoned sentence once
     assert result["words"] == words  # every word of every live sentence once, nothing else
+    assert result["ft_state"]  # the default settings: the FT state inside the checkpoint
+    assert result["windows"] == _expected_windows(dead)  # each closed window once
+
+
+def _expected_windows(dead: set[int]) -> list[list]:
+    """The count per 10-second window and word that plain Spark closes: every window whose end
+    is at or below the largest event time minus the 5-second delay."""
+    import datetime as dt
+
+    from helpers import resume_driver as job
+
+    times = {s: dt.datetime.fromisoformat(job.event_time(s, RECORDS)) for s in range(RECORDS)}
+    t0 = dt.datetime.fromisoformat(job.T0)
+    watermark = max(times.values()) - dt.timedelta(seconds=job.DELAY)
+    counts: Counter = Counter()
+    for s in range(RECORDS):
+        if s in dead:
+            continue
+        start = t0 + dt.timedelta(
+            seconds=job.WINDOW * int((times[s] - t0).total_seconds() // job.WINDOW)
+        )
+        if start + dt.timedelta(seconds=job.WINDOW) > watermark:
+            continue
+        for w in job.sentence_words(s):
+            if w not in job.STOP:
+                counts[(start.isoformat(), w)] += 1
+    return sorted([start, w, n] for (start, w), n in counts.items())

@@ -397,6 +397,10 @@ def test_a_checkpoint_keeps_the_ft_state_and_is_checked_at_every_start(spark, tm
     with pytest.raises(ValueError, match="has none of its query"):
         start(pipeline())
     other = tmp_path / "other-checkpoint"  # another query's checkpoint with this FT state
-    settings = dict(resume=True, storage=f"sqlite:///{kept / 'ft.db'}", workdir=str(kept / "w"))
+    settings = {
+        "resume": True,
+        "storage": f"sqlite:///{kept / 'ft.db'}",
+        "workdir": str(kept / "w"),
+    }
     with pytest.raises(ValueError, match="belongs to query"):
         start(pipeline(**settings), where=other)
