@@ -26,6 +26,7 @@ node kind), a run is a :class:`~xorack.spark.context.RunContext` driven by
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from typing import Any
@@ -299,10 +300,14 @@ class Pipeline:
         trigger_seconds: float | None = None,
         checkpoint_location: str | None = None,
         available_now: bool = False,
+        output_mode: str = "append",
     ) -> Any:
         """Run the pipeline over its streaming source in ``foreachBatch``; returns a
         :class:`~xorack.spark.streaming.StreamingRun` (``.query``, ``.stop() -> RunReport``,
-        ``.wait() -> RunReport``). With ``checkpoint_location`` (Spark's) the FT state is
+        ``.wait() -> RunReport``). ``output_mode``: ``"append"`` (Spark's default: an
+        aggregation by a time window writes each window once, when the watermark passes its
+        end) or ``"complete"`` (every aggregation's whole result replaces its sinks' content
+        whenever every record has settled). With ``checkpoint_location`` (Spark's) the FT state is
         durable and kept inside it by default (``<checkpoint>/xorack/``: a SQLite storage and
         the work directory; the pipeline's own ``resume=True`` settings otherwise) and checked
         against it at every start: a restart after a driver crash is exactly once, and one
@@ -319,9 +324,13 @@ class Pipeline:
         from .streaming import StreamingRun, checkpoint_config
 
         config = checkpoint_config(self.config, checkpoint_location)
+        # an aggregation stages rows in a stream (its chunks would span micro-batches)
+        config = dataclasses.replace(config, combine=False)
         ctx = RunContext(config, self._builder.plan())
         self._before, self._run = self._run, ctx
-        return StreamingRun(ctx, timeout, trigger_seconds, checkpoint_location, available_now)
+        return StreamingRun(
+            ctx, timeout, trigger_seconds, checkpoint_location, available_now, output_mode
+        )
 
     @property
     def round(self) -> int:

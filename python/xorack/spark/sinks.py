@@ -264,6 +264,35 @@ class SQLiteSink:
         payload = df.drop(columns=[c for c in (REC_COLUMN, SRC_COLUMN) if c in df.columns])
         return sink_types.decode_frame(payload, kinds)
 
+    def replace(self, rows: pd.DataFrame) -> int:
+        """Make the table hold exactly ``rows`` (a stream's result in complete mode), in one
+        transaction: a reader sees the old result or the new one, never a mix. Returns the
+        rows written."""
+        con = self._connect()
+        try:
+            writer = _SQLiteWriter(self)
+            writer._con = con
+            kinds = writer._kinds_of(rows) if len(rows) else {}
+            cols = list(rows.columns)
+            sql = (
+                f"INSERT INTO {_quote(self.table)} ({', '.join(_quote(c) for c in cols)}) "
+                f"VALUES ({', '.join('?' * len(cols))})"
+            )
+            values = [sink_types.encode_column(rows[c], kinds[c]) for c in cols]
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                con.execute(f"DELETE FROM {_quote(self.table)}")
+                if len(rows):
+                    con.executemany(sql, zip(*values, strict=True))
+                con.execute("COMMIT")
+            except BaseException:
+                if con.in_transaction:
+                    con.execute("ROLLBACK")
+                raise
+            return len(rows)
+        finally:
+            con.close()
+
     def count(self) -> int:
         con = self._connect()
         try:

@@ -36,7 +36,7 @@ from .barrier import ids_frame, send_staged_events
 from .batch import fill_job
 from .build import RoundBuilder
 from .context import PipelineConfig, RunContext
-from .outputs import Sink, WindowAggregate
+from .outputs import Aggregate, Sink, WindowAggregate
 from .publish import adopt_staged, close_staging, open_staging, retract
 from .report import RunReport
 from .rows import Source
@@ -61,9 +61,11 @@ class StreamingRun:
         trigger_seconds: float | None = None,
         checkpoint_location: str | None = None,
         available_now: bool = False,
+        output_mode: str = "append",
     ) -> None:
         plan = ctx.plan
-        windowed = check_stream_plan(ctx)
+        aggs = check_stream_plan(ctx, output_mode)
+        self.output_mode = output_mode
         streaming = [s for s in plan.sources if s.df is not None and s.df.isStreaming]
         inputs = [s for s in plan.sources if s.derived is None]
         if not streaming or len(streaming) != len(inputs):
@@ -100,7 +102,7 @@ class StreamingRun:
         self.idle_rounds = 0  # replay rounds run while no micro-batch came
         self._wake = threading.Event()  # set by stop(): the idle replayer ends
         self._idle: threading.Thread | None = None
-        self.windows = StreamState(ctx, windowed, self.report)
+        self.windows = StreamState(ctx, aggs, self.report, output_mode)
         sinks = plan.python_sinks()
         plan.sinks()  # a plan without a sink is an error
         ctx.on_replays = self._replays_taken
@@ -519,45 +521,77 @@ def split_batch(sources: list[Source], batch_df: Any) -> dict[int, Any]:
     }
 
 
-def check_stream_plan(ctx: RunContext) -> list[WindowAggregate]:
+OUTPUT_MODES = ("append", "complete")
+
+
+def check_stream_plan(ctx: RunContext, output_mode: str = "append") -> list[Aggregate]:
     """What a stream can carry, checked at ``start_stream``: row operations, stages and sinks
-    on the fresh rows; aggregations by a time window over the watermark's column (append
-    mode), written straight into sinks. Returns the windowed aggregations."""
-    plan = ctx.plan
-    windowed = [b for b in plan.barriers() if isinstance(b, WindowAggregate)]
-    others = [b.name for b in plan.barriers() if not isinstance(b, WindowAggregate)]
-    if others:
+    on the fresh rows; aggregations written straight into sinks — by a time window over the
+    watermark's column in ``append`` mode (each window once, final), any in ``complete`` mode
+    (the whole result replaced whenever every record has settled). Returns the
+    aggregations."""
+    if output_mode == "update":
         raise ValueError(
-            f"start_stream: aggregations without a time window and tracked joins ({others}) "
-            "would have to wait for the whole stream to settle; group by a time window "
-            "(groupBy(F.window('ts', '1 minute'), ...) after withWatermark('ts', delay): each "
-            "window is written once, final), or run the pipeline in batch with p.run()"
+            "start_stream: output_mode='update' is not supported; 'complete' keeps the whole "
+            "current result in the sink (replaced at once), 'append' writes each closed window"
         )
-    for agg in windowed:
-        if plan.watermark is None:
+    if output_mode not in OUTPUT_MODES:
+        raise ValueError(
+            f"start_stream: output_mode must be one of {OUTPUT_MODES}, got {output_mode!r}"
+        )
+    plan = ctx.plan
+    aggs = [b for b in plan.barriers() if isinstance(b, Aggregate)]
+    joins = [b.name for b in plan.barriers() if not isinstance(b, Aggregate)]
+    if joins:
+        raise ValueError(
+            f"start_stream: joins of two tracked DataFrames ({joins}) are not supported in a "
+            "stream yet; join a static DataFrame as a lookup, or run the pipeline in batch"
+        )
+    plain = [b.name for b in aggs if not isinstance(b, WindowAggregate)]
+    if plain and output_mode == "append":
+        raise ValueError(
+            f"start_stream: aggregations without a time window ({plain}) write no final row "
+            "in append mode; group by a time window (groupBy(F.window('ts', '1 minute'), ...) "
+            "after withWatermark('ts', delay): each window is written once, final), or give "
+            "output_mode='complete' (the whole result, replaced whenever every record settled)"
+        )
+    for agg in aggs:
+        if not ctx.ft:
+            raise ValueError(
+                "start_stream: Pipeline(ft=False) runs no aggregation in a stream; run the "
+                "query in plain Structured Streaming to compare"
+            )
+        if isinstance(agg, WindowAggregate) and output_mode == "append" and not plan.watermark:
             raise ValueError(
                 f"start_stream: {agg.name!r} groups by a time window but the stream has no "
                 "watermark: declare withWatermark(column, delay) on the source (a window is "
                 "written once the watermark passes its end)"
             )
-        if not ctx.ft:
-            raise ValueError(
-                "start_stream: Pipeline(ft=False) runs no windowed aggregation in a stream; "
-                "run the query in plain Structured Streaming to compare"
-            )
         if any(p.phase != 0 for p in agg.parents):
             raise ValueError(
                 f"start_stream: {agg.name!r} aggregates the output of another aggregation; "
-                "one windowed aggregation per branch of a stream"
+                "one aggregation per branch of a stream"
             )
         out = plan.derived_source(agg)
         readers = plan.readers(out)
         if not readers or not all(isinstance(r, Sink) for r in readers):
             raise ValueError(
-                f"start_stream: write the windows of {agg.name!r} straight into sinks "
-                "(.sink(...) on the aggregation's output); operations after a windowed "
-                "aggregation are not supported in a stream yet"
+                f"start_stream: write the rows of {agg.name!r} straight into sinks "
+                "(.sink(...) on the aggregation's output); operations after an aggregation "
+                "are not supported in a stream yet"
             )
+        if output_mode == "complete":
+            bad = [
+                r.name
+                for r in readers
+                if not isinstance(r, Sink) or not hasattr(r.sink, "replace") or r.caps.native
+            ]
+            if bad:
+                raise ValueError(
+                    f"start_stream: in complete mode the sinks of {agg.name!r} ({bad}) must "
+                    "replace their whole content at once (SQLiteSink, or your own with "
+                    "replace(pdf)); file sinks do not (nor in Spark)"
+                )
     no_append = [n.name for n in plan.native_sinks() if not hasattr(n.sink, "append")]
     if no_append:
         raise ValueError(
@@ -577,7 +611,7 @@ def check_stream_plan(ctx: RunContext) -> list[WindowAggregate]:
                 f"leaves as they were; {once} cannot: use ParquetSink or an idempotent sink "
                 "(SQLiteSink, or your own declaring SinkCapabilities(idempotent=True))"
             )
-    return windowed
+    return aggs
 
 
 #: A resumable stream's marks in its FT state (job_state): the watermark windows closed by,
@@ -602,10 +636,16 @@ class StreamState:
     ``min(max event time - delay, min event time pending)`` (never back) and the windows it
     passed are written into the aggregation's sinks, once."""
 
-    def __init__(self, ctx: RunContext, windowed: list[WindowAggregate], report: RunReport):
+    def __init__(
+        self, ctx: RunContext, aggs: list[Aggregate], report: RunReport, output_mode: str
+    ) -> None:
         self.ctx = ctx
-        self.windowed = windowed
+        complete = output_mode == "complete"
+        self.windowed = [a for a in aggs if isinstance(a, WindowAggregate) and not complete]
+        self.complete = aggs if complete else []
         self.report = report
+        self.replaces = 0  # results replaced in complete mode
+        self._dirty = False  # rows staged since the last replace
         self.ended: list[np.ndarray] = []  # attempts that ended without completing
         self.max_event_us: int | None = None  # the largest event time seen (fresh rows)
         self.spark_us = 0  # plain Spark's watermark (max event time - delay, in ms steps)
@@ -631,7 +671,7 @@ class StreamState:
             for node in ctx.plan.native_sinks():
                 if hasattr(node.sink, "clear"):  # a stream appends: start from nothing
                     node.sink.clear(ctx.spark)
-        if not self.windowed and not self.native:
+        if not self.windowed and not self.native and not self.complete:
             return
         if self.windowed:
             ctx.event_time = ctx.plan.watermark.column if ctx.plan.watermark else None
@@ -709,6 +749,7 @@ class StreamState:
         self._tags += 1
         name = f"{ctx.run_tag}{tag}-{self._tags:07d}"  # name order = write order
         paths = [st.write(df, name) for st, df in work.staged]
+        self._dirty = True
         assert ctx.location is not None
         send_staged_events(
             ctx.spark, paths, ctx.location, ctx.token, ctx.tls_root_certs, ctx.job, hold=False
@@ -770,11 +811,28 @@ class StreamState:
     def after_round(self) -> None:
         """After a micro-batch or replay round (its ended attempts taken): publish what
         settled, close the windows the watermark passed."""
-        if not self.windowed and not self.native:
+        if not self.windowed and not self.native and not self.complete:
             return
         stats = self.ctx.client.stats()
         self.publish(stats)
         self.emit(stats)
+        self.replace(stats)
+
+    def replace(self, stats: dict[str, Any]) -> None:
+        """Complete mode: once no record is pending, each aggregation's whole result over the
+        staged rows of completed attempts replaces its sinks' content (at once)."""
+        ctx = self.ctx
+        if not self.complete or not self._dirty or stats.get("pending", 0):
+            return
+        ended_df = self._ended_frame()
+        for agg in self.complete:
+            out = agg.output(ctx, ended_df).toPandas()
+            for node in ctx.plan.readers(ctx.plan.derived_source(agg)):
+                assert isinstance(node, Sink)  # checked at start_stream
+                rows = out[list(node.columns)]
+                self.report.sink_rows[node.name] = int(node.sink.replace(rows))
+        self._dirty = False
+        self.replaces += 1
 
     def emit(self, stats: dict[str, Any]) -> None:
         """Move the watermark as far as the records still pending allow, and write the windows
@@ -808,6 +866,7 @@ class StreamState:
 
 
 __all__ = [
+    "OUTPUT_MODES",
     "StreamState",
     "StreamingRun",
     "check_checkpoint",

@@ -9,7 +9,9 @@ the sinks must hold — each window once, with its value, none that Spark would 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import itertools
 import json
 import sys
 import threading
@@ -273,3 +275,62 @@ def test_windows_in_a_batch_run_equal_plain_spark(spark, tmp_path, window):
     assert sorted(_key(r) for r in spark.read.parquet(out).collect()) == want
     assert report.lost == 0
     assert report.dead_lettered == len(poison)
+
+
+def test_complete_mode_word_count_equals_plain_structured_streaming(spark, tmp_path):
+    """``structured_network_wordcount`` ported (complete mode, no window): the sink holds the
+    whole result over the completed records, replaced at once whenever every record has
+    settled; a reader never sees a count fall, nor one above the final."""
+    from pyspark.sql import functions as F
+
+    directory = tmp_path / "in"
+    _write_input(directory)
+    poison = [i for i in range(FILES * LINES) if _is_poison(i)]
+    lines = _read(spark, directory).where(~F.col("id").isin(poison))
+    plain = lines.select(F.explode(F.split("line", " ")).alias("word")).groupBy("word").count()
+    q = (
+        plain.writeStream.outputMode("complete")
+        .format("memory")
+        .queryName("plain_complete")
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination(WAIT)
+    want = sorted((r["word"], int(r["count"])) for r in spark.table("plain_complete").collect())
+    spark.sql("DROP VIEW IF EXISTS plain_complete")
+
+    sink = SQLiteSink(str(tmp_path / "counts.db"), "counts")
+    p = Pipeline(spark, max_attempts=3)
+    words = p.source(_read(spark, directory), name="lines", partitions=2).map_in_pandas(
+        _split, WORD_SCHEMA, name="split"
+    )
+    words.groupBy("word").count().sink(sink, name="counts")
+    with pytest.raises(ValueError, match="without a time window"):
+        p.start_stream(available_now=True)  # append mode: no final row to write
+    snapshots: list = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(Exception):  # the table is created by start_stream
+                frame = sink.read()
+                snapshots.append(dict(zip(frame["word"], frame["count"], strict=True)))
+            time.sleep(0.05)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    try:
+        run = p.start_stream(timeout=60.0, available_now=True, output_mode="complete")
+        report = run.wait(timeout=WAIT)
+    finally:
+        stop.set()
+        t.join()
+    got = sorted((r.word, int(r.count)) for r in sink.read().itertuples(index=False))
+    assert got == want
+    assert report.lost == 0
+    assert report.dead_lettered == len(poison)
+    final = dict(want)
+    for before, after in itertools.pairwise(snapshots):
+        assert all(after.get(w, 0) >= n for w, n in before.items())  # never falls
+    assert all(n <= final[w] for snap in snapshots for w, n in snap.items())
+    assert run.windows.replaces >= 1
