@@ -1,0 +1,210 @@
+"""Streaming: xorack against plain Structured Streaming on the same query and input, in one
+run (interleaved repeats), on the micro-batch time Spark itself reports.
+
+The query is Spark's ``structured_network_wordcount_windowed`` over a file source: lines with an
+event time, split into words, ``withWatermark("ts", "5 seconds")``,
+``groupBy(F.window("ts", "10 seconds"), "word").count()``, append mode, one file per
+micro-batch (``maxFilesPerTrigger=1``), ``trigger(availableNow=True)``:
+
+- **plain**: plain Structured Streaming, the split a native ``explode(split(...))``, windows to a
+  Parquet sink (Spark's file sink);
+- **xorack**: the same declaration on a tracked stream (FT on, the embedded acker), windows to a
+  ``ParquetSink``; no failure injected.
+
+Per run: the median of Spark's ``triggerExecution`` per data micro-batch (the first is left
+out: it warms the Python workers up), the wall time of the whole query, and the sustained input
+rate (input rows over the summed micro-batch times). For xorack the micro-batch time is that of
+its own ``foreachBatch`` query (tagging, persisting, staging, acking, closing windows). Also the
+bytes the windowed aggregation staged per input row (its state on disk while windows are open).
+
+    python benchmarks/bench_streaming.py [--files 12] [--lines 20000] [--repeat 3] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+WORDS = ["apple", "pear", "plum", "fig", "kiwi", "lime", "date", "sloe", "yuzu", "nut"]
+T0 = dt.datetime(2026, 11, 26, 12, 0, 0)
+
+
+def write_input(directory: str, files: int, lines: int) -> None:
+    """File f: ``lines`` lines with event times spread over [10 f, 10 f + 10) seconds."""
+    import numpy as np
+    import pandas as pd
+
+    os.makedirs(directory)
+    rng = np.random.default_rng(0)
+    for f in range(files):
+        k = np.arange(lines)
+        ts = [T0 + dt.timedelta(seconds=10 * f + 10 * j / lines) for j in k]
+        words = rng.integers(0, len(WORDS), size=(lines, 4))
+        text = [" ".join(WORDS[w] for w in row[: 1 + i % 4]) for i, row in enumerate(words)]
+        frame = pd.DataFrame({"id": f * lines + k, "ts": ts, "line": text})
+        frame.to_json(f"{directory}/part-{f:03d}.json", orient="records", lines=True)
+
+
+def _split(pdf: Any) -> Any:
+    words = pdf.assign(word=pdf["line"].str.split(" ")).explode("word")
+    return words.drop(columns=["line"]).reset_index(drop=True)
+
+
+def _times(progress: list[dict[str, Any]]) -> tuple[list[float], int]:
+    """Seconds of each data micro-batch (triggerExecution) and the input rows."""
+    data = [p for p in progress if p.get("numInputRows", 0) > 0]
+    return [p["durationMs"]["triggerExecution"] / 1000 for p in data], sum(
+        int(p["numInputRows"]) for p in data
+    )
+
+
+def run_plain(spark: Any, inbox: str, out: str) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+
+    lines = spark.readStream.schema("id long, ts timestamp, line string")
+    lines = lines.option("maxFilesPerTrigger", 1).json(inbox).withWatermark("ts", "5 seconds")
+    words = lines.select("id", "ts", F.explode(F.split("line", " ")).alias("word"))
+    counts = words.groupBy(F.window("ts", "10 seconds"), "word").count()
+    start = time.perf_counter()
+    q = (
+        counts.writeStream.outputMode("append")
+        .format("parquet")
+        .option("path", out)
+        .option("checkpointLocation", out + ".ckpt")
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+    wall = time.perf_counter() - start
+    times, rows = _times(q.recentProgress)
+    return {
+        "wall": wall,
+        "batches": times,
+        "rows": rows,
+        "windows": spark.read.parquet(out).count(),
+    }
+
+
+def run_xorack(spark: Any, inbox: str, out: str) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+
+    from xorack.spark import ParquetSink, Pipeline
+
+    p = Pipeline(spark)
+    stream = spark.readStream.schema("id long, ts timestamp, line string")
+    lines = p.source(stream.option("maxFilesPerTrigger", 1).json(inbox), name="lines")
+    words = lines.withWatermark("ts", "5 seconds").map_in_pandas(
+        _split, "id long, ts timestamp, word string", name="split"
+    )
+    counts = words.groupBy(F.window("ts", "10 seconds"), "word").count()
+    counts.sink(ParquetSink(out), name="windows")
+    start = time.perf_counter()
+    run = p.start_stream(timeout=300.0, available_now=True)
+    staged_bytes = 0
+
+    def staged() -> int:
+        ctx = run.ctx
+        root = ctx.workdir
+        total = 0
+        if root and os.path.isdir(root):
+            for d, _, files in os.walk(root):
+                total += sum(os.path.getsize(os.path.join(d, f)) for f in files)
+        return total
+
+    while run.query.isActive:  # the state on disk is largest just before the drain
+        staged_bytes = max(staged_bytes, staged())
+        time.sleep(0.2)
+    report = run.wait()
+    wall = time.perf_counter() - start
+    times, rows = _times(run.query.recentProgress)
+    assert report.lost == 0
+    return {
+        "wall": wall,
+        "batches": times,
+        "rows": rows,
+        "windows": spark.read.parquet(out).count(),
+        "staged_bytes": staged_bytes,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--files", type=int, default=12, help="input files (micro-batches)")
+    ap.add_argument("--lines", type=int, default=20_000, help="lines per file")
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved runs of each")
+    ap.add_argument("--json", help="write the figures here too")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from xorack.spark.session import get_or_create_session
+
+    spark = get_or_create_session(app_name="xorack-bench-streaming", shuffle_partitions=4)
+    spark.sparkContext.setLogLevel("ERROR")
+    work = tempfile.mkdtemp(prefix="xorack-bench-stream-")
+    try:
+        inbox = os.path.join(work, "in")
+        write_input(inbox, args.files, args.lines)
+        results: dict[str, list[dict[str, Any]]] = {"plain": [], "xorack": []}
+        for r in range(args.repeat + 1):  # run 0 warms both up and is left out
+            for name, fn in (("plain", run_plain), ("xorack", run_xorack)):
+                out = os.path.join(work, f"{name}-{r}")
+                got = fn(spark, inbox, out)
+                if r:
+                    results[name].append(got)
+                print(
+                    f"run {r} {name}: {got['wall']:.1f} s, {len(got['batches'])} batches",
+                    file=sys.stderr,
+                )
+        assert {x["windows"] for v in results.values() for x in v} == {
+            results["plain"][0]["windows"]
+        }, "xorack and plain Spark closed different windows"
+        table = summarize(results, args)
+        print(table)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"args": vars(args), "results": results}, f, indent=1)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        spark.stop()
+    return 0
+
+
+def summarize(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> str:
+    def per_batch(x: dict[str, Any]) -> float:
+        return statistics.median(x["batches"][1:] or x["batches"])
+
+    rows = []
+    med: dict[str, dict[str, float]] = {}
+    for name, runs in results.items():
+        batch = statistics.median(per_batch(x) for x in runs)
+        wall = statistics.median(x["wall"] for x in runs)
+        rate = statistics.median(x["rows"] / sum(x["batches"]) for x in runs)
+        med[name] = {"batch": batch, "wall": wall, "rate": rate}
+        rows.append(f"| {name} | {batch:.3f} s | {rate:,.0f} rows/s | {wall:.1f} s |")
+    ratio = med["xorack"]["batch"] / med["plain"]["batch"]
+    wall_ratio = med["xorack"]["wall"] / med["plain"]["wall"]
+    staged = statistics.median(x["staged_bytes"] for x in results["xorack"])
+    rows_in = results["xorack"][0]["rows"]
+    return "\n".join(
+        [
+            f"{args.files} files x {args.lines} lines, {args.repeat} interleaved runs (medians)",
+            "",
+            "| query | micro-batch | sustained input | whole query |",
+            "| --- | --- | --- | --- |",
+            *rows,
+            "",
+            f"xorack / plain: micro-batch {ratio:.2f}, whole query {wall_ratio:.2f}",
+            f"windowed aggregation staged at most {staged / rows_in:.1f} bytes per input line",
+        ]
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
