@@ -143,7 +143,13 @@ def _session():
 @pytest.mark.parametrize(
     "window", [_tumbling, _sliding, _session], ids=["tumbling", "sliding", "session"]
 )
-def test_windows_equal_plain_structured_streaming_under_failures(spark, tmp_path, window):
+def test_windows_equal_plain_structured_streaming_under_failures(
+    spark, tmp_path, window, monkeypatch
+):
+    """Also with the staged rows compacted every other emission (rows of closed windows go)."""
+    from xorack.spark import streaming
+
+    monkeypatch.setattr(streaming, "COMPACT_AFTER", 2)
     directory = tmp_path / "in"
     _write_input(directory)
     want = _plain(spark, directory, window, f"plain_{window.__name__[1:]}")
@@ -160,6 +166,7 @@ def test_windows_equal_plain_structured_streaming_under_failures(spark, tmp_path
     assert report.lost == 0
     assert report.replayed > 0
     assert report.sink_rows["windows"] == len(want)
+    assert (run.windows.compactions > 0) == (window is not _session)
 
 
 def test_late_rows_are_dropped_as_plain_spark_drops_them(spark, tmp_path):

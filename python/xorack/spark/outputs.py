@@ -138,7 +138,7 @@ class WindowAggregate(Aggregate):
 
     def open_staging(self, ctx: RunContext, workdir: str) -> list[Staging]:
         root = os.path.join(workdir, self.name, "0")
-        return [WindowStaging(root, self.parents[0].schema)]
+        return [WindowStaging(root, self.parents[0].schema, time=self.spec.time)]
 
     def blocker(self, scope: Scope) -> tuple[Reason, str] | None:
         return Reason.TIME_WINDOW, f"{self.name!r} groups by a time window"

@@ -42,7 +42,7 @@ from .report import RunReport
 from .rows import Source
 from .stages import ATTEMPTS_PROPERTY, ROUND_PROPERTY, encode_attempts, u64
 from .tracked_rounds import run_summaries
-from .windows import WindowStaging, write_emitted
+from .windows import WindowStaging, horizon_of, write_emitted
 
 
 class _StoppedBeforeBatch(Exception):
@@ -622,6 +622,9 @@ MARK_SPARK = "stream:spark"
 MARK_MAX = "stream:max_event"
 MARK_EMIT = "stream:emitting"
 MARK_PUBLISH = "stream:publishing:"
+MARK_COMPACTED = "stream:compacted:"
+#: Staged directories of a windowed aggregation that make it rewrite them as one.
+COMPACT_AFTER = 16
 
 
 class StreamState:
@@ -645,6 +648,7 @@ class StreamState:
         self.complete = aggs if complete else []
         self.report = report
         self.replaces = 0  # results replaced in complete mode
+        self.compactions = 0  # rewrites of a windowed aggregation's staged rows
         self._dirty = False  # rows staged since the last replace
         self.ended: list[np.ndarray] = []  # attempts that ended without completing
         self.max_event_us: int | None = None  # the largest event time seen (fresh rows)
@@ -691,6 +695,13 @@ class StreamState:
         top = marks.get(MARK_MAX)
         self.max_event_us = int(top) if top else None
         adopt_staged(ctx, np.empty(0, np.uint64))
+        for agg in self.windowed:  # a compaction's directory holds the rows of those before
+            last = marks.get(MARK_COMPACTED + agg.name)
+            (staging,) = ctx.of(agg).staging
+            assert isinstance(staging, WindowStaging)
+            kept = [p for p in staging.paths if os.path.basename(p) == last]
+            if last and kept:
+                staging.drop_before(kept[0])
         undone: dict[str, str | None] = {}
         cut = marks.get(MARK_EMIT)
         if cut:  # an emission cut short: its files go, the windows are written again
@@ -747,7 +758,7 @@ class StreamState:
         if not work.staged:
             return
         self._tags += 1
-        name = f"{ctx.run_tag}{tag}-{self._tags:07d}"  # name order = write order
+        name = f"{ctx.run_tag}{self._tags:07d}-{tag}"  # name order = write order
         paths = [st.write(df, name) for st, df in work.staged]
         self._dirty = True
         assert ctx.location is not None
@@ -863,6 +874,26 @@ class StreamState:
         self.watermark_us = new
         self._note({MARK_WATERMARK: str(new), MARK_EMIT: None})
         self.emits += 1
+        self._compact(ended_df)
+
+    def _compact(self, ended_df: Any) -> None:
+        """Keep the state of a long stream bounded: once an aggregation by a time window has
+        staged ``COMPACT_AFTER`` directories, they are rewritten as one without the rows whose
+        windows have all closed (a session window keeps its rows: a session can grow as long
+        as rows come)."""
+        ctx = self.ctx
+        for agg in self.windowed:
+            horizon = horizon_of(agg.spec)
+            (staging,) = ctx.of(agg).staging
+            assert isinstance(staging, WindowStaging)
+            if horizon is None or len(staging.paths) < COMPACT_AFTER:
+                continue
+            self._tags += 1
+            name = f"{ctx.run_tag}{self._tags:07d}-compacted"
+            path = staging.compact(ctx.spark, ended_df, self.watermark_us, horizon, name)
+            self._note({MARK_COMPACTED + agg.name: os.path.basename(path)})
+            staging.drop_before(path)  # a crash before this: the restart drops them
+            self.compactions += 1
 
 
 __all__ = [

@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -197,7 +198,7 @@ class WindowStaging(Staging):
     run, which has no late rows)."""
 
     watermark_us: int | None = None
-    ended: list[np.ndarray] = field(default_factory=list)
+    time: str = ""  # the event-time column (compaction keeps the rows of open windows)
 
     def write(self, df: Any, tag: str) -> str:
         path = os.path.join(self.root, tag)
@@ -206,6 +207,34 @@ class WindowStaging(Staging):
         df.selectExpr(*cols).withColumn(WM, wm).write.mode("overwrite").parquet(path)
         self.paths.append(path)
         return path
+
+    def compact(self, spark: Any, ended: Any, watermark_us: int, horizon_us: int, tag: str) -> str:
+        """Write the staged rows as one directory ``tag`` without the rows every window of
+        which has closed (event time + ``horizon_us``, the window's duration, at or below the
+        watermark), the ghosts and the rows of attempts in ``ended``; returns its path (the
+        old directories stay until :meth:`drop_before`). The events of the rows were sent when
+        they were first staged: they are not sent again."""
+        f = _f()
+        path = os.path.join(self.root, tag)
+        rows = spark.read.parquet(*self.paths).where(f.col(KEEP))
+        if ended is not None:
+            rows = rows.join(ended, SRC, "left_anti")
+        time = f.unix_micros(f.col(q(self.time)).cast("timestamp"))
+        kept = rows.where(time + f.lit(int(horizon_us)) > f.lit(int(watermark_us)))
+        kept.write.mode("overwrite").parquet(path)
+        return path
+
+    def drop_before(self, path: str) -> None:
+        """Delete the directories staged before ``path`` (a compaction holding their rows)."""
+        name = os.path.basename(path)
+        old = [p for p in self.paths if os.path.basename(p) < name]
+        self.paths = [p for p in self.paths if p not in old]
+        for p in old:
+            local = p[len("file:") :] if p.startswith("file:") else p
+            if "://" not in local:
+                shutil.rmtree(local, ignore_errors=True)
+        if path not in self.paths:
+            self.paths.append(path)
 
     def staged(self, spark: Any, ended: Any) -> Any:
         """The staged rows of attempts not in ``ended`` with their ``_ft_wm`` (ghosts left
@@ -223,6 +252,26 @@ class WindowStaging(Staging):
         if ended is not None:
             df = df.join(ended, SRC, "left_anti")
         return df.selectExpr(*map(q, self.payload), WM)
+
+
+def _duration_of(column: Any) -> int | None:
+    """The duration of a time window Column (``F.window(ts, duration, ...)``) in
+    microseconds, else None (a session window, or a repr this cannot read)."""
+    m = re.match(r"^Column<'window\((?:`(?:[^`]|``)+`|[^,()]+), '([^']+)'", repr(column))
+    if m is None:
+        return None
+    try:
+        return delay_micros(m.group(1))
+    except ValueError:
+        return None
+
+
+def horizon_of(spec: WindowSpec) -> int | None:
+    """How long after its event time a row can still fall into an open window of ``spec``
+    (a time window's duration), or None: a session can grow for as long as rows come."""
+    if spec.kind != "window":
+        return None
+    return _duration_of(spec.groups[spec.at])
 
 
 def _staged_event() -> str:
@@ -294,6 +343,7 @@ __all__ = [
     "WindowSpec",
     "WindowStaging",
     "delay_micros",
+    "horizon_of",
     "micros_literal",
     "window_of",
     "window_of_repr",
