@@ -47,6 +47,7 @@ _LAZY = {
     "open_storage": "storage",
     "FTLayer": "ftlayer",
     "FTStats": "ftlayer",
+    "NO_EVENT_TIME": "protocol",
     "ManualClock": "clock",
     "MonotonicClock": "clock",
 }

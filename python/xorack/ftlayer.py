@@ -43,6 +43,7 @@ from ._checks import (
 )
 from .acker import AckTable, TimeoutWheel, new_ids
 from .clock import Clock, MonotonicClock
+from .event_times import PendingEventTimes
 from .protocol import (
     ATTEMPT,
     BIRTHS,
@@ -121,7 +122,9 @@ class FTStats:
     ``rotations``; completion latency percentiles
     in seconds of the layer's clock (None before any completion; every record persisted or
     replayed in a call of fewer than 1024 records is timed, of bigger calls a fixed 1 in 16,
-    so big batches cost nothing).
+    so big batches cost nothing); ``min_event_time``, the smallest event time (``persist(...,
+    event_time=)``) of the pending records — in flight, held or waiting for a replay — that
+    have one (None when none has: a streaming watermark need not wait for any).
 
     >>> FTStats().as_dict()["pending"]
     0
@@ -148,6 +151,7 @@ class FTStats:
     latency_p50: float | None = None
     latency_p90: float | None = None
     latency_p99: float | None = None
+    min_event_time: int | None = None
     replayed_by_source: dict[int, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -312,6 +316,38 @@ def _as_i32(x: Any, name: str, n: int, default: int, lo: int = -(2**31)) -> np.n
     return np.ascontiguousarray(arr)
 
 
+def _as_event_time(x: Any, n: int) -> np.ndarray:
+    """``event_time`` of a persist as a fresh int64 array of ``n`` rows (an int: every row)."""
+    if isinstance(x, (pa.Array, pa.ChunkedArray)):
+        if x.null_count:
+            raise ValueError(
+                "event_time must not contain nulls: give NO_EVENT_TIME (xorack.protocol) for a "
+                "row without one"
+            )
+        x = x.to_numpy(zero_copy_only=False)
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "iu":  # bool, float, datetime64, object, ...
+        what = type(x).__name__ if arr.ndim == 0 else str(arr.dtype)
+        hint = (
+            " (for datetime64 values: .astype('datetime64[us]').view('int64'))"
+            if arr.dtype.kind == "M"
+            else ""
+        )
+        raise TypeError(
+            f"event_time must be int64 (an integer per row, e.g. microseconds since the "
+            f"epoch), got {what}{hint}"
+        )
+    if arr.ndim == 0:
+        arr = np.full(n, arr, arr.dtype)
+    if arr.ndim != 1:
+        raise ValueError(f"event_time must be 1-D, got shape {arr.shape}")
+    if len(arr) != n:
+        raise ValueError(f"event_time has {len(arr)} values but the batch has {n} rows")
+    if arr.dtype == np.uint64 and n and int(arr.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"event_time must fit int64, got {int(arr.max())}")
+    return arr.astype(np.int64)  # a copy: the caller's array stays the caller's
+
+
 def _source_arg(source: Any) -> int:
     if isinstance(source, bool) or not isinstance(source, (int, np.integer)):
         raise TypeError(f"source must be an int (the source index), got {type(source).__name__}")
@@ -332,6 +368,7 @@ class PersistArgs:
     partition: np.ndarray | None  # int32 per row, >= -1
     births: np.ndarray | None  # uint64 per row
     src_ids: np.ndarray | None  # uint64 per row, distinct, nonzero
+    event_time: np.ndarray | None = None  # int64 per row (NO_EVENT_TIME: none)
 
 
 def check_persist_args(
@@ -341,12 +378,13 @@ def check_persist_args(
     partition: Any = None,
     births: Any = None,
     src_ids: Any = None,
+    event_time: Any = None,
 ) -> PersistArgs:
     """Validate and normalize ``persist``'s arguments (clear TypeError/ValueError otherwise).
 
     >>> a = check_persist_args(pa.record_batch({"v": [1, 2]}), key_hash=[7, 8], partition=3)
-    >>> a.key_hash.tolist(), a.partition.tolist(), a.births
-    ([7, 8], [3, 3], None)
+    >>> a.key_hash.tolist(), a.partition.tolist(), a.births, a.event_time
+    ([7, 8], [3, 3], None, None)
     """
     batch = _as_batch(batch)
     n = batch.num_rows
@@ -361,7 +399,8 @@ def check_persist_args(
         same_length(batch=np.empty(n), src_ids=src_ids)
         if count_distinct(src_ids) != n:
             raise ValueError("src_ids must be distinct")
-    return PersistArgs(batch, source, kh, part, births, src_ids)
+    times = None if event_time is None else _as_event_time(event_time, n)
+    return PersistArgs(batch, source, kh, part, births, src_ids, times)
 
 
 def _partitioner_arg(p: Any, where: str) -> ReplayPartitioner:
@@ -441,6 +480,7 @@ class FTLayer:
         self._undeleted: list[np.ndarray] = []  # completed, storage delete failed: retried
         self._ended: list[np.ndarray] = []  # attempts that ended without completing (take_ended)
         self._held: list[np.ndarray] = []  # completions held until release()
+        self._event_times = PendingEventTimes()  # of the pending records that have one
         self._failed_while_held = False  # a fail or timeout came while completions were held
         self._born: dict[int, float] = {}  # timed 1/16 sample of big calls: src id -> start
         self._born_small: dict[int, float] = {}  # every record of small calls: src id -> start
@@ -489,6 +529,7 @@ class FTLayer:
         src_ids: Any = None,
         progress: tuple[int, int] | None = None,
         idempotent: bool = False,
+        event_time: Any = None,
     ) -> np.ndarray:
         """Persist a batch of source records; returns their new source ids (uint64, row order).
 
@@ -507,6 +548,10 @@ class FTLayer:
         does): a row whose source id is already pending is the same record persisted again by
         a retried Spark task, and is left as it is (counted in ``stats().repeats``) instead of
         refused; the retried task's rows then ack the one record.
+        ``event_time``: int64 per row (or one int for all), the records' event times (an
+        ordering key, e.g. microseconds since the epoch; ``NO_EVENT_TIME`` for a row without
+        one); kept with each record through its replays and a restart, the smallest pending
+        one is ``stats().min_event_time``. None: no event times (nothing is kept).
         Persisted, registered and timed atomically w.r.t. other calls; on a storage error
         nothing of the batch is kept.
 
@@ -516,8 +561,8 @@ class FTLayer:
         (3, 3)
         """
         self._check_open()
-        args = check_persist_args(batch, key_hash, source, partition, births, src_ids)
-        batch, source, src_ids = args.batch, args.source, args.src_ids
+        args = check_persist_args(batch, key_hash, source, partition, births, src_ids, event_time)
+        batch, source, src_ids, times = args.batch, args.source, args.src_ids, args.event_time
         n = batch.num_rows
         noted = check_progress(progress, n)
         key_hash = np.zeros(n, np.int32) if args.key_hash is None else args.key_hash
@@ -542,6 +587,7 @@ class FTLayer:
                         return src_ids
                     batch, n = batch.filter(pa.array(new)), int(new.sum())
                     key_hash, partition, births = key_hash[new], partition[new], births[new]
+                    times = None if times is None else times[new]
                     src = src_ids[new]
                 elif len(taken):
                     raise ValueError(
@@ -551,8 +597,12 @@ class FTLayer:
                 else:
                     src = src_ids
             note = None if noted is None else (source, *noted)
-            meta = RecordMeta.new(src, key_hash, source, partition, origin_rec=births)
+            meta = RecordMeta.new(
+                src, key_hash, source, partition, origin_rec=births, event_time=times
+            )
             self._store(batch, meta, note)
+            if times is not None:
+                self._event_times.add(src, times)
             self._registered += n
             self._stats.persisted += n
             self._unwatch(src)
@@ -1051,6 +1101,7 @@ class FTLayer:
             s.held = sum(len(h) for h in self._held)
             s.quarantined = int(getattr(self._storage, "quarantined", 0))
             s.replays_waiting = self._replays_waiting()
+            s.min_event_time = self._event_times.min()
             if self._latencies:
                 p50, p90, p99 = np.percentile(np.fromiter(self._latencies, float), [50, 90, 99])
                 s.latency_p50, s.latency_p90, s.latency_p99 = float(p50), float(p90), float(p99)
@@ -1169,6 +1220,7 @@ class FTLayer:
             by_source = self._stats.replayed_by_source
             by_source[source] = by_source.get(source, 0) + count
         new, births = new[routed], births[routed]
+        self._event_times.add(new, again.event_time[routed])  # a replay keeps its event time
         self._table.register(new, births)
         self._start_timer(new)
         self._stats.replayed += len(new)
@@ -1258,6 +1310,7 @@ class FTLayer:
 
     def _complete(self, done: np.ndarray) -> None:
         self._wheel.discard(done)
+        self._event_times.discard(done)
         self._registered -= len(done)
         self._stats.completed += len(done)
         self._stop_timer(done)
@@ -1320,6 +1373,7 @@ class FTLayer:
         """The records under ``ids`` left (replayed under a new id, or dead-lettered)."""
         self._table.fail(ids)
         self._wheel.discard(ids)
+        self._event_times.discard(ids)
         self._drop_waiting(ids)
         self._timer_starts(ids)
 

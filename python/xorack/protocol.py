@@ -51,6 +51,7 @@ __all__ = [
     "FAIL_SCHEMA",
     "JOB_HEADER",
     "KEY_HASH",
+    "NO_EVENT_TIME",
     "ORIGIN",
     "ORIGIN_PARTITION",
     "ORIGIN_REC",
@@ -150,6 +151,8 @@ ATTEMPT = "_ft_attempt"  # a replay's attempt number (1 = the first)
 ORIGIN = "_ft_origin"  # a record's first source id
 ORIGIN_REC = "_ft_origin_rec"  # the record id its first attempt was born with (0 = unknown)
 ORIGIN_PARTITION = "_ft_origin_partition"  # the partition it was first persisted from (-1 unknown)
+#: The event time of a record that has none (the int64 minimum: below every real one).
+NO_EVENT_TIME = -(2**63)
 
 #: Events: one row per source id (pre-reduced by the sender), the value to XOR in.
 XOR_SCHEMA = pa.schema([pa.field(SRC, pa.uint64(), False), pa.field(XOR, pa.uint64(), False)])

@@ -3,9 +3,10 @@
 A persisted record is the seed's *semi-deserialized record*: one row of an Arrow batch (the
 payload, never re-parsed by the FT layer) plus the little the FT layer needs to replay it — its
 source id (``src``), key hash, source index, original partition, attempt number, origin id
-(the first source id the record ever had) and origin record id (the ``_ft_rec`` its first attempt
-was born with). A replay keeps the payload row and changes only the id (:meth:`Storage.renew`),
-so a record's bytes are written once, whatever happens to it.
+(the first source id the record ever had), origin record id (the ``_ft_rec`` its first attempt
+was born with) and event time (``NO_EVENT_TIME`` when it has none). A replay keeps the payload
+row and changes only the id (:meth:`Storage.renew`), so a record's bytes are written once,
+whatever happens to it.
 
 Two storages share one interface, all of it batched (numpy ``uint64`` id arrays in, Arrow out):
 
@@ -53,6 +54,7 @@ import pyarrow as pa
 import pyarrow.compute
 
 from .errors import StorageError
+from .protocol import NO_EVENT_TIME
 
 try:
     import fcntl
@@ -60,6 +62,7 @@ except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
 __all__ = [
+    "NO_EVENT_TIME",
     "MemoryStorage",
     "PayloadSchemaConflict",
     "RecordMeta",
@@ -73,6 +76,7 @@ log = logging.getLogger(__name__)
 
 _EMPTY_U64 = np.empty(0, dtype=np.uint64)
 _EMPTY_I32 = np.empty(0, dtype=np.int32)
+_EMPTY_I64 = np.empty(0, dtype=np.int64)
 
 #: Columns a dead-letter table carries besides the payload.
 DEAD_LETTER_COLUMNS = ("_ft_origin", "_ft_source", "_ft_attempts", "_ft_reason")
@@ -87,12 +91,13 @@ class RecordMeta:
     the record first went to (-1 unknown), ``attempt`` (int32, 1 at the first persist) and
     ``origin`` (uint64) the record's first source id, ``origin_rec`` (uint64) the record id
     (``_ft_rec``) its first attempt was born with (0 = unknown): what a replay is given back when
-    its outputs must re-create the first attempt's ids.
+    its outputs must re-create the first attempt's ids; ``event_time`` (int64) the record's event
+    time, kept across its replays (``NO_EVENT_TIME`` = none).
 
     >>> import numpy as np
-    >>> m = RecordMeta.new(np.array([5, 6], dtype=np.uint64), source=2)
-    >>> m.attempt.tolist(), m.origin.tolist(), m.origin_rec.tolist(), len(m)
-    ([1, 1], [5, 6], [0, 0], 2)
+    >>> m = RecordMeta.new(np.array([5, 6], dtype=np.uint64), source=2, event_time=np.array([9, 8]))
+    >>> m.attempt.tolist(), m.origin.tolist(), m.origin_rec.tolist(), m.event_time.tolist(), len(m)
+    ([1, 1], [5, 6], [0, 0], [9, 8], 2)
     """
 
     src: np.ndarray
@@ -102,6 +107,7 @@ class RecordMeta:
     attempt: np.ndarray
     origin: np.ndarray
     origin_rec: np.ndarray
+    event_time: np.ndarray
 
     @classmethod
     def new(
@@ -111,9 +117,10 @@ class RecordMeta:
         source: int = 0,
         partition: np.ndarray | None = None,
         origin_rec: np.ndarray | None = None,
+        event_time: np.ndarray | None = None,
     ) -> RecordMeta:
         """Metadata of freshly persisted records (attempt 1, origin = src; ``origin_rec``: their
-        record ids, None = unknown)."""
+        record ids, None = unknown; ``event_time``: int64 per record, None = none)."""
         n = len(src)
         return cls(
             src=src,
@@ -123,12 +130,20 @@ class RecordMeta:
             attempt=np.ones(n, np.int32),
             origin=src.copy(),
             origin_rec=np.zeros(n, np.uint64) if origin_rec is None else origin_rec,
+            event_time=_no_event_times(n) if event_time is None else event_time,
         )
 
     @classmethod
     def empty(cls) -> RecordMeta:
         return cls(
-            _EMPTY_U64, _EMPTY_I32, _EMPTY_I32, _EMPTY_I32, _EMPTY_I32, _EMPTY_U64, _EMPTY_U64
+            _EMPTY_U64,
+            _EMPTY_I32,
+            _EMPTY_I32,
+            _EMPTY_I32,
+            _EMPTY_I32,
+            _EMPTY_U64,
+            _EMPTY_U64,
+            _EMPTY_I64,
         )
 
     @classmethod
@@ -147,7 +162,30 @@ class RecordMeta:
         return RecordMeta(*(getattr(self, f)[index] for f in _META_FIELDS))
 
 
-_META_FIELDS = ("src", "key_hash", "source", "partition", "attempt", "origin", "origin_rec")
+_META_FIELDS = (
+    "src",
+    "key_hash",
+    "source",
+    "partition",
+    "attempt",
+    "origin",
+    "origin_rec",
+    "event_time",
+)
+
+
+def _no_event_times(n: int) -> np.ndarray:
+    """``n`` times NO_EVENT_TIME, as a read-only view of one value (no memory per record)."""
+    return np.broadcast_to(np.array(NO_EVENT_TIME, np.int64), (n,))
+
+
+def _has_event_times(event_time: np.ndarray) -> bool:
+    """Whether any record of a column has an event time (one look at a constant view)."""
+    if not len(event_time):
+        return False
+    if event_time.strides[0] == 0:
+        return bool(event_time[0] != NO_EVENT_TIME)
+    return bool((event_time != NO_EVENT_TIME).any())
 
 
 class Storage(ABC):
@@ -481,6 +519,7 @@ class _Chunk:
         "alive",
         "attempt",
         "batch",
+        "event_time",
         "kept",
         "key_hash",
         "live",
@@ -498,6 +537,7 @@ class _Chunk:
         self.attempt = meta.attempt.copy()
         self.origin = meta.origin
         self.origin_rec = _compact(meta.origin_rec)  # all 0 without births
+        self.event_time = _compact(meta.event_time)  # all NO_EVENT_TIME without event times
         self.alive = np.ones(len(meta), bool)  # the rows held that a record still refers to
         self.live = len(meta)
         self.kept: np.ndarray | None = None  # first row numbers of the rows held, once compacted
@@ -525,6 +565,7 @@ class _Chunk:
         for name in ("key_hash", "attempt", "origin"):
             setattr(self, name, getattr(self, name)[rows])
         self.origin_rec = _compact(self.origin_rec[rows])
+        self.event_time = _compact(self.event_time[rows])
         self.source = _compact(self.source[rows])
         self.partition = _compact(self.partition[rows])
         self.kept = first[rows]
@@ -552,6 +593,8 @@ def _sparse(live: int, rows: int) -> bool:
 def _compact(column: np.ndarray) -> np.ndarray:
     """``column`` itself, or a read-only view of one value when all its values are equal (a
     batch's source index, often its partition): no memory per record."""
+    if len(column) and column.strides[0] == 0:  # one value already
+        return column
     if len(column) and (column == column[0]).all():
         return np.broadcast_to(column[:1].copy(), column.shape)
     return column
@@ -853,14 +896,21 @@ _META_TYPES = [("key_hash", pa.int32()), ("source", pa.int32()), ("partition", p
 _META_TYPES += [("origin", pa.uint64()), ("origin_rec", pa.uint64())]
 #: The metadata columns of a batch written before ft-3 (no origin_rec: read as 0, unknown).
 _FT2_META_TYPES = _META_TYPES[:-1]
+#: The column a batch's metadata has after origin_rec when some of its records have an event
+#: time (from ft-4; absent: none of them has one, so a job without event times stores nothing).
+_EVENT_TIME_TYPE = ("event_time", pa.int64())
 _KEPT_TYPE = ("row", pa.uint32())  # the last metadata column of a compacted batch
+#: Every metadata layout a stored batch may have (a compacted batch: + _KEPT_TYPE).
+_META_LAYOUTS = [_FT2_META_TYPES, _META_TYPES, [*_META_TYPES, _EVENT_TIME_TYPE]]
 # ft-2: a compacted batch's meta blob has one more column (the first row numbers of the rows it
 # holds). ft-3: the meta blob has an origin_rec column after origin (the record id of the
-# record's first attempt). An older file is read as is (its batches keep their older meta
-# blobs; a batch rewritten by compaction gets the new layout) and marked ft-3 when opened;
-# code that knows only an older format then refuses the file instead of misreading it.
-_FORMAT = "xorack-ft-3"
-_OLDER_FORMATS = ("xorack-ft-1", "xorack-ft-2")
+# record's first attempt). ft-4: it may have an event_time column after origin_rec (code of
+# ft-3 would take such a batch for a corrupt one and quarantine its records). An older file is
+# read as is (its batches keep their older meta blobs; a batch rewritten by compaction gets the
+# new layout) and marked ft-4 when opened; code that knows only an older format then refuses
+# the file instead of misreading it.
+_FORMAT = "xorack-ft-4"
+_OLDER_FORMATS = ("xorack-ft-1", "xorack-ft-2", "xorack-ft-3")
 _BATCH_CACHE = 32  # decoded batches kept for replays (most replays are of recent batches)
 _MIN_SQLITE = (3, 35, 0)
 # Blobs no record refers to are dropped by a scan of the record table once as many records were
@@ -893,7 +943,16 @@ def _one_batch(table: pa.Table) -> pa.RecordBatch:
 class _StoredBatch:
     """A persisted batch as read back: the payload and its rows' immutable metadata."""
 
-    __slots__ = ("kept", "key_hash", "origin", "origin_rec", "partition", "payload", "source")
+    __slots__ = (
+        "event_time",
+        "kept",
+        "key_hash",
+        "origin",
+        "origin_rec",
+        "partition",
+        "payload",
+        "source",
+    )
 
     def __init__(self, payload: pa.RecordBatch, meta: pa.RecordBatch) -> None:
         names = meta.schema.names
@@ -907,6 +966,11 @@ class _StoredBatch:
             if "origin_rec" in names
             else np.zeros(meta.num_rows, np.uint64)
         )
+        self.event_time = (  # absent: none of its records has one (or stored before ft-4)
+            meta.column("event_time").to_numpy()
+            if "event_time" in names
+            else _no_event_times(meta.num_rows)
+        )
         # a compacted batch: the first row numbers of the rows it holds (records keep theirs)
         kept = meta.column("row").to_numpy().astype(np.int64) if "row" in names else None
         self.kept: np.ndarray | None = kept
@@ -919,25 +983,24 @@ class _StoredBatch:
         """(payload, metadata) of a batch holding only the rows first stored at ``rows``
         (ascending): the metadata gains their first row numbers (column ``row``)."""
         at = self.position(rows)
-        meta = pa.record_batch(
-            [
-                pa.array(self.key_hash[at], pa.int32()),
-                pa.array(self.source[at], pa.int32()),
-                pa.array(self.partition[at], pa.int32()),
-                pa.array(self.origin[at], pa.uint64()),
-                pa.array(self.origin_rec[at], pa.uint64()),
-                pa.array(rows, pa.uint32()),
-            ],
-            names=["key_hash", "source", "partition", "origin", "origin_rec", "row"],
+        meta = _meta_columns(
+            self.key_hash[at],
+            self.source[at],
+            self.partition[at],
+            self.origin[at],
+            self.origin_rec[at],
+            self.event_time[at],
         )
-        return self.payload.take(pa.array(at)), meta
+        meta.append(("row", pa.array(rows, pa.uint32())))
+        names, arrays = zip(*meta, strict=True)
+        return self.payload.take(pa.array(at)), pa.record_batch(list(arrays), names=list(names))
 
 
 def _check_stored_batch(payload: bytes, meta: bytes) -> range | frozenset[int]:
     """The first row numbers held by a stored batch whose blobs decode into a payload with at
-    least one column and the metadata columns of as many rows (``_META_TYPES``, or an older
-    file's ``_FT2_META_TYPES``; a compacted batch: one more, ascending), without nulls; an
-    exception (of any type: the blobs are untrusted bytes) otherwise."""
+    least one column and the metadata columns of as many rows (one of ``_META_LAYOUTS``; a
+    compacted batch: one more, ascending), without nulls; an exception (of any type: the blobs
+    are untrusted bytes) otherwise."""
     if not isinstance(payload, bytes) or not isinstance(meta, bytes):
         raise TypeError("the batch's blobs are not BLOBs")
     p = _read_ipc(payload)
@@ -945,7 +1008,7 @@ def _check_stored_batch(payload: bytes, meta: bytes) -> range | frozenset[int]:
     if not p.num_columns:
         raise ValueError("the payload has no columns")
     got = [(f.name, f.type) for f in m.schema]
-    layouts = [_META_TYPES, _FT2_META_TYPES]
+    layouts = _META_LAYOUTS
     if got not in [*layouts, *([*t, _KEPT_TYPE] for t in layouts)]:
         raise ValueError(f"the metadata columns are {got}, expected {_META_TYPES}")
     if m.num_rows != p.num_rows:
@@ -961,23 +1024,46 @@ def _check_stored_batch(payload: bytes, meta: bytes) -> range | frozenset[int]:
     return frozenset(kept.tolist())
 
 
+def _meta_columns(
+    key_hash: np.ndarray,
+    source: np.ndarray,
+    partition: np.ndarray,
+    origin: np.ndarray,
+    origin_rec: np.ndarray,
+    event_time: np.ndarray,
+) -> list[tuple[str, pa.Array]]:
+    """The metadata columns of a stored batch (``event_time`` only when a record has one)."""
+    cols = [
+        ("key_hash", pa.array(key_hash, pa.int32())),
+        ("source", pa.array(source, pa.int32())),
+        ("partition", pa.array(partition, pa.int32())),
+        ("origin", pa.array(origin, pa.uint64())),
+        ("origin_rec", pa.array(origin_rec, pa.uint64())),
+    ]
+    if _has_event_times(event_time):
+        cols.append(("event_time", pa.array(event_time, pa.int64())))
+    return cols
+
+
 def _meta_batch(meta: RecordMeta) -> pa.RecordBatch:
-    return pa.record_batch(
-        [
-            pa.array(meta.key_hash, pa.int32()),
-            pa.array(meta.source, pa.int32()),
-            pa.array(meta.partition, pa.int32()),
-            pa.array(meta.origin, pa.uint64()),
-            pa.array(meta.origin_rec, pa.uint64()),
-        ],
-        names=["key_hash", "source", "partition", "origin", "origin_rec"],
+    names, arrays = zip(
+        *_meta_columns(
+            meta.key_hash,
+            meta.source,
+            meta.partition,
+            meta.origin,
+            meta.origin_rec,
+            meta.event_time,
+        ),
+        strict=True,
     )
+    return pa.record_batch(list(arrays), names=list(names))
 
 
 class SQLiteStorage(Storage):
     """Durable records in one SQLite file (WAL mode): each persisted batch once, as Arrow IPC
-    blobs (the payload, and the rows' key hash, source, partition, origin and origin record
-    id), plus one narrow
+    blobs (the payload, and the rows' key hash, source, partition, origin, origin record id
+    and, when some have one, event time), plus one narrow
     row per record (source id, batch and row, attempt); each call is one transaction. A process
     killed at any moment loses nothing a call had returned for (``synchronous="NORMAL"``
     survives a killed process; ``"FULL"`` survives a power loss too). A batch's blobs are
@@ -1324,6 +1410,7 @@ class SQLiteStorage(Storage):
             cols["partition"][mine] = b.partition[r]
             cols["origin"][mine] = b.origin[r]
             cols["origin_rec"][mine] = b.origin_rec[r]
+            cols["event_time"][mine] = b.event_time[r]
         cols["attempt"] = a[:, 2].astype(np.int32)
         return RecordMeta(src=a[:, 0].view(np.uint64).copy(), **cols), locs
 

@@ -313,7 +313,7 @@ def test_a_file_of_batches_without_first_ids_is_read_and_compacted(tmp_path):
         _, meta = s.fetch(src[:10])
         assert meta.origin_rec.tolist() == [0] * 10  # unknown
         s.delete(src[10:])
-        s.compact()  # rewritten in the ft-3 layout
+        s.compact()  # rewritten in the current layout
         payload, meta = s.fetch(src[:10])
         assert payload.column("n").to_pylist() == list(range(10))
         assert meta.origin_rec.tolist() == [0] * 10
@@ -347,4 +347,4 @@ def test_an_older_sqlite_file_is_read_and_marked_for_compacted_batches(tmp_path)
         s.close()
     with closing(sqlite3.connect(path)) as db:  # code that knows only ft-1 now refuses the file
         (fmt,) = db.execute("SELECT value FROM xorack_meta WHERE key = 'format'").fetchone()
-    assert fmt == "xorack-ft-3"
+    assert fmt == "xorack-ft-4"
