@@ -50,7 +50,10 @@ def write_input(directory: str, files: int, lines: int) -> None:
         words = rng.integers(0, len(WORDS), size=(lines, 4))
         text = [" ".join(WORDS[w] for w in row[: 1 + i % 4]) for i, row in enumerate(words)]
         frame = pd.DataFrame({"id": f * lines + k, "ts": ts, "line": text})
-        frame.to_json(f"{directory}/part-{f:03d}.json", orient="records", lines=True)
+        path = f"{directory}/part-{f:03d}.json"
+        frame.to_json(path, orient="records", lines=True)
+        at = time.time() - 3600 + f  # a file source reads the oldest first: in file order
+        os.utime(path, (at, at))
 
 
 def _split(pdf: Any) -> Any:

@@ -36,6 +36,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import pandas as pd
 
@@ -193,9 +194,10 @@ def main_stream() -> None:
                     "text": [" ".join(sentence_words(i)) for i in sids],
                 }
             )
-            part.to_json(
-                os.path.join(inbox + ".tmp", f"part{k}.json"), orient="records", lines=True
-            )
+            path = os.path.join(inbox + ".tmp", f"part{k}.json")
+            part.to_json(path, orient="records", lines=True)
+            at = time.time() - 3600 + k  # read oldest first: one file per micro-batch, in order
+            os.utime(path, (at, at))
         os.rename(inbox + ".tmp", inbox)
     spark = get_or_create_session(app_name="xorack-resume-stream-test", shuffle_partitions=4)
 

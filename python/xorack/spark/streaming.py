@@ -275,7 +275,7 @@ class StreamingRun:
                         continue  # pending records not timed out yet
                     self._replay_round(self._last_batch + 1)  # the next micro-batch's number
                     self._retract_ended()
-                    self.windows.after_round()
+                    self.windows.after_round(data=False)
                     self.idle_rounds += 1
                     self._last_activity = time.monotonic()
                 except BaseException as exc:
@@ -371,7 +371,7 @@ class StreamingRun:
         for node in ctx.plan.python_sinks():
             if node.phase == 0:
                 retract(node, ended, self.report)
-        self.windows.after_round()  # nothing pending: the watermark is plain Spark's
+        self.windows.after_round(data=False)  # nothing pending: plain Spark's watermark
         ctx.dead_letters = ctx.fetch_dead_letters()
         self.report.fill(ctx.client.stats())
         if ctx.config.resume:
@@ -619,6 +619,7 @@ def check_stream_plan(ctx: RunContext, output_mode: str = "append") -> list[Aggr
 #: publication under way (a crash cut it short: taken back and done again).
 MARK_WATERMARK = "stream:watermark"
 MARK_SPARK = "stream:spark"
+MARK_EVICT = "stream:evict"
 MARK_MAX = "stream:max_event"
 MARK_EMIT = "stream:emitting"
 MARK_PUBLISH = "stream:publishing:"
@@ -653,6 +654,9 @@ class StreamState:
         self.ended: list[np.ndarray] = []  # attempts that ended without completing
         self.max_event_us: int | None = None  # the largest event time seen (fresh rows)
         self.spark_us = 0  # plain Spark's watermark (max event time - delay, in ms steps)
+        # what plain Spark closes windows by now: the watermark of the micro-batch before
+        # (Spark computes a watermark at the end of a micro-batch and uses it in the next)
+        self.evict_us = 0
         self.watermark_us = 0  # the watermark the windows close by (held back)
         self.emits = 0  # writes of closed windows
         self._workdir: str | None = None
@@ -692,6 +696,7 @@ class StreamState:
         marks = ctx.client.job_state()["marks"]
         self.watermark_us = int(marks.get(MARK_WATERMARK) or 0)
         self.spark_us = int(marks.get(MARK_SPARK) or 0)
+        self.evict_us = int(marks.get(MARK_EVICT) or 0)
         top = marks.get(MARK_MAX)
         self.max_event_us = int(top) if top else None
         adopt_staged(ctx, np.empty(0, np.uint64))
@@ -777,6 +782,7 @@ class StreamState:
         wm = self.ctx.plan.watermark
         if not self.windowed or wm is None:
             return
+        self.evict_us = self.spark_us
         col = F.col(f"`{wm.column}`").cast("timestamp")
         times = [df.select(col.alias("t")) for df in frames if wm.column in df.columns]
         if not times:
@@ -789,7 +795,13 @@ class StreamState:
         self.max_event_us = got if self.max_event_us is None else max(self.max_event_us, got)
         spark_us = (self.max_event_us // 1000 - wm.delay_us // 1000) * 1000
         self.spark_us = max(self.spark_us, spark_us)
-        self._note({MARK_SPARK: str(self.spark_us), MARK_MAX: str(self.max_event_us)})
+        self._note(
+            {
+                MARK_SPARK: str(self.spark_us),
+                MARK_EVICT: str(self.evict_us),
+                MARK_MAX: str(self.max_event_us),
+            }
+        )
 
     def _ended_frame(self) -> Any:
         ended = np.concatenate(self.ended) if self.ended else np.empty(0, np.uint64)
@@ -819,11 +831,16 @@ class StreamState:
             self._note({key: None})
             self.publishes += 1
 
-    def after_round(self) -> None:
-        """After a micro-batch or replay round (its ended attempts taken): publish what
-        settled, close the windows the watermark passed."""
+    def after_round(self, data: bool = True) -> None:
+        """After a micro-batch (``data``) or a replay round (its ended attempts taken):
+        publish what settled, close the windows the watermark passed. A replay round is, to
+        the watermark, a micro-batch without data: Spark's own, run when the watermark moved,
+        closes the windows by the latest watermark."""
         if not self.windowed and not self.native and not self.complete:
             return
+        if not data and self.evict_us != self.spark_us:
+            self.evict_us = self.spark_us
+            self._note({MARK_EVICT: str(self.evict_us)})
         stats = self.ctx.client.stats()
         self.publish(stats)
         self.emit(stats)
@@ -851,7 +868,7 @@ class StreamState:
         ctx = self.ctx
         if not self.windowed:
             return
-        hold = self.spark_us
+        hold = self.evict_us
         if stats.get("pending", 0):
             if "min_event_time" not in stats:  # an acker that cannot tell: wait
                 return

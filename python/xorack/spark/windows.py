@@ -186,6 +186,10 @@ class WindowSpec:
             out = live.groupBy(*groups).agg(*self.exprs)
         else:  # sessions merge the rows that are not late
             out = live.drop(WIN).groupBy(*self.groups).agg(*self.exprs)
+            # Spark's optimizer pushes a filter on the session's end below the merging of the
+            # sessions (onto each row's own [ts, ts + gap)), which would cut the sessions
+            # short: the sessions are materialized before they are filtered
+            out = out.localCheckpoint(eager=True)
         out = out.toDF(*self.names)
         end = f.col(q(self.window_name)).getField("end")
         return out.where((end > micros_literal(lo_us)) & (end <= micros_literal(hi_us)))
