@@ -44,6 +44,7 @@ from .protocol import (
     AUTH_HEADER,
     BIRTHS,
     DEFAULT_MAX_ROWS,
+    EVENT_TIME,
     FAIL_SCHEMA,
     JOB_HEADER,
     KEY_HASH,
@@ -388,17 +389,19 @@ class AckerClient:
         src_ids: Any = None,
         progress: tuple[int, int] | None = None,
         idempotent: bool = False,
+        event_time: Any = None,
     ) -> np.ndarray:
         """Persist ``batch`` (payload only) in the FT layer; returns its source ids (uint64).
 
         ``key_hash`` (int32 per row), ``births`` (uint64 per row: each record's first
         ``_ft_rec``), ``partition`` (one int, or int32 per row) and ``src_ids`` (uint64 per
         row, distinct and nonzero, when the caller draws the ids itself; else the acker draws
-        them) are optional; so are ``progress`` (``(partition, end)``) and ``idempotent``
-        (rows whose ``src_ids`` are already pending are left as they are): see
-        ``FTLayer.persist``.
+        them) are optional; so are ``progress`` (``(partition, end)``), ``idempotent``
+        (rows whose ``src_ids`` are already pending are left as they are) and ``event_time``
+        (int64 per row, sent as the column ``_ft_event_time``; the pending records' smallest
+        is ``stats()["min_event_time"]``): see ``FTLayer.persist``.
         """
-        a = check_persist_args(batch, key_hash, source, partition, births, src_ids)
+        a = check_persist_args(batch, key_hash, source, partition, births, src_ids, event_time)
         noted = check_progress(progress, a.batch.num_rows)
         if a.batch.num_rows == 0:
             return _EMPTY_IDS
@@ -408,6 +411,7 @@ class AckerClient:
             (BIRTHS, a.births, pa.uint64()),
             (SRC, a.src_ids, pa.uint64()),
             (PARTITION, a.partition, pa.int32()),
+            (EVENT_TIME, a.event_time, pa.int64()),
         ):
             if values is not None:
                 wire = wire.append_column(column, pa.array(values, kind))
@@ -591,16 +595,22 @@ def merge_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The stats of a sharded acker from its shards' stats: counters (ints) summed, nested
     dicts merged the same way (``replayed_by_source``, the service's ``calls``), latency
     percentiles the largest shard's (an upper bound: the shards' samples are not shipped),
-    anything else (names) the first shard's.
+    ``min_event_time`` the smallest of the shards that have one (None if none has), anything
+    else (names) the first shard's.
 
     >>> merge_stats([{"pending": 2, "latency_p50": 0.1, "replayed_by_source": {0: 1}},
     ...              {"pending": 3, "latency_p50": None, "replayed_by_source": {0: 2, 1: 1}}])
     {'pending': 5, 'latency_p50': 0.1, 'replayed_by_source': {0: 3, 1: 1}}
+    >>> merge_stats([{"min_event_time": 7}, {"min_event_time": None}, {"min_event_time": 5}])
+    {'min_event_time': 5}
     """
     out: dict[str, Any] = {}
     for key in dict.fromkeys(k for p in parts for k in p):
         values = [p[key] for p in parts if key in p]
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        if key in _MIN_STATS:
+            known = [v for v in values if v is not None]
+            out[key] = min(known) if known else None
+        elif all(isinstance(v, int) and not isinstance(v, bool) for v in values):
             out[key] = sum(values)
         elif all(isinstance(v, dict) for v in values):
             out[key] = merge_stats(values)
@@ -610,6 +620,10 @@ def merge_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
         else:
             out[key] = values[0]
     return out
+
+
+#: Stats merged over shards as their minimum (not summed): a time, not a counter.
+_MIN_STATS = frozenset({"min_event_time"})
 
 
 #: The default retry budget of a sharded client's calls (~16 s of waiting): longer than a
@@ -747,6 +761,7 @@ class ShardedAckerClient:
         src_ids: Any = None,
         progress: tuple[int, int] | None = None,
         idempotent: bool = False,
+        event_time: Any = None,
     ) -> np.ndarray:
         """Persist ``batch``: each row on the shard its source id belongs to (ids drawn here
         when not given); returns the source ids in row order (see ``AckerClient.persist``).
@@ -755,7 +770,7 @@ class ShardedAckerClient:
         if progress is not None:
             self.job_state()
 
-        a = check_persist_args(batch, key_hash, source, partition, births, src_ids)
+        a = check_persist_args(batch, key_hash, source, partition, births, src_ids, event_time)
         if idempotent and a.src_ids is None:
             raise ValueError("idempotent: give the src_ids (derived from the records)")
         n = a.batch.num_rows
@@ -776,6 +791,7 @@ class ShardedAckerClient:
                 births=pick(a.births),
                 src_ids=pick(src),
                 idempotent=idempotent,
+                event_time=pick(a.event_time),
             )
 
         self._run([part(k, rows) for k, rows in self._split(src)])

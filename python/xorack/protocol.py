@@ -5,12 +5,14 @@ checks of header values: no Flight, no FT layer.
 
 >>> from xorack.protocol import Op, PROTOCOL_VERSION, XOR_SCHEMA
 >>> Op.XOR.value, Op("expire_all").rpc, PROTOCOL_VERSION
-('xor', 'action', 5)
+('xor', 'action', 6)
 >>> XOR_SCHEMA.names
 ['_ft_src', '_ft_xor']
 
 Column names: the service takes ``_ft_src``, ``_ft_rec`` (birth values), ``_ft_key_hash``,
-``_ft_partition`` and ``_ft_xor``; a replay table (``take_replays``) has ``_ft_src``,
+``_ft_partition``, ``_ft_event_time`` (a persist's event times: int64 per row, an ordering key
+such as microseconds since the epoch; ``NO_EVENT_TIME``, the int64 minimum, for a row without
+one; absent: none) and ``_ft_xor``; a replay table (``take_replays``) has ``_ft_src``,
 ``_ft_rec``, ``_ft_key_hash``, ``_ft_attempt``, ``_ft_origin``, ``_ft_origin_rec`` (the record
 id its first attempt was born with), ``_ft_origin_partition`` (the partition it was first
 persisted from) and ``_ft_partition`` (the partition it is routed to); a dead-letter
@@ -48,6 +50,7 @@ __all__ = [
     "CONTROL_PREFIX",
     "DEFAULT_JOB",
     "DEFAULT_MAX_ROWS",
+    "EVENT_TIME",
     "FAIL_SCHEMA",
     "JOB_HEADER",
     "KEY_HASH",
@@ -72,14 +75,16 @@ __all__ = [
 
 #: Bumped when a change would make an older client or service misread a call. Clients send it
 #: in ``PROTOCOL_HEADER``; a service refuses a version it does not speak (absent: version 1).
-PROTOCOL_VERSION = 5  # 2: held completions, chunk events and release (an acker of version 1
+PROTOCOL_VERSION = 6  # 2: held completions, chunk events and release (an acker of version 1
 # would complete what a version-2 client asks it to hold); 3: persist's progress note and the
 # job_state action (resume after a driver crash: an older acker would drop the notes silently);
 # 4: persist's idempotent flag (an older acker would refuse a retried task's persist);
 # 5: a record's first id and original partition are FT-layer fields (the persisted births and
 # partition), sent with every replay as _ft_origin_rec / _ft_origin_partition instead of payload
 # columns the Spark source added; prepare_replays' "first_ids" is a flag (was a payload column
-# name) and take_replays has it too (an older acker would not give replays their first ids)
+# name) and take_replays has it too (an older acker would not give replays their first ids);
+# 6: persist's _ft_event_time column and stats' min_event_time (an older acker would refuse the
+# column, and answer no minimum: a watermark held back by nothing)
 
 
 class Op(str, Enum):
@@ -151,6 +156,7 @@ ATTEMPT = "_ft_attempt"  # a replay's attempt number (1 = the first)
 ORIGIN = "_ft_origin"  # a record's first source id
 ORIGIN_REC = "_ft_origin_rec"  # the record id its first attempt was born with (0 = unknown)
 ORIGIN_PARTITION = "_ft_origin_partition"  # the partition it was first persisted from (-1 unknown)
+EVENT_TIME = "_ft_event_time"  # a record's event time (int64; NO_EVENT_TIME = none)
 #: The event time of a record that has none (the int64 minimum: below every real one).
 NO_EVENT_TIME = -(2**63)
 
@@ -172,6 +178,7 @@ PERSIST_CONTROL = {
     BIRTHS: pa.uint64(),
     PARTITION: pa.int32(),
     SRC: pa.uint64(),
+    EVENT_TIME: pa.int64(),
 }
 #: The columns a replay table adds to the payload, in order, with their types.
 REPLAY_COLUMNS = {

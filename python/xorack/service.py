@@ -26,7 +26,8 @@ persist        DoPut       command ``{"op": "persist", "source", "partition", "r
                            "progress"?}``;
                            stream = payload columns + optional ``_ft_key_hash int32``,
                            ``_ft_rec uint64`` (birth values), ``_ft_partition int32``,
-                           ``_ft_src uint64`` (source ids the caller drew itself)
+                           ``_ft_src uint64`` (source ids the caller drew itself),
+                           ``_ft_event_time int64`` (event times)
                            → one metadata message: the new source ids (raw uint64 LE)
 xor            DoPut       ``{"op": "xor", "req", "hold"?, "chunk_bits"?}``; stream
                            ``_ft_src uint64, _ft_xor uint64`` → completed (or held) source ids
@@ -41,6 +42,7 @@ replays        DoGet       ticket ``{"op": "replays", "source", "partition", "re
                            ``_ft_partition``; the columns of ``protocol.REPLAY_COLUMNS``)
 dead_letters   DoGet       ticket ``{"op": "dead_letters", "source": k?}`` → the dead-letter table
 ping, stats    DoAction    body ``{}`` → ``b"pong"`` / JSON of ``FTLayer.stats()`` + service
+                           (``min_event_time``: the pending records' smallest event time)
 rotate,        DoAction    body ``{"req"}`` → expired / replayed source ids (raw uint64 LE)
 expire_all
 job_state      DoAction    body ``{"marks"?, "clear"?}`` → JSON ``{"progress", "marks"}``
@@ -116,6 +118,7 @@ from .protocol import (
     CONTROL_PREFIX,
     DEFAULT_JOB,
     DEFAULT_MAX_ROWS,
+    EVENT_TIME,
     FAIL_SCHEMA,
     JOB_HEADER,
     KEY_HASH,
@@ -151,7 +154,8 @@ log = logging.getLogger(__name__)
 
 _PERSIST_DOC = (
     "payload columns (names not starting with '_ft_') + optional _ft_key_hash: int32, "
-    "_ft_rec: uint64 (birth values), _ft_partition: int32, _ft_src: uint64 (caller-drawn ids)"
+    "_ft_rec: uint64 (birth values), _ft_partition: int32, _ft_src: uint64 (caller-drawn ids), "
+    "_ft_event_time: int64 (event times)"
 )
 _EMPTY_REPLAYS = pa.schema([pa.field(SRC, pa.uint64()), pa.field(PARTITION, pa.int32())])
 _EMPTY_IDS = np.empty(0, dtype=np.uint64)
@@ -962,7 +966,7 @@ class AckerService(flight.FlightServerBase):
             if partition is not None:
                 raise _RequestError("persist: give the partition in the command or as a column")
             partition = table.column(PARTITION).to_numpy()
-        for name in (KEY_HASH, PARTITION):
+        for name in (KEY_HASH, PARTITION, EVENT_TIME):
             if name in names and table.column(name).null_count:
                 raise _RequestError(f"persist: column {name} must not contain nulls")
         batch = table.select(payload_cols)  # chunk by chunk, never copied into one
@@ -979,6 +983,8 @@ class AckerService(flight.FlightServerBase):
             raise _RequestError(f"persist: 'idempotent' must be true or false, got {idempotent!r}")
         if idempotent:
             extra["idempotent"] = True
+        if EVENT_TIME in names:  # absent: no event times (and an FT layer of tests may lack it)
+            extra["event_time"] = table.column(EVENT_TIME).to_numpy()
         ids = ft.persist(
             batch,
             key_hash=key_hash,

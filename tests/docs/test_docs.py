@@ -16,6 +16,7 @@ MODULES = [
     "xorack.hashing",
     "xorack.replay",
     "xorack.storage",
+    "xorack.event_times",
     "xorack.ftlayer",
     "xorack.protocol",
     "xorack.client",

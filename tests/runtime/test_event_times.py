@@ -315,6 +315,38 @@ def test_the_callers_array_is_not_kept(make_ft):
     assert low(ft) == 10
 
 
+# ---------------------------------------------------------------- cost
+
+
+def test_a_job_without_event_times_keeps_nothing_for_them(make_ft):
+    ft = make_ft(num_buckets=1)
+    for k in range(5):
+        src = ft.persist(batch(1, 2, 3), births=[1, 2, 3])
+        ft.xor(src[:1], [1])
+        ft.fail(src[1:2])
+        ft.rotate()
+        for table in ft.take_replays(0).values():
+            ft.xor(table.column("_ft_src").to_pylist(), table.column("_ft_rec").to_pylist())
+        assert low(ft) is None, k
+    kept = ft._event_times
+    assert (kept._runs, kept._left, kept._entries) == ([], [], 0)  # never a note of a leave
+
+
+def test_a_minimum_held_by_a_straggler_is_read_without_a_pass(monkeypatch):
+    t = PendingEventTimes()
+    t.add(np.array([1, 2], U64), np.array([5, 50]))
+    t.add(np.array([3, 4], U64), np.array([60, 5]))  # a tie: 1 is known to hold the minimum
+    passes = []
+    prune = t._prune
+    monkeypatch.setattr(t, "_prune", lambda: passes.append(1) or prune())
+    t.discard(np.array([2, 3], U64))
+    assert (t.min(), passes) == (5, [])
+    t.discard(np.array([1], U64))  # a holder left: a pass finds the other one
+    assert (t.min(), passes) == (5, [1])
+    t.discard(np.array([4], U64))
+    assert (t.min(), passes) == (None, [1, 1])
+
+
 # ---------------------------------------------------------------- models
 
 

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
 from xorack import FTLayer
-from xorack.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION, REPLAY_COLUMNS, Op
+from xorack.protocol import (
+    EVENT_TIME,
+    NO_EVENT_TIME,
+    PERSIST_CONTROL,
+    PROTOCOL_HEADER,
+    PROTOCOL_VERSION,
+    REPLAY_COLUMNS,
+    Op,
+)
 from xorack.service import _ACTIONS, _GET_OPS, _PUT_OPS, AckerService
 
 
@@ -45,9 +54,18 @@ def test_a_client_of_another_protocol_version_is_refused():
                 headers=[(PROTOCOL_HEADER.encode(), str(PROTOCOL_VERSION).encode())]
             )
             assert list(raw.do_action(flight.Action("ping", b"{}"), options=current))
-            newer = flight.FlightCallOptions(headers=[(PROTOCOL_HEADER.encode(), b"99")])
-            with pytest.raises(flight.FlightError, match="protocol version '99'"):
-                list(raw.do_action(flight.Action("ping", b"{}"), options=newer))
+            for other in (b"99", b"5"):  # 5: before event times (a column it would refuse)
+                options = flight.FlightCallOptions(headers=[(PROTOCOL_HEADER.encode(), other)])
+                with pytest.raises(
+                    flight.FlightError, match=f"protocol version '{other.decode()}'"
+                ):
+                    list(raw.do_action(flight.Action("ping", b"{}"), options=options))
             assert ft.pending == 0
         finally:
             raw.close()
+
+
+def test_event_times_travel_as_an_int64_control_column():
+    assert PROTOCOL_VERSION == 6
+    assert (EVENT_TIME, PERSIST_CONTROL[EVENT_TIME]) == ("_ft_event_time", pa.int64())
+    assert np.iinfo(np.int64).min == NO_EVENT_TIME

@@ -20,7 +20,7 @@ import pyarrow.flight as flight
 import pytest
 
 from helpers.acker import FAST_RETRY, start_serve, words
-from xorack import FTLayer, ServiceError
+from xorack import NO_EVENT_TIME, FTLayer, ServiceError
 from xorack.service import (
     XOR_SCHEMA,
     AckerClient,
@@ -169,6 +169,10 @@ def test_client_rejects_bad_arguments_before_sending(client):
         client.persist(words(2), partition=np.array([0, 2**32], dtype=np.int64))
     with pytest.raises(ValueError, match="length mismatch"):
         client.persist(words(2), births=[1, 2, 3])
+    with pytest.raises(ValueError, match="event_time has 3 values but the batch has 2 rows"):
+        client.persist(words(2), event_time=[1, 2, 3])
+    with pytest.raises(TypeError, match=r"event_time must be int64 .*got float64"):
+        client.persist(words(2), event_time=np.array([1.0, 2.0]))
 
 
 def _raw_put(location: str, command: dict | bytes, batch: pa.RecordBatch):
@@ -209,6 +213,16 @@ def _raw_put(location: str, command: dict | bytes, batch: pa.RecordBatch):
             "unexpected control column '_ft_bogus'",
         ),
         ({"op": "persist"}, pa.record_batch({"_ft_rec": pa.array([1], pa.uint64())}), "no payload"),
+        (
+            {"op": "persist"},
+            pa.record_batch({"w": ["a"], "_ft_event_time": pa.array([1], pa.int32())}),
+            "_ft_event_time must be int64, got int32",
+        ),
+        (
+            {"op": "persist"},
+            pa.record_batch({"w": ["a", "b"], "_ft_event_time": pa.array([1, None], pa.int64())}),
+            "column _ft_event_time must not contain nulls",
+        ),
         ({"op": "persist", "source": "zero"}, words(1), "'source' must be an integer"),
         ({"op": "drop_table"}, words(1), "unknown put op 'drop_table'"),
         (b"\x00not json", words(1), "expected a JSON object with an 'op' key"),
@@ -741,3 +755,35 @@ def test_held_completions_and_chunk_events_over_the_wire(client, ft):
                 [pa.array([1], pa.uint64()), pa.array([1], pa.uint64())], schema=XOR_SCHEMA
             ),
         )
+
+
+def test_event_times_travel_with_a_persist_and_stats_answer_their_minimum(client, ft):
+    assert client.stats()["min_event_time"] is None
+    births = np.array([1, 2, 3], dtype=U64)
+    src = client.persist(words(3), births=births, event_time=[30, 10, 20])
+    assert ft.storage.lookup(src).event_time.tolist() == [30, 10, 20]
+    assert client.stats()["min_event_time"] == 10
+    (new,) = client.fail(src[1:2])
+    assert client.stats()["min_event_time"] == 10  # its replay keeps it
+    (table,) = client.take_replays(source=0).values()
+    assert ft.storage.lookup(np.array([new], dtype=U64)).event_time.tolist() == [10]
+    client.xor([new], table.column("_ft_rec").to_pylist())
+    assert client.stats()["min_event_time"] == 20
+    plain = client.persist(words(1), births=[4])  # no event time: no column on the wire
+    assert ft.storage.lookup(plain).event_time.tolist() == [NO_EVENT_TIME]
+    client.xor(src[[0, 2]], births[[0, 2]])
+    stats = client.stats()
+    assert (stats["min_event_time"], stats["pending"]) == (None, 1)
+
+
+def test_a_persist_sends_event_times_as_an_int64_column_only_when_given(client, monkeypatch):
+    sent = []
+    put = client._put
+    monkeypatch.setattr(
+        client, "_put", lambda op, cmd, table: sent.append(table) or put(op, cmd, table)
+    )
+    client.persist(words(2), event_time=5)
+    client.persist(words(2))
+    assert sent[0].schema.field("_ft_event_time").type == pa.int64()
+    assert sent[0].column("_ft_event_time").to_pylist() == [5, 5]
+    assert "_ft_event_time" not in sent[1].schema.names

@@ -4,6 +4,7 @@ restarted on its SQLite storage losing nothing, and no shard process outliving i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -89,6 +90,12 @@ def test_names_of_shard_storages_and_locations():
     for bad in ("3/3", "x/2", "1/0"):
         with pytest.raises(ValueError):
             Shard.parse(bad)
+
+
+def test_stats_merge_keeps_the_smallest_event_time_of_the_shards_that_have_one():
+    assert merge_stats([{"min_event_time": 9}, {"min_event_time": None}]) == {"min_event_time": 9}
+    assert merge_stats([{"min_event_time": 9}, {"min_event_time": -4}])["min_event_time"] == -4
+    assert merge_stats([{"min_event_time": None}] * 2) == {"min_event_time": None}
 
 
 def test_stats_merge_sums_counters_and_keeps_the_worst_latency():
@@ -450,3 +457,27 @@ def test_chunk_events_and_releases_on_shards_give_the_results_of_one():
     assert sharded == single
     assert single["replayed_x"] == list(range(16))  # chunks 0 and 1: collateral replays
     assert single["counters"]["completed"] == 80
+
+
+def test_a_sharded_client_answers_the_smallest_event_time_of_every_shard():
+    with contextlib.ExitStack() as stack:  # two shards in this process: embedded services
+        layers = [stack.enter_context(FTLayer(shard=(k, 2))) for k in range(2)]
+        locations = [stack.enter_context(AckerService.embedded(ft)).location for ft in layers]
+        client = stack.enter_context(ShardedAckerClient(",".join(locations), retry=FAST_RETRY))
+        client.check_shards()
+        n = 64
+        rec = draw_ids(n)
+        times = np.arange(100, 100 + n) * 7 % 101  # a permutation: every value once
+        src = client.persist(pa.record_batch({"x": np.arange(n)}), births=rec, event_time=times)
+        owner = shard_of(src, 2)
+        assert set(owner.tolist()) == {0, 1}
+        own = [ft.stats().min_event_time for ft in layers]
+        assert own == [int(times[owner == k].min()) for k in range(2)]
+        assert client.stats()["min_event_time"] == int(times.min())
+        order = np.argsort(times)
+        for done, i in enumerate(order, start=1):  # smallest first: the minimum follows
+            client.xor(src[i : i + 1], rec[i : i + 1])
+            left = times[order[done:]]
+            assert client.stats()["min_event_time"] == (int(left.min()) if len(left) else None)
+        stats = client.stats()
+        assert (stats["min_event_time"], stats["pending"]) == (None, 0)
