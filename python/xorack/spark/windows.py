@@ -19,10 +19,13 @@ watermark, so they cannot fall into a window that closes; a window whose end is 
 holds rows of completed records only — the rows of attempts that ended without completing are
 left out, a dead-lettered record's included — and is written once, final (append mode).
 
-A row is *late*, as in plain Spark, when its window ends at or below the watermark in force when
-it arrives (a session window: the row's own ``[ts, ts + gap)``): each staged row keeps that
+As in plain Spark, which computes a watermark at the end of each micro-batch and closes windows
+by it in the next one, a window closes one micro-batch after the watermark passed its end (a
+replay round counts as Spark's micro-batch without data: it closes them by the latest). A row is
+*late*, as in plain Spark, when its window ends at or below the watermark the windows last
+closed by (a session window: the row's own ``[ts, ts + gap)``): each staged row keeps that
 watermark (``_ft_wm``) and the late ones are left out. A replayed record is never late: the
-watermark waited for it. Without failures the watermark is plain Spark's.
+watermark waited for it. Without failures the windows and the late rows are plain Spark's.
 
 >>> delay_micros("10 seconds"), delay_micros("1 minute 30 seconds"), delay_micros("2 hours")
 (10000000, 90000000, 7200000000)
