@@ -118,12 +118,14 @@ def test_an_optimistic_round_falls_back_then_isolates(spark, tmp_path):
 
 
 def test_a_filter_and_a_generator_after_a_python_stage(spark, tmp_path):
-    """A raising filter condition after a Python stage (whose events reached the acker before
-    the round failed: the collateral replays start afresh) and a generator after it."""
+    """A raising filter condition and a raising generator argument (on another row, with
+    another error) after a Python stage, whose events reached the acker before the round
+    failed: the collateral replays start afresh, with no attempt used up."""
+    seven = F.when(F.col("id") == 7, F.raise_error(F.lit("seven"))).otherwise(F.col("a"))
 
     def build(t):
         t = t.where(F.col("a") / F.col("b") > 0)
-        return t.select("id", F.explode(F.array(F.col("k"), F.col("a"))).alias("e"))
+        return t.select("id", F.explode(F.array(F.col("k"), seven)).alias("e"))
 
     p = Pipeline(spark, max_attempts=1)  # an attempt used up by the abandoned round would show
     src = p.source(_input(spark), name="in")
@@ -131,8 +133,12 @@ def test_a_filter_and_a_generator_after_a_python_stage(spark, tmp_path):
     sink = SQLiteSink(os.path.join(tmp_path, "out.db"), "out")
     build(staged).sink(sink, name="out")
     report = p.run()
-    _assert_isolated(p, report, "DIVIDE_BY_ZERO")
-    plain = build(_input(spark).where(~F.col("id").isin(sorted(BAD))))
+    assert (report.lost, report.completed, report.dead_lettered) == (0, N - 4, 4)
+    dead = p.dead_letters().to_pandas().set_index("id")["_ft_reason"]
+    assert sorted(dead.index) == sorted({*BAD, 7})
+    assert all("[DIVIDE_BY_ZERO]" in dead[i] for i in BAD)
+    assert dead[7].startswith("native 'select': [USER_RAISED_EXCEPTION] seven")
+    plain = build(_input(spark).where(~F.col("id").isin(sorted({*BAD, 7}))))
     got = Counter(tuple(r) for r in sink.read()[["id", "e"]].itertuples(index=False, name=None))
     assert got == _rows(plain)
 
