@@ -154,11 +154,19 @@ def test_every_row_raising_stops_the_run(spark, tmp_path):
         p.run()
 
 
-def test_an_error_outside_the_guarded_expressions_stops_the_run(spark, tmp_path):
-    """A row error that guarding cannot reach (here in an untracked transform) stops the run
-    with NativeRowError after one guarded round: it never loops."""
+@pytest.mark.parametrize(
+    ("where", "says"),
+    [("transform", "raised again with the phase's row operations guarded"), ("input", "p.source")],
+)
+def test_an_error_outside_the_guarded_expressions_stops_the_run(spark, tmp_path, where, says):
+    """A row error that guarding cannot reach (an untracked transform's, or the source's own
+    input DataFrame's) stops the run with NativeRowError naming it, once: it never loops."""
     p = Pipeline(spark, max_attempts=3)
-    t = p.source(_input(spark), name="in").transform(KINDS["CAST_INVALID_INPUT"])
+    cast = KINDS["CAST_INVALID_INPUT"]
+    if where == "transform":
+        t = p.source(_input(spark), name="in").transform(cast)
+    else:
+        t = p.source(cast(_input(spark)), name="in")
     t.sink(SQLiteSink(os.path.join(tmp_path, "out.db"), "out"), name="out")
-    with pytest.raises(NativeRowError, match=r"CAST_INVALID_INPUT.*raised again"):
+    with pytest.raises(NativeRowError, match=rf"CAST_INVALID_INPUT.*{says}"):
         p.run()

@@ -223,9 +223,10 @@ class TrackedRounds:
         if phase in ctx.guarded:  # it raised with every row operation guarded
             raise NativeRowError(
                 f"phase {phase}: {error.message} — raised again with the phase's row operations "
-                "guarded: it comes from an expression xorack does not evaluate row by row (an "
-                "aggregate's, a sink's, a Python UDF's). Fix the data or the expression (a try_ "
-                "function), or filter the rows out before p.source()"
+                "guarded: it comes from an expression xorack does not evaluate row by row (in "
+                "the DataFrame given to p.source(), an aggregate, a transform, a Python UDF, a "
+                "sink). Fix the data or the expression (a try_ function), or filter the rows out "
+                "before p.source()"
             ) from exc
         log.warning(
             "phase %d round %d: a native expression raised on a row (%s): the round is "
@@ -268,13 +269,24 @@ class TrackedRounds:
         gone_ids = ids_frame(ctx.spark, gone)
         copies = 0
         for df in frames:
-            if gone_ids is None:
-                df.write.format("noop").mode("overwrite").save()
-                continue
-            rows = df.join(F.broadcast(gone_ids), SRC, "left_semi").select(SRC, REC).toArrow()
-            if rows.num_rows:
-                ctx.client.xor(u64(rows.column(SRC)), u64(rows.column(REC)))
-                copies += rows.num_rows
+            try:
+                if gone_ids is None:
+                    df.write.format("noop").mode("overwrite").save()
+                    continue
+                rows = df.join(F.broadcast(gone_ids), SRC, "left_semi").select(SRC, REC)
+                table = rows.toArrow()
+            except Exception as again:
+                if row_error(again) is None:
+                    raise
+                raise NativeRowError(
+                    f"phase {self.phase}: {error.message} — raised by the DataFrame given to "
+                    "p.source() itself (read again without the tracked operations): xorack "
+                    "isolates rows in its tracked operations only. Fix the data or the "
+                    "expression (a try_ function), or declare it on the tracked DataFrame"
+                ) from again
+            if table.num_rows:
+                ctx.client.xor(u64(table.column(SRC)), u64(table.column(REC)))
+                copies += table.num_rows
         return copies
 
     def _release(
