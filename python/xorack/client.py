@@ -564,11 +564,13 @@ class AckerClient:
             np.uint64
         )
 
-    def expire_all(self) -> np.ndarray:
-        """Time out every pending record now; returns the new source ids of their replays."""
-        return np.frombuffer(
-            self._action("expire_all", {"req": _request_id()}), dtype="<u8"
-        ).astype(np.uint64)
+    def expire_all(self, collateral: bool = False) -> np.ndarray:
+        """Time out every pending record now; returns the new source ids of their replays.
+        ``collateral``: no attempt used up (see :meth:`xorack.FTLayer.expire_all`)."""
+        body: dict[str, Any] = {"req": _request_id()}
+        if collateral:
+            body["collateral"] = True
+        return np.frombuffer(self._action("expire_all", body), dtype="<u8").astype(np.uint64)
 
     def take_ended(self) -> np.ndarray:
         """The source ids of attempts that ended without completing (failed, timed out or
@@ -929,9 +931,10 @@ class ShardedAckerClient:
         """One timeout rotation on every shard; the new ids of the replays."""
         return self._ids(self.broadcast("rotate"))
 
-    def expire_all(self) -> np.ndarray:
-        """Time out every pending record on every shard; the new ids of their replays."""
-        return self._ids(self.broadcast("expire_all"))
+    def expire_all(self, collateral: bool = False) -> np.ndarray:
+        """Time out every pending record on every shard; the new ids of their replays
+        (``collateral``: no attempt used up)."""
+        return self._ids(self.broadcast("expire_all", collateral=collateral))
 
     def take_ended(self) -> np.ndarray:
         """The ended attempts of every shard since the previous call (each id once)."""

@@ -79,6 +79,7 @@ TIMEOUT = "timeout"
 RECOVERED = "recovered: the FT layer stopped before the record completed"
 FAILED = "failed"
 COLLATERAL = "collateral: another record of its chunk did not complete"
+ABANDONED = "collateral: its round was abandoned (another record failed the whole Spark job)"
 #: The widest chunk ``xor(..., chunk_bits=)`` takes (65,536 ids: a chunk's ids are enumerated).
 MAX_CHUNK_BITS = 16
 
@@ -114,10 +115,11 @@ class FTStats:
     neither completed nor dead-lettered, including ``replays_waiting``, the replays not yet
     handed out by ``take_replays``; ``held``, the completions held until ``release``);
     ``collateral`` (held or chunked records replayed because another record of their chunk did
-    not complete: no attempt used up); ``duplicates`` (second copies of a source record — same
-    first id, persisted twice by a retried Spark task or a persist retried against a restarted
-    shard — that waited for the same replay round as the first: completed there instead of
-    replayed, and counted in ``completed`` too); ``repeats`` (rows of an ``idempotent``
+    not complete, or pending records of a round the run abandoned: no attempt used up);
+    ``duplicates`` (second copies of a source record — same first id, persisted twice by a
+    retried Spark task or a persist retried against a restarted shard — that waited for the
+    same replay round as the first: completed there instead of replayed, and counted in
+    ``completed`` too); ``repeats`` (rows of an ``idempotent``
     persist whose record was already pending: a retried Spark task's rows, kept once);
     ``rotations``; completion latency percentiles
     in seconds of the layer's clock (None before any completion; every record persisted or
@@ -760,15 +762,27 @@ class FTLayer:
             self._stats.rotations += 1
             return self._expire(self._wheel.rotate())
 
-    def expire_all(self) -> np.ndarray:
+    def expire_all(self, collateral: bool = False) -> np.ndarray:
         """Time out every pending record now (end of a batch round: nothing in flight can still
-        complete); replays waiting to be handed out are left alone. Returns the new ids."""
+        complete); replays waiting to be handed out are left alone. Returns the new ids.
+
+        ``collateral``: the round was abandoned by the run, not by its records (one row failed
+        the whole Spark job): each record is replayed with no attempt used up and counted in
+        ``collateral``, not ``timed_out`` (its checksum starts afresh, whatever events of the
+        abandoned round reached it).
+
+        >>> import pyarrow as pa
+        >>> ft = FTLayer(max_attempts=1)
+        >>> _ = ft.persist(pa.record_batch({"v": [1]}), births=[9])
+        >>> len(ft.expire_all(collateral=True)), ft.stats().dead_lettered, ft.stats().collateral
+        (1, 0, 1)
+        """
         self._check_open()
         with self._lock:
             self._retry_deletes()
             self._watch_orphans()
             expired = [self._wheel.rotate() for _ in range(self.num_buckets)]
-            return self._expire(np.concatenate(expired))
+            return self._expire(np.concatenate(expired), collateral=collateral)
 
     def take_replays(
         self, source: int = 0, partition: int | None = None, first_ids: bool = False
@@ -1289,8 +1303,9 @@ class FTLayer:
             self._registered -= len(meta)
             self._stats.dead_lettered += len(meta)
 
-    def _expire(self, expired: np.ndarray) -> np.ndarray:
-        """Ids whose timeout ran out: orphan entries are dropped and counted, records retried."""
+    def _expire(self, expired: np.ndarray, collateral: bool = False) -> np.ndarray:
+        """Ids whose timeout ran out: orphan entries are dropped and counted, records retried
+        (``collateral``: with no attempt used up, see :meth:`expire_all`)."""
         if not len(expired):
             return _EMPTY.copy()
         if len(self._orphan_watch):
@@ -1301,11 +1316,17 @@ class FTLayer:
                 expired = expired[~orphan]
         try:
             meta = self._storage.lookup(expired)
-            new = self._retry(meta, TIMEOUT)
+            if collateral:
+                new = self._retry(meta, ABANDONED, attempt=False)
+            else:
+                new = self._retry(meta, TIMEOUT)
         except BaseException:
             self._wheel.add(expired)  # not retried: they time out again at a later rotation
             raise
-        self._stats.timed_out += len(meta)
+        if collateral:
+            self._stats.collateral += len(meta)
+        else:
+            self._stats.timed_out += len(meta)
         return new
 
     def _complete(self, done: np.ndarray) -> None:

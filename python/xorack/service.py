@@ -43,8 +43,8 @@ replays        DoGet       ticket ``{"op": "replays", "source", "partition", "re
 dead_letters   DoGet       ticket ``{"op": "dead_letters", "source": k?}`` → the dead-letter table
 ping, stats    DoAction    body ``{}`` → ``b"pong"`` / JSON of ``FTLayer.stats()`` + service
                            (``min_event_time``: the pending records' smallest event time)
-rotate,        DoAction    body ``{"req"}`` → expired / replayed source ids (raw uint64 LE)
-expire_all
+rotate,        DoAction    body ``{"req"}`` (expire_all: ``"collateral"?``) → expired / replayed
+expire_all                 source ids (raw uint64 LE)
 job_state      DoAction    body ``{"marks"?, "clear"?}`` → JSON ``{"progress", "marks"}``
 =============  ==========  =============================================================
 
@@ -98,6 +98,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 import numpy as np
@@ -1100,6 +1101,8 @@ class AckerService(flight.FlightServerBase):
             fn = {"rotate": ft.rotate, "expire_all": ft.expire_all, "take_ended": ft.take_ended}[
                 kind
             ]
+            if kind == "expire_all" and body.get("collateral"):  # see FTLayer.expire_all
+                fn = partial(ft.expire_all, collateral=True)
             req = check_request_id(body.get("req"))
             ids = self.requests.run(
                 _req_key(job, req), lambda: np.asarray(fn(), dtype=np.uint64), op=kind

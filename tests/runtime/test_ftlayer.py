@@ -215,6 +215,20 @@ def test_expire_all_fails_every_pending_record(make_ft):
     assert len(ft.expire_all()) == 4
 
 
+def test_expire_all_collateral_uses_no_attempt(make_ft):
+    ft = make_ft(max_attempts=1)  # a timeout would dead-letter at once
+    src = ft.persist(batch(1, 2), births=[1, 2])
+    ft.xor(src[:1], [7])  # a partial event of an abandoned round: the replay starts afresh
+    assert len(ft.expire_all(collateral=True)) == 2
+    s = ft.stats()
+    assert (s.collateral, s.timed_out, s.dead_lettered, s.pending) == (2, 0, 0, 2)
+    assert sorted(ft.take_ended().tolist()) == sorted(src.tolist())
+    rep = replays(ft)
+    assert rep.column("_ft_attempt").to_pylist() == [1, 1]
+    ft.xor(rep.column("_ft_src").to_numpy(), rep.column("_ft_rec").to_numpy())
+    assert ft.stats().completed == 2  # the fresh checksums know nothing of the old event
+
+
 # ---------------------------------------------------------------- orphans, early events
 
 

@@ -110,6 +110,13 @@ def test_take_replays_of_one_partition_leaves_the_others(client, ft):
     assert sum(t.num_rows for t in mine.values()) + sum(t.num_rows for t in rest.values()) == 6
 
 
+def test_expire_all_collateral_uses_no_attempt(client, ft):
+    client.persist(words(2), births=[8, 9])
+    assert client.expire_all(collateral=True).size == 2
+    stats = client.stats()
+    assert (stats["collateral"], stats["timed_out"]) == (2, 0)  # replayed, no attempt used up
+
+
 def test_touch_rotate_expire_all_stats_dead_letters_ping(client, ft):
     assert client.ping() is True
     src = client.persist(words(3), births=[1, 2, 3])

@@ -225,6 +225,7 @@ def test_fallback_reasons_are_told_apart_from_blocking_ones():
     fell_back = {r for r in Reason if r.fell_back}
     assert fell_back == {
         Reason.ROW_FAILED,
+        Reason.NATIVE_ROW_ERROR,
         Reason.TASK_FAILED,
         Reason.METRICS_MISSING,
         Reason.UNBALANCED,

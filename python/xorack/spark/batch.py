@@ -125,7 +125,8 @@ class BatchRun:
                 ctx.client.job_state(marks={f"phase{phase}": "done"})
         if phase > 0:
             now = int(ctx.client.stats().get("persisted", 0))
-            self.derived_persisted += max(0, now - persisted_before)
+            again = ctx.reread.get(phase, 0)  # persisted twice (an abandoned first round)
+            self.derived_persisted += max(0, now - persisted_before - again)
 
     def _run_phase(
         self, phase: int, report: RunReport, on_round: Callable[[RoundInfo], None] | None
@@ -153,6 +154,7 @@ class BatchRun:
         report.fill(ctx.client.stats())
         ctx.client.release_replays()  # a standalone acker frees the last round's
         report.discount_derived(self.derived_persisted, self._derived_dead())
+        report.discount_reread(sum(ctx.reread.values()))
         report.add_optimistic(ctx.fast_records, ctx.fast_derived)
         if not ctx.config.resume and ctx.config.ackers == 1:
             with contextlib.suppress(ValueError):  # a sharded standalone acker

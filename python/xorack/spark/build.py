@@ -10,7 +10,7 @@ both. With FT off the same walk builds plain Spark's plan.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +25,9 @@ from .outputs import NativeSinkNode
 from .rows import Source, Transform, tagged_schema, with_pending
 from .stages import BRANCH, REC, SRC, StageRunner, Tee, i64, u64
 
+if TYPE_CHECKING:
+    from .row_errors import RowGuard
+
 
 @dataclass
 class RoundWork:
@@ -38,6 +41,9 @@ class RoundWork:
     plain_writes: list[tuple[NativeSinkNode, Any]] = field(default_factory=list)
     replays: int = 0
     observed: list[tuple[str, Any, Any]] = field(default_factory=list)  # transform, in, out
+    # reading the fresh input again tags every row with the ids it got this round (false:
+    # random ids, see TrackedRounds' abandoned rounds)
+    reproducible: bool = True
 
     def empty(self) -> bool:
         return not (self.summaries or self.staged or self.plain_writes)
@@ -45,12 +51,21 @@ class RoundWork:
 
 class RoundBuilder:
     """Builds a round over ``ctx``'s plan: ``fresh`` input per source index, and the replays
-    waiting in the FT layer when ``replays_wanted``."""
+    waiting in the FT layer when ``replays_wanted``; with ``guard``, the native row operations
+    evaluate their expressions so that a row on which one raises fails its record instead of
+    the task (:mod:`xorack.spark.row_errors`)."""
 
-    def __init__(self, ctx: RunContext, fresh: dict[int, Any], replays_wanted: bool) -> None:
+    def __init__(
+        self,
+        ctx: RunContext,
+        fresh: dict[int, Any],
+        replays_wanted: bool,
+        guard: RowGuard | None = None,
+    ) -> None:
         self.ctx = ctx
         self.fresh = fresh
         self.replays_wanted = replays_wanted
+        self.guard = guard
         self.work = RoundWork()
 
     def build(self) -> RoundWork:
@@ -158,6 +173,8 @@ class RoundBuilder:
                     )
                 else:
                     ordered = False
+            if not (cfg.deterministic_ids and ordered):
+                self.work.reproducible = False
             tagged = node.tagged(ctx, prepared, ordered)
         if not (ctx.ft and self.replays_wanted):
             return (with_pending(tagged) if ctx.ft and tagged is not None else tagged), 0

@@ -20,6 +20,7 @@ from .barrier import Staging
 
 if TYPE_CHECKING:
     from .plan import Plan
+    from .row_errors import RowGuard
     from .rows import Source
 
 
@@ -103,6 +104,11 @@ class RunContext:
         # rows are retracted with the ended attempts')
         self.lost_round_srcs: list[int] = []
         self.dead_letters: pa.Table | None = None  # the run's, once it ended
+        # phases whose row operations are guarded since a native expression raised on a row
+        # (xorack.spark.row_errors); records an abandoned first round had completed or ended
+        # and persisted again, by phase (counted once in the report)
+        self.guarded: dict[int, RowGuard] = {}
+        self.reread: dict[int, int] = {}
         self.ended = False  # the run is over (its dead letters are final)
         self._nodes: dict[int, NodeRun] = {}
 

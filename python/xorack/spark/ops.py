@@ -7,7 +7,10 @@ PySpark call. At declaration time the pipeline calls ``declare(proto)`` on an em
 payload (so a bad expression is an error where it is written, not in the middle of a run): the
 checks of the tracked translation and Spark's analysis of the plain operation, which gives the
 output's payload schema. The tracked translation (larger expressions, a slower analysis) is
-analyzed once, on the real frames of each round.
+analyzed once, on the real frames of each round. The operations with expressions (``Select``,
+``WithColumns``, ``Filter``) also have ``guarded(df, guard)``: the tracked translation in a
+phase where a native expression raised on a row, each raising row made a ghost whose record
+fails (:mod:`xorack.spark.row_errors`).
 
 >>> Filter("x > 1").describe()
 'filter(x > 1)'
@@ -353,17 +356,41 @@ class Select:
             return df.select(*self.cols)
         cols, gen = self._columns(payload_of(df))
         if gen is None:
-            key = tuple(payload_of(df))
-            names = self._names.get(key)
-            if names is None:  # (declare() asked it for the same payload)
-                names = self._names[key] = list(df.select(*cols).columns)
-            check_output_names("select", names)
+            names = self._output_names(df, cols)
             guarded = [
                 c if isinstance(c, str) else live_only(c).alias(n)
                 for c, n in zip(cols, names, strict=True)
             ]
             return df.select(*guarded, *LINEAGE)
         return self._generate(df, cols, *gen)
+
+    def guarded(self, df: Any, guard: Any) -> Any:
+        """The tracked translation with its expressions evaluated by ``guard`` (a
+        :class:`~xorack.spark.row_errors.NodeGuard`: a row on which one raises becomes a ghost
+        whose record is failed, instead of failing the task)."""
+        cols, gen = self._columns(payload_of(df))
+        if gen is not None:
+            return self._generate(df, cols, *gen, guard=guard)
+        exprs = [(f"_ft_v{i}", c) for i, c in enumerate(cols) if not isinstance(c, str)]
+        if not exprs:  # names only: nothing can raise
+            return self.apply(df, True)
+        names = self._output_names(df, cols)
+        step = guard.columns(df, exprs)
+        f = _f()
+        out = [
+            c if isinstance(c, str) else f.col(f"_ft_v{i}").alias(n)
+            for i, (c, n) in enumerate(zip(cols, names, strict=True))
+        ]
+        return step.select(*out, *LINEAGE)
+
+    def _output_names(self, df: Any, cols: list[Any]) -> list[str]:
+        """The names of the select's outputs over ``df``'s payload (asked of Spark once)."""
+        key = tuple(payload_of(df))
+        names = self._names.get(key)
+        if names is None:  # (declare() asked it for the same payload)
+            names = self._names[key] = list(df.select(*cols).columns)
+        check_output_names("select", names)
+        return names
 
     def _probe(self, df: Any, cols: list[Any], at: int, gen: _Generator) -> Any:
         """(the generator argument's type, the names of the columns before and after it), asked
@@ -380,7 +407,9 @@ class Select:
             self._probes[key] = probe
         return probe
 
-    def _generate(self, df: Any, cols: list[Any], at: int, gen: _Generator) -> Any:
+    def _generate(
+        self, df: Any, cols: list[Any], at: int, gen: _Generator, guard: Any = None
+    ) -> Any:
         from pyspark.sql.types import ArrayType, MapType, StructType
 
         before = [as_column(c) for c in cols[:at]]
@@ -412,12 +441,20 @@ class Select:
         # generator, measured slower than this in a word count: 1.17 s against 0.98 s)
         b = [f"_ft_b{i}" for i in range(len(before))]
         a = [f"_ft_a{i}" for i in range(len(after))]
-        step = df.select(
-            *[live_only(c).alias(n) for c, n in zip(before, b, strict=True)],
-            live_only(gen.argument).alias("_ft_arg"),
-            *[live_only(c).alias(n) for c, n in zip(after, a, strict=True)],
-            *LINEAGE,
-        )
+        if guard is None:
+            step = df.select(
+                *[live_only(c).alias(n) for c, n in zip(before, b, strict=True)],
+                live_only(gen.argument).alias("_ft_arg"),
+                *[live_only(c).alias(n) for c, n in zip(after, a, strict=True)],
+                *LINEAGE,
+            )
+        else:  # the same columns, a raising row turned into a ghost (its record failed)
+            exprs = [
+                *zip(b, before, strict=True),
+                ("_ft_arg", gen.argument),
+                *zip(a, after, strict=True),
+            ]
+            step = guard.columns(df, exprs).select(*b, "_ft_arg", *a, *LINEAGE)
         step = step.selectExpr(
             *b,
             f"posexplode_outer(_ft_arg) AS ({POS}, {', '.join(elements)})",
@@ -504,6 +541,22 @@ class WithColumns:
         new = [n for n, _ in self.mapping if n not in payload]
         return with_lineage_last(out, [*payload, *new])
 
+    def guarded(self, df: Any, guard: Any) -> Any:
+        """The tracked translation with its expressions evaluated by ``guard`` (see
+        :meth:`Select.guarded`)."""
+        payload = payload_of(df)
+        select = self._select(payload)
+        if select is not None:
+            return select.guarded(df, guard)
+        f = _f()
+        temp = [f"_ft_v{i}" for i in range(len(self.mapping))]
+        step = guard.columns(df, [(t, c) for t, (_, c) in zip(temp, self.mapping, strict=True)])
+        out = step.withColumns(
+            {n: f.col(t) for t, (n, _) in zip(temp, self.mapping, strict=True)}
+        ).drop(*temp)
+        new = [n for n, _ in self.mapping if n not in payload]
+        return with_lineage_last(out, [*payload, *new])
+
 
 @dataclass(frozen=True)
 class Renamed:
@@ -585,6 +638,14 @@ class Filter:
         lineage = drop_where("_ft_cond")
         keep = f"({KEEP} AND coalesce(_ft_cond, false))"
         return step.selectExpr(*ghost_payload(payload, keep), *lineage)
+
+    def guarded(self, df: Any, guard: Any) -> Any:
+        """The tracked translation with the condition evaluated by ``guard`` (see
+        :meth:`Select.guarded`)."""
+        cond = _f().expr(self.cond) if isinstance(self.cond, str) else _condition(self.cond)
+        step = guard.columns(df, [("_ft_cond", cond)])
+        keep = f"({KEEP} AND coalesce(_ft_cond, false))"
+        return step.selectExpr(*ghost_payload(payload_of(df), keep), *drop_where("_ft_cond"))
 
 
 # --------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from .guard import tally_param
 from .lineage import EVENT, KEEP, q
 from .outputs import Aggregate, Barrier, NativeSinkNode, PythonSinkNode, Sink, TrackedJoin
 from .report import PhaseNote, Reason, RunReport
+from .row_errors import RowGuard, row_error
 from .rows import PythonStage, Source, tagged_schema
 from .schema import empty_frame
 from .stages import ROUND_PROPERTY
@@ -403,11 +404,16 @@ class OptimisticRound:
                         job.summary = job.frame.collect()
                     else:
                         job.frame.write.mode("overwrite").parquet(job.path)
-        except Exception:
-            if abort is None or not os.path.exists(abort):
-                raise  # not a round this driver cancelled: a real error
-            first = optimistic.first_line(abort)
-            return Reason.ROW_FAILED, f"a row failed ({first}); the round was cancelled"
+        except Exception as exc:
+            if abort is not None and os.path.exists(abort):
+                first = optimistic.first_line(abort)
+                return Reason.ROW_FAILED, f"a row failed ({first}); the round was cancelled"
+            error = row_error(exc)
+            if error is None:
+                raise  # not a round this driver cancelled, nor a row's error: a real error
+            # its tracked rounds fail the raising rows alone
+            ctx.guarded[self.phase] = RowGuard(ctx.spark, error)
+            return Reason.NATIVE_ROW_ERROR, f"a native expression raised on a row: {error.message}"
         finally:
             ctx.optimistic_group = None
             sc.setLocalProperty("spark.jobGroup.id", previous[0])

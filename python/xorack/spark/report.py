@@ -62,6 +62,7 @@ class Reason(str, enum.Enum):
     TIME_WINDOW = "time_window"  # an aggregation by a time window (Spark's Expand)
     # the phase's optimistic round fell back
     ROW_FAILED = "row_failed"  # a Python stage failed a row (the round may have been cancelled)
+    NATIVE_ROW_ERROR = "native_row_error"  # a native expression raised on a row (a failed job)
     TASK_FAILED = "task_failed"  # a Spark task attempt failed or was retried
     METRICS_MISSING = "metrics_missing"  # Spark reported no metrics for an observation
     UNBALANCED = "unbalanced"  # the events do not cancel the births (a row lost or doubled)
@@ -75,6 +76,7 @@ class Reason(str, enum.Enum):
 _FALLBACKS = frozenset(
     {
         Reason.ROW_FAILED,
+        Reason.NATIVE_ROW_ERROR,
         Reason.TASK_FAILED,
         Reason.METRICS_MISSING,
         Reason.UNBALANCED,
@@ -147,6 +149,9 @@ class RunReport:
     tracked_phases: list[str] = field(default_factory=list)
     # the same, typed: phase -> why it ran tracked rounds (blocked, or fell back)
     phase_reasons: dict[int, Reason] = field(default_factory=dict)
+    # tracked rounds that a native expression raising on a row failed as a whole: their
+    # records were replayed (no attempt used up), the raising rows' records failed alone
+    abandoned_rounds: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The report as a dict whose first keys are :data:`REPORT_KEYS`, in that order."""
@@ -224,6 +229,13 @@ class RunReport:
         self.source_records -= persisted
         self.completed -= persisted - dead
         self.dead_lettered -= dead
+
+    def discount_reread(self, records: int) -> None:
+        """Records that an abandoned first round had completed (or ended) were persisted again
+        when the round's input was read again, and completed again: each counts once."""
+        if records and self.source_records is not None and self.completed is not None:
+            self.source_records -= records
+            self.completed -= records
 
 
 @dataclass(frozen=True)

@@ -176,7 +176,12 @@ class RowOperation(Node):
 
     def tracked(self, b: RoundBuilder, inputs: list[Any]) -> Any:
         df = self.reused(inputs)
-        return self.op.apply(inputs[0], b.ctx.ft) if df is None else df
+        if df is not None:
+            return df
+        guarded = getattr(self.op, "guarded", None)  # an operation with expressions
+        if b.guard is not None and guarded is not None:  # a row that raises fails its record
+            return guarded(inputs[0], b.guard.at(self.name, self.op))
+        return self.op.apply(inputs[0], b.ctx.ft)
 
     def optimistic(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
         return self.op.apply(inputs[0], True)

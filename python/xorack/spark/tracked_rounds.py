@@ -2,7 +2,9 @@
 until every record of the phase is completed or dead-lettered (bounded by ``max_attempts``).
 Each round is one Spark action over every sink written from Python, the staging of every
 barrier input and native sink, the events of the staged rows, a runaway check, then
-``expire_all`` (after the round nothing still pending can complete: it timed out).
+``expire_all`` (after the round nothing still pending can complete: it timed out). A round
+that a native expression fails on one row is abandoned: its records are replayed as collateral
+and the phase's later rounds are guarded (:mod:`xorack.spark.row_errors`).
 
 >>> # TrackedRounds(ctx, phase).run(report, ended, on_round)
 """
@@ -20,20 +22,29 @@ from .barrier import CHUNK, PartialStaging, ids_frame, send_staged_events
 from .build import RoundBuilder, RoundWork
 from .context import RunContext
 from .guard import FailureTally, RunawayFailure, tally_param
+from .ids import u64
+from .lineage import REC, SRC
 from .report import RoundInfo, RunReport
+from .row_errors import NativeRowError, RowError, RowGuard, row_error
 from .stages import ROUND_PROPERTY
 
 log = logging.getLogger(__name__)
 
 
-def run_summaries(frames: list[Any], report: RunReport) -> None:
-    """One Spark action over all Python sinks of a round; adds their summaries to ``report``."""
+def collect_summaries(frames: list[Any]) -> list[Any]:
+    """One Spark action over all Python sinks of a round: their summary rows."""
     if not frames:
-        return
+        return []
     summary = frames[0]
     for f in frames[1:]:
         summary = summary.unionByName(f)
-    report.add_summaries(summary.collect())
+    rows: list[Any] = summary.collect()
+    return rows
+
+
+def run_summaries(frames: list[Any], report: RunReport) -> None:
+    """One Spark action over all Python sinks of a round; adds their summaries to ``report``."""
+    report.add_summaries(collect_summaries(frames))
 
 
 def count_vanished(work: RoundWork, report: RunReport) -> None:
@@ -60,7 +71,8 @@ def replays_waiting(stats: dict[str, Any]) -> bool:
 
 class TrackedRounds:
     """The rounds of one phase with per-record acking (FT on), or its one plain round (FT
-    off)."""
+    off). A round that fails because a native expression raised on a row is abandoned and the
+    phase goes on guarded (:mod:`xorack.spark.row_errors`)."""
 
     def __init__(self, ctx: RunContext, phase: int) -> None:
         self.ctx = ctx
@@ -74,14 +86,19 @@ class TrackedRounds:
     ) -> None:
         ctx, cfg, phase = self.ctx, self.ctx.config, self.phase
         sc = ctx.spark.sparkContext
-        max_rounds = cfg.max_attempts + 1 if ctx.ft else 1
+        rounds = cfg.max_attempts + 2 if ctx.ft else 1  # an abandoned round adds one
         guard = FailureTally(cfg.runaway_share)
-        for round_no in range(max_rounds + 1):
+        # what the acker counted before the phase (an abandoned first round's completions)
+        before = ctx.client.stats() if ctx.ft and phase not in ctx.guarded else {}
+        round_no = abandoned = 0
+        while round_no < rounds:
             ctx.round = round_no
             # the first round of a phase that combines aggregates draws its ids in chunks
             partial_round = ctx.ft and round_no == 0 and phase in ctx.partial_phases
             ctx.chunk_bits = cfg.chunk_bits if partial_round else 0
-            sc.setLocalProperty(ROUND_PROPERTY, str(round_no))
+            # current_round(): the records of round r are on attempt r + 1 (an abandoned
+            # round's are replayed on the same attempt)
+            sc.setLocalProperty(ROUND_PROPERTY, str(round_no - abandoned))
             ctx.tally = sc.accumulator({}, tally_param()) if ctx.ft else None
             fresh = {}
             if round_no == 0:
@@ -89,18 +106,27 @@ class TrackedRounds:
                     df = ctx.source_input(s)
                     if s.phase == phase and df is not None and not ctx.plan.direct(s):
                         fresh[s.index] = df
-            work = RoundBuilder(ctx, fresh, replays_wanted=round_no > 0).build()
-            if work.empty() and (round_no > 0 or phase > 0):
-                break  # nothing left to replay, or a phase whose barriers feed native sinks only
-            run_summaries(work.summaries, report)
-            for node, df in work.plain_writes:
-                rows = node.sink.write(df)
-                if rows is not None:  # a sink that cannot count what it wrote is not asked
-                    report.sink_rows[node.name] = report.sink_rows.get(node.name, 0) + int(rows)
+            rows = ctx.guarded.get(phase)
+            try:
+                work = RoundBuilder(ctx, fresh, replays_wanted=round_no > 0, guard=rows).build()
+                if work.empty() and (round_no > 0 or phase > 0):
+                    break  # nothing left to replay, or a phase whose barriers feed native sinks
+                summaries, staged = self._write(work, round_no, report)
+            except Exception as exc:
+                error = row_error(exc) if ctx.ft else None
+                if error is None:
+                    raise
+                self._abandon(error, exc, fresh, before, ended)
+                report.abandoned_rounds += 1
+                abandoned += 1
+                rounds += 1
+                round_no += 1
+                continue
+            report.add_summaries(summaries)
             report.rounds += 1
-            if not ctx.ft:
-                break
-            partial = self._stage(work, round_no)
+            if staged is None:
+                break  # FT off: one plain round
+            partial = self._send_staged(*staged)
             count_vanished(work, report)
             runaway = guard.add_round(dict(ctx.tally.value))
             if runaway is not None:
@@ -120,19 +146,51 @@ class TrackedRounds:
                 on_round(RoundInfo(round_no, work.replays, stats))
             if not stats.get("pending", 0) and not replays_waiting(stats):
                 break
+            round_no += 1
 
-    def _stage(self, work: RoundWork, round_no: int) -> list[tuple[PartialStaging, str]]:
-        """Write the round's staged frames, then send the events of their rows (held: a
-        record completes only once the round is released)."""
+    def _write(
+        self, work: RoundWork, round_no: int, report: RunReport
+    ) -> tuple[list[Any], tuple[list[str], list[tuple[PartialStaging, str]]] | None]:
+        """The round's Spark actions: the Python sinks' summaries, the plain writes (FT off),
+        the staged frames (FT on: see :meth:`_write_staged`); in a guarded phase, then, the
+        records of the rows that raised are failed (before the staged events are sent: their
+        chunk-mates can complete)."""
         ctx = self.ctx
-        bits = ctx.chunk_bits
+        summaries = collect_summaries(work.summaries)
+        for node, df in work.plain_writes:
+            written = node.sink.write(df)
+            if written is not None:  # a sink that cannot count what it wrote is not asked
+                report.sink_rows[node.name] = report.sink_rows.get(node.name, 0) + int(written)
+        if not ctx.ft:
+            return summaries, None
+        staged = self._write_staged(work, round_no)
+        rows = ctx.guarded.get(self.phase)
+        if rows is not None:
+            rows.settle(ctx.client, ctx.tally)
+        return summaries, staged
+
+    def _write_staged(
+        self, work: RoundWork, round_no: int
+    ) -> tuple[list[str], list[tuple[PartialStaging, str]]]:
+        """Write the round's staged frames: the paths of the staged rows and of the partial
+        aggregates."""
+        ctx = self.ctx
         tag = f"{ctx.run_tag}p{self.phase:03d}-r{round_no:03d}"  # name order = write order
         paths, partial = [], []
         for st, df in work.staged:
             if isinstance(st, PartialStaging):
-                partial.append((st, st.write_partial(df, tag, bits)))
+                partial.append((st, st.write_partial(df, tag, ctx.chunk_bits)))
             else:
                 paths.append(st.write(df, tag))
+        return paths, partial
+
+    def _send_staged(
+        self, paths: list[str], partial: list[tuple[PartialStaging, str]]
+    ) -> list[tuple[PartialStaging, str]]:
+        """Send the events of the staged rows (held: a record completes only once the round
+        is released)."""
+        ctx = self.ctx
+        bits = ctx.chunk_bits
         assert ctx.location is not None  # set by the run with FT on
         send_staged_events(
             ctx.spark,
@@ -146,6 +204,90 @@ class TrackedRounds:
             chunk_bits=bits if partial else 0,
         )
         return partial
+
+    def _abandon(
+        self,
+        error: RowError,
+        exc: BaseException,
+        fresh: dict[int, Any],
+        before: dict[str, Any],
+        ended: list[np.ndarray],
+    ) -> None:
+        """A round that a native expression failed on a row: its records come back as
+        collateral replays (no attempt used up, checksums afresh), and the phase's next rounds
+        are guarded. A first round persists its input first (its records are not all
+        persisted: Spark stopped the job at the row); the records it had completed or ended
+        are persisted again there (those it ended are completed at once, unprocessed: their
+        replays are waiting; those it completed are replayed, and counted once)."""
+        ctx, phase = self.ctx, self.phase
+        if phase in ctx.guarded:  # it raised with every row operation guarded
+            raise NativeRowError(
+                f"phase {phase}: {error.message} — raised again with the phase's row operations "
+                "guarded: it comes from an expression xorack does not evaluate row by row (in "
+                "the DataFrame given to p.source(), an aggregate, a transform, a Python UDF, a "
+                "sink). Fix the data or the expression (a try_ function), or filter the rows out "
+                "before p.source()"
+            ) from exc
+        log.warning(
+            "phase %d round %d: a native expression raised on a row (%s): the round is "
+            "abandoned (its records replayed, no attempt used up) and the phase goes on with "
+            "its row operations guarded",
+            phase,
+            ctx.round,
+            error.message,
+        )
+        ctx.guarded[phase] = RowGuard(ctx.spark, error)
+        gone = ctx.client.take_ended()  # attempts the round ended (failed by a stage, a sink)
+        ended.append(gone)
+        if fresh:
+            completed = int(ctx.client.stats().get("completed", 0))
+            persisted_again = completed - int(before.get("completed", 0))
+            persisted_again += self._persist_input(fresh, gone, error, exc)
+            ctx.reread[phase] = ctx.reread.get(phase, 0) + persisted_again
+        ctx.client.expire_all(collateral=True)
+        ended.append(ctx.client.take_ended())
+
+    def _persist_input(
+        self, fresh: dict[int, Any], gone: np.ndarray, error: RowError, exc: BaseException
+    ) -> int:
+        """Persist every record of a first round's ``fresh`` input (the source taggers alone,
+        one Spark job per source: the records the round had persisted keep their ids and are
+        left as they are). The copies of the ``gone`` attempts (failed by the round: their
+        replays wait already) are completed at once; returns how many."""
+        from pyspark.sql import functions as F
+
+        ctx = self.ctx
+        builder = RoundBuilder(ctx, fresh, replays_wanted=False)
+        frames = [builder.source(s) for s in ctx.plan.sources if s.index in fresh]
+        if not builder.work.reproducible:
+            raise NativeRowError(
+                f"phase {self.phase}: {error.message} — isolating the row reads the input "
+                "again, which must give every record the ids it got the first time: run with "
+                "deterministic_ids=True (a source whose shuffled rows have a map column cannot "
+                "be read in the same order: drop or convert the map column before p.source())"
+            ) from exc
+        gone_ids = ids_frame(ctx.spark, gone)
+        copies = 0
+        for df in frames:
+            try:
+                if gone_ids is None:
+                    df.write.format("noop").mode("overwrite").save()
+                    continue
+                rows = df.join(F.broadcast(gone_ids), SRC, "left_semi").select(SRC, REC)
+                table = rows.toArrow()
+            except Exception as again:
+                if row_error(again) is None:
+                    raise
+                raise NativeRowError(
+                    f"phase {self.phase}: {error.message} — raised by the DataFrame given to "
+                    "p.source() itself (read again without the tracked operations): xorack "
+                    "isolates rows in its tracked operations only. Fix the data or the "
+                    "expression (a try_ function), or declare it on the tracked DataFrame"
+                ) from again
+            if table.num_rows:
+                ctx.client.xor(u64(table.column(SRC)), u64(table.column(REC)))
+                copies += table.num_rows
+        return copies
 
     def _release(
         self, ended_now: np.ndarray, partial: list[tuple[PartialStaging, str]]
@@ -167,4 +309,10 @@ class TrackedRounds:
         return np.concatenate([ended_now, collateral])
 
 
-__all__ = ["TrackedRounds", "count_vanished", "replays_waiting", "run_summaries"]
+__all__ = [
+    "TrackedRounds",
+    "collect_summaries",
+    "count_vanished",
+    "replays_waiting",
+    "run_summaries",
+]
