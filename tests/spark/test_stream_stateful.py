@@ -211,7 +211,7 @@ def test_windows_equal_plain_structured_streaming_under_failures(
     assert report.lost == 0
     assert report.replayed > 0
     assert report.sink_rows["windows"] == len(want)
-    assert (run.windows.compactions > 0) == (window is not _session)
+    assert run.windows.compactions > 0  # a session's rows leave once it is written
 
 
 def test_late_rows_are_dropped_as_plain_spark_drops_them(spark, tmp_path):

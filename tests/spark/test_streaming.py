@@ -234,9 +234,7 @@ def test_streaming_refuses_barriers_with_ft_on_and_off(spark, tmp_path, ft):
     words = p.source(_stream(spark, tmp_path), name="files", partitions=2)
     counts = words.groupBy("word").agg(F.count("*").alias("n"))
     counts.sink(SQLiteSink(str(tmp_path / "counts.db"), "counts"), name="counts")
-    with pytest.raises(
-        ValueError, match=r"without a time window \(\['aggregate'\]\)"
-    ):
+    with pytest.raises(ValueError, match=r"without a time window \(\['aggregate'\]\)"):
         p.start_stream(available_now=True)
 
 

@@ -323,23 +323,28 @@ class PlanBuilder:
         delay_us = delay_micros(delay)
         self.analyze("withWatermark", lambda: self.prototype(node).withWatermark(column, delay))
         kind = node.schema[column].dataType
-        if not isinstance(kind, (TimestampType, TimestampNTZType)):
+        if isinstance(kind, TimestampNTZType):
+            raise ops.TrackedOperationError(
+                f"withWatermark: {column!r} is timestamp_ntz; give a timestamp (with the session "
+                "time zone): F.col(c).cast('timestamp'), on the input DataFrame"
+            )
+        if not isinstance(kind, TimestampType):
             raise ops.TrackedOperationError(
                 f"withWatermark: {column!r} is {kind.simpleString()}, not a timestamp; cast it "
                 "first (F.col(c).cast('timestamp')), on the input DataFrame"
             )
-        roots = [s for s in self.sources if s.df is not None and s.df.isStreaming]
-        roots = roots or [s for s in self.sources if s.derived is None]
-        if not any(column in s.columns for s in roots):
+        if not isinstance(node, Source) or node.derived is not None:
             raise ops.TrackedOperationError(
-                f"withWatermark: {column!r} is not a column of the source; the event time must "
-                "be the source records' own (the FT layer keeps it with each record)"
+                "withWatermark: declare it on the source itself (p.source(df, ...)"
+                ".withWatermark(column, delay)): the event time must be the source records' own "
+                "(the FT layer keeps it with each record), as every row of the source sees it"
             )
-        wm = Watermark(column, str(delay), delay_us)
+        wm = Watermark(column, str(delay), delay_us, node.name)
         if self._watermark is not None and self._watermark != wm:
             raise ops.TrackedOperationError(
-                f"withWatermark: this pipeline already has {self._watermark.column!r} "
-                f"{self._watermark.delay!r}; one watermark per pipeline"
+                f"withWatermark: this pipeline already has one ({self._watermark.column!r} "
+                f"{self._watermark.delay!r} on {self._watermark.source!r}); one watermark per "
+                "pipeline (Spark would combine several by their minimum: not supported)"
             )
         self._watermark = wm
 

@@ -295,6 +295,7 @@ class PandasStage(PythonStage):
             columns=self.columns,
             bisect=True,
             single_record_groups=False,
+            event_time=ctx.event_time,
             **self.runner_settings(ctx, round_xor, born),
         )
         schema = tagged_schema(self, ctx.ft, round_xor is not None)
@@ -332,6 +333,7 @@ class GroupStage(PythonStage):
             columns=self.columns,
             bisect=False,
             single_record_groups=True,
+            event_time=ctx.event_time,
             **self.runner_settings(ctx, round_xor, born),
         )
         grouped = self.input_frame(ctx, df).groupBy(*self.keys)

@@ -494,6 +494,9 @@ class StageRunner:
     # an optimistic round whose source rows come in untagged: (the accumulator counting them,
     # their attempt id); the runner draws their ids (see born_ids)
     born: Any = None
+    # a stream's watermark column: each output row must keep its input row's value (the FT
+    # layer holds the watermark back by the source records' own event times)
+    event_time: str | None = None
 
     def __call__(self, pdfs: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         if not self.ft:
@@ -572,6 +575,8 @@ class StageRunner:
         except (TypeError, ValueError) as exc:  # LineageError included; TypeError: bad dtype
             raise LineageError(f"stage {self.name!r}: {exc}") from exc
 
+        if self.event_time is not None:
+            check_event_time(self.name, self.event_time, pdf, out, parent)
         kept, out_src, out_rec = anchor_outputs(
             self.name, in_src, in_rec, parent, failures, client, self.deterministic
         )
@@ -581,6 +586,25 @@ class StageRunner:
             return None
         # an optimistic round's rows carry no attempt id out (the pipeline adds a constant)
         return with_lineage(out, self.columns, out_src if self.round_xor is None else None, out_rec)
+
+
+def check_event_time(
+    name: str, column: str, pdf: pd.DataFrame, out: pd.DataFrame, parent: np.ndarray
+) -> None:
+    """A stage before a windowed aggregation must hand each output row its input row's event
+    time: the watermark is held back by the source records' own times, so a changed time could
+    put a pending record's rows into a window that closes without them."""
+    if column not in pdf.columns or column not in out.columns or not len(out):
+        return
+    before = pd.Series(pdf[column].to_numpy()[parent])
+    after = pd.Series(out[column].to_numpy())
+    same = (before == after) | (before.isna() & after.isna())
+    if not bool(same.all()):
+        raise StageSchemaError(
+            f"stage {name!r} changed the event-time column {column!r} of {int((~same).sum())} "
+            "row(s): a windowed aggregation after a watermark needs every row's own event time "
+            "(its source record's); compute a new time under another name"
+        )
 
 
 @dataclass(frozen=True)

@@ -572,6 +572,8 @@ def check_stream_plan(ctx: RunContext, output_mode: str = "append") -> list[Aggr
                 f"start_stream: {agg.name!r} aggregates the output of another aggregation; "
                 "one aggregation per branch of a stream"
             )
+        if isinstance(agg, WindowAggregate) and output_mode == "append":
+            check_event_time_path(agg, plan.watermark)
         out = plan.derived_source(agg)
         readers = plan.readers(out)
         if not readers or not all(isinstance(r, Sink) for r in readers):
@@ -626,6 +628,65 @@ MARK_PUBLISH = "stream:publishing:"
 MARK_COMPACTED = "stream:compacted:"
 #: Staged directories of a windowed aggregation that make it rewrite them as one.
 COMPACT_AFTER = 16
+
+
+def _upstream(node: Any) -> list[Any]:
+    """The nodes whose rows reach ``node`` (parents first, each once)."""
+    seen: dict[int, Any] = {}
+    stack = list(node.parents)
+    while stack:
+        n = stack.pop()
+        if id(n) not in seen:
+            seen[id(n)] = n
+            stack.extend(n.parents)
+    return list(seen.values())
+
+
+def _output_id(df: Any, column: str) -> int | None:
+    """The expression id of ``column`` in ``df``'s analyzed plan (None: not there)."""
+    out = df._jdf.queryExecution().analyzed().output()
+    for i in range(out.size()):
+        attr = out.apply(i)
+        if attr.name() == column:
+            return int(attr.exprId().id())
+    return None
+
+
+def check_event_time_path(agg: WindowAggregate, wm: Any) -> None:
+    """The watermark holds the windows back by the source records' own event times, so every
+    row reaching ``agg`` must come from the watermark's source, its time column unchanged:
+    native operations pass it through (the same attribute in Spark's analyzed plan), a pandas
+    stage is checked per row as it runs; anything else is refused here."""
+    from .rows import ArrowStage, RowOperation, Transform
+
+    column = agg.spec.time
+    nodes = _upstream(agg)
+    nodes.sort(key=lambda n: not isinstance(n, Source))  # the sources first
+    for node in nodes:
+        if isinstance(node, Source):
+            if node.name != wm.source:
+                raise ValueError(
+                    f"start_stream: rows of source {node.name!r} reach {agg.name!r}, but the "
+                    f"watermark is on {wm.source!r}: a record without the event time would not "
+                    "hold the windows back; give the windowed aggregation the watermark's source"
+                )
+        elif isinstance(node, RowOperation) and node.proto is not None and node.analyzed_from:
+            try:
+                same = _output_id(node.proto, column) == _output_id(node.analyzed_from[0], column)
+            except Exception:  # not a classic DataFrame: cannot tell
+                same = False
+            if not same and column in node.columns:
+                raise ValueError(
+                    f"start_stream: {node.describe()} changes the event-time column "
+                    f"{column!r} before {agg.name!r}; the windows need every row's own event "
+                    "time (its source record's): compute a new time under another name"
+                )
+        elif isinstance(node, (ArrowStage, Transform)) and column in node.columns:
+            raise ValueError(
+                f"start_stream: {node.label} {node.name!r} hands on the event-time column "
+                f"{column!r} before {agg.name!r} unchecked; use map_in_pandas (each row's time "
+                "is checked as it runs) or a native operation"
+            )
 
 
 class StreamState:
@@ -704,6 +765,9 @@ class StreamState:
             last = marks.get(MARK_COMPACTED + agg.name)
             (staging,) = ctx.of(agg).staging
             assert isinstance(staging, WindowStaging)
+            if last and os.path.isdir(os.path.join(staging.root, "_" + last)):
+                path = staging.commit(os.path.join(staging.root, "_" + last))  # cut short
+                staging.paths = sorted([*staging.paths, path], key=os.path.basename)
             kept = [p for p in staging.paths if os.path.basename(p) == last]
             if last and kept:
                 staging.drop_before(kept[0])
@@ -879,6 +943,7 @@ class StreamState:
         if new <= self.watermark_us:
             return
         ended_df = self._ended_frame()
+        evicted: dict[str, Any] = {}  # the sessions written, whose rows leave the staging
         self._note({MARK_EMIT: str(new)})
         for agg in self.windowed:
             (staging,) = ctx.of(agg).staging
@@ -888,12 +953,14 @@ class StreamState:
             for node in ctx.plan.readers(ctx.plan.derived_source(agg)):
                 written = write_emitted(node, out, name=f"w{new}")
                 self.report.sink_rows[node.name] = self.report.sink_rows.get(node.name, 0) + written
+            if agg.spec.kind == "session_window":
+                evicted[agg.name] = out
         self.watermark_us = new
         self._note({MARK_WATERMARK: str(new), MARK_EMIT: None})
         self.emits += 1
-        self._compact(ended_df)
+        self._compact(ended_df, evicted)
 
-    def _compact(self, ended_df: Any) -> None:
+    def _compact(self, ended_df: Any, evicted: dict[str, Any]) -> None:
         """Keep the state of a long stream bounded: once an aggregation by a time window has
         staged ``COMPACT_AFTER`` directories, they are rewritten as one without the rows whose
         windows have all closed (a session window keeps its rows: a session can grow as long
@@ -903,13 +970,19 @@ class StreamState:
             horizon = horizon_of(agg.spec)
             (staging,) = ctx.of(agg).staging
             assert isinstance(staging, WindowStaging)
-            if horizon is None or len(staging.paths) < COMPACT_AFTER:
+            written = evicted.get(agg.name)
+            if written is None and (horizon is None or len(staging.paths) < COMPACT_AFTER):
                 continue
             self._tags += 1
             name = f"{ctx.run_tag}{self._tags:07d}-compacted"
-            path = staging.compact(ctx.spark, ended_df, self.watermark_us, horizon, name)
-            self._note({MARK_COMPACTED + agg.name: os.path.basename(path)})
-            staging.drop_before(path)  # a crash before this: the restart drops them
+            if written is not None:  # the rows of the sessions written leave at once
+                sessions = agg.spec.session_rows(written)
+                hidden = staging.evict(ctx.spark, ended_df, sessions, agg.spec.keys, name)
+            else:
+                assert horizon is not None
+                hidden = staging.compact(ctx.spark, ended_df, self.watermark_us, horizon, name)
+            self._note({MARK_COMPACTED + agg.name: name})  # then a restart commits it
+            staging.drop_before(staging.commit(hidden))
             self.compactions += 1
 
 

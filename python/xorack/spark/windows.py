@@ -106,6 +106,7 @@ class Watermark:
     column: str
     delay: str
     delay_us: int
+    source: str = ""  # the source it is declared on
 
 
 _WINDOW_REPR = re.compile(r"^Column<'(window|session_window)\((`(?:[^`]|``)+`|[^,()]+), ")
@@ -197,6 +198,18 @@ class WindowSpec:
         end = f.col(q(self.window_name)).getField("end")
         return out.where((end > micros_literal(lo_us)) & (end <= micros_literal(hi_us)))
 
+    def session_rows(self, emitted: Any) -> Any:
+        """The keys and bounds of the sessions in ``emitted`` (an :meth:`emit` of session
+        windows), to take their rows out of the staging: as in Spark, a session written is
+        evicted, and a row that comes later starts a session of its own."""
+        f = _f()
+        w = f.col(q(self.window_name))
+        return emitted.select(
+            *[f.col(q(k)) for k in self.keys],
+            w.getField("start").alias("_ft_start"),
+            w.getField("end").alias("_ft_end"),
+        )
+
 
 @dataclass
 class WindowStaging(Staging):
@@ -222,13 +235,21 @@ class WindowStaging(Staging):
         old directories stay until :meth:`drop_before`). The events of the rows were sent when
         they were first staged: they are not sent again."""
         f = _f()
-        path = os.path.join(self.root, tag)
+        path = os.path.join(self.root, "_" + tag)  # hidden from a restart until committed
         rows = spark.read.parquet(*self.paths).where(f.col(KEEP))
         if ended is not None:
             rows = rows.join(ended, SRC, "left_anti")
         time = f.unix_micros(f.col(q(self.time)).cast("timestamp"))
         kept = rows.where(time + f.lit(int(horizon_us)) > f.lit(int(watermark_us)))
         kept.write.mode("overwrite").parquet(path)
+        return path
+
+    def commit(self, hidden: str) -> str:
+        """Give a compaction written by :meth:`compact` its name (once its mark is noted):
+        from then on a restart adopts it; returns its path."""
+        path = os.path.join(os.path.dirname(hidden), os.path.basename(hidden)[1:])
+        if os.path.isdir(hidden):
+            os.replace(hidden, path)
         return path
 
     def drop_before(self, path: str) -> None:
@@ -242,6 +263,24 @@ class WindowStaging(Staging):
                 shutil.rmtree(local, ignore_errors=True)
         if path not in self.paths:
             self.paths.append(path)
+
+    def evict(self, spark: Any, ended: Any, sessions: Any, keys: Sequence[str], tag: str) -> str:
+        """Write the staged rows as one hidden directory ``tag`` without the rows of the
+        ``sessions`` written (:meth:`WindowSpec.session_rows`), the late rows, the ghosts and
+        the rows of attempts in ``ended``; returns its path (:meth:`commit` names it)."""
+        f = _f()
+        path = os.path.join(self.root, "_" + tag)
+        rows = spark.read.parquet(*self.paths).where(f.col(KEEP))
+        if ended is not None:
+            rows = rows.join(ended, SRC, "left_anti")
+        s = sessions.alias("s")
+        r = rows.alias("r")
+        cond = [f.col(f"r.{q(k)}").eqNullSafe(f.col(f"s.{q(k)}")) for k in keys]
+        t = f.col(f"r.{q(self.time)}")
+        cond += [t >= f.col("s._ft_start"), t < f.col("s._ft_end")]
+        kept = r.join(s, cond, "left_anti")
+        kept.write.mode("overwrite").parquet(path)
+        return path
 
     def staged(self, spark: Any, ended: Any) -> Any:
         """The staged rows of attempts not in ``ended`` with their ``_ft_wm`` (ghosts left
