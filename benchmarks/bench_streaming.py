@@ -9,7 +9,7 @@ micro-batch (``maxFilesPerTrigger=1``), ``trigger(availableNow=True)``:
 - **plain**: plain Structured Streaming, the split a native ``explode(split(...))``, windows to a
   Parquet sink (Spark's file sink);
 - **xorack**: the same declaration on a tracked stream (FT on, the embedded acker), windows to a
-  ``ParquetSink``; no failure injected.
+  ``ParquetSink``; no failure injected (``--pandas``: the split in a pandas stage instead).
 
 Per run: the median of Spark's ``triggerExecution`` per data micro-batch (the first is left
 out: it warms the Python workers up), the wall time of the whole query, and the sustained input
@@ -33,6 +33,7 @@ import tempfile
 import time
 from typing import Any
 
+PANDAS = False  # --pandas: xorack splits in a pandas stage (plain Spark: natively)
 WORDS = ["apple", "pear", "plum", "fig", "kiwi", "lime", "date", "sloe", "yuzu", "nut"]
 T0 = dt.datetime(2026, 11, 26, 12, 0, 0)
 
@@ -51,7 +52,7 @@ def write_input(directory: str, files: int, lines: int) -> None:
         text = [" ".join(WORDS[w] for w in row[: 1 + i % 4]) for i, row in enumerate(words)]
         frame = pd.DataFrame({"id": f * lines + k, "ts": ts, "line": text})
         path = f"{directory}/part-{f:03d}.json"
-        frame.to_json(path, orient="records", lines=True)
+        frame.to_json(path, orient="records", lines=True, date_format="iso")
         at = time.time() - 3600 + f  # a file source reads the oldest first: in file order
         os.utime(path, (at, at))
 
@@ -104,9 +105,11 @@ def run_xorack(spark: Any, inbox: str, out: str) -> dict[str, Any]:
     p = Pipeline(spark)
     stream = spark.readStream.schema("id long, ts timestamp, line string")
     lines = p.source(stream.option("maxFilesPerTrigger", 1).json(inbox), name="lines")
-    words = lines.withWatermark("ts", "5 seconds").map_in_pandas(
-        _split, "id long, ts timestamp, word string", name="split"
-    )
+    lines = lines.withWatermark("ts", "5 seconds")
+    if PANDAS:
+        words = lines.map_in_pandas(_split, "id long, ts timestamp, word string", name="split")
+    else:  # the same native split as plain Spark's
+        words = lines.select("id", "ts", F.explode(F.split("line", " ")).alias("word"))
     counts = words.groupBy(F.window("ts", "10 seconds"), "word").count()
     counts.sink(ParquetSink(out), name="windows")
     start = time.perf_counter()
@@ -144,7 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lines", type=int, default=20_000, help="lines per file")
     ap.add_argument("--repeat", type=int, default=3, help="interleaved runs of each")
     ap.add_argument("--json", help="write the figures here too")
+    ap.add_argument("--pandas", action="store_true", help="xorack splits in a pandas stage")
     args = ap.parse_args(argv)
+    global PANDAS
+    PANDAS = args.pandas
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from xorack.spark.session import get_or_create_session
 

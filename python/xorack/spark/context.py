@@ -97,6 +97,7 @@ class RunContext:
         self.on_replays: Any = None
         # a stream's watermark column: the sources persist each record's event time
         self.event_time: str | None = None
+        self.event_max: Any = None  # the running micro-batch's largest event time (accumulator)
         self.optimistic_group: str | None = None  # the job group of a running optimistic round
         self.fast_records = 0  # records of input sources completed by optimistic rounds
         self.fast_derived = 0  # records of barrier outputs completed by optimistic rounds

@@ -130,6 +130,7 @@ class Source(Node):
             progress=cfg.resume,
             skip=tuple(sorted(ctx.resume_skip.get(self.index, {}).items())),
             event_time=self.event_time(ctx),
+            event_max=ctx.event_max if self.event_time(ctx) else None,
             **ctx.runner_args(),
         )
         df = df.withColumn(PART, F.spark_partition_id())

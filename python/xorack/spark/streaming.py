@@ -201,10 +201,11 @@ class StreamingRun:
                     return
                 self._rotate()
                 self.windows.before_round()
+                self.windows.before_batch()
                 work = RoundBuilder(ctx, fresh, replays_wanted=True).build()
                 run_summaries(work.summaries, self.report)
                 self.windows.stage(work, f"b{batch_id:07d}")
-                self.windows.saw(fresh.values())
+                self.windows.saw()
                 self._retract_ended()
                 self.windows.after_round()
                 self.batches += 1
@@ -835,27 +836,29 @@ class StreamState:
             ctx.spark, paths, ctx.location, ctx.token, ctx.tls_root_certs, ctx.job, hold=False
         )
 
-    def saw(self, frames: Any) -> None:
-        """Plain Spark's watermark after a micro-batch: its largest event time (in Spark's
-        milliseconds) minus the delay, never moving back (the fresh rows of every source
-        with the watermark's column, as Spark's watermark over their union)."""
-        from functools import reduce
+    def before_batch(self) -> None:
+        """A micro-batch's sources count the largest event time they read (an accumulator:
+        no second pass over the micro-batch)."""
+        if self.windowed:
+            from .tagging import NO_EVENT_TIME, max_param
 
-        from pyspark.sql import functions as F
+            sc = self.ctx.spark.sparkContext
+            self.ctx.event_max = sc.accumulator(NO_EVENT_TIME, max_param())
+
+    def saw(self) -> None:
+        """Plain Spark's watermark after a micro-batch: its largest event time (in Spark's
+        milliseconds) minus the delay, never moving back (over every source row of the
+        micro-batch, as Spark's watermark node sees them)."""
+        from .tagging import NO_EVENT_TIME
 
         wm = self.ctx.plan.watermark
-        if not self.windowed or wm is None:
+        acc, self.ctx.event_max = self.ctx.event_max, None
+        if not self.windowed or wm is None or acc is None:
             return
         self.evict_us = self.spark_us
-        col = F.col(f"`{wm.column}`").cast("timestamp")
-        times = [df.select(col.alias("t")) for df in frames if wm.column in df.columns]
-        if not times:
+        got = int(acc.value)
+        if got == NO_EVENT_TIME:
             return
-        union = reduce(lambda a, b: a.unionByName(b), times)
-        got = union.agg(F.unix_micros(F.max("t"))).collect()[0][0]
-        if got is None:
-            return
-        got = int(got)
         self.max_event_us = got if self.max_event_us is None else max(self.max_event_us, got)
         spark_us = (self.max_event_us // 1000 - wm.delay_us // 1000) * 1000
         self.spark_us = max(self.spark_us, spark_us)

@@ -60,6 +60,9 @@ class SourceTagger:
     # the watermark's column: each record's event time (microseconds) is persisted with it,
     # so that the FT layer can hold the watermark back by the records still pending
     event_time: str | None = None
+    # with event_time: an accumulator of the largest event time read (max_param), which plain
+    # Spark's watermark follows (no second pass over the micro-batch)
+    event_max: Any = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from .. import acker, hashing
@@ -111,6 +114,11 @@ class SourceTagger:
                 if done == n:
                     continue
                 batch, rec, n = batch.slice(done), rec[done:], n - done
+            times = event_micros(batch, self.event_time) if self.event_time else None
+            if times is not None and self.event_max is not None:
+                known = times[times != NO_EVENT_TIME]
+                if len(known):
+                    self.event_max.add(int(known.max()))
             key_hash = None
             if self.keys:
                 key_hash = hashing.murmur3_hash([batch.column(k) for k in self.keys])
@@ -136,7 +144,7 @@ class SourceTagger:
                 src_ids=src_ids,
                 **({"progress": (key, offset)} if self.progress else {}),
                 **({"idempotent": True} if self.deterministic and self.ordered else {}),
-                **({"event_time": event_micros(batch, self.event_time)} if self.event_time else {}),
+                **({"event_time": times} if times is not None else {}),
             )
             src = np.asarray(src, dtype=np.uint64)
             yield batch.append_column(SRC, pa.array(i64(src), pa.int64())).append_column(
@@ -145,6 +153,20 @@ class SourceTagger:
 
 
 NO_EVENT_TIME = -(2**63)  # a record without an event time (the FT layer's "none")
+
+
+def max_param() -> Any:
+    """A Spark ``AccumulatorParam`` keeping the largest int (``NO_EVENT_TIME`` when none)."""
+    from pyspark.accumulators import AccumulatorParam
+
+    class _Max(AccumulatorParam):
+        def zero(self, value: int) -> int:
+            return NO_EVENT_TIME
+
+        def addInPlace(self, a: int, b: int) -> int:
+            return max(a, b)
+
+    return _Max()
 
 
 def event_micros(batch: pa.RecordBatch, column: str) -> np.ndarray:
@@ -212,4 +234,12 @@ class DerivedTagger:
             )
 
 
-__all__ = ["GROUP_XOR", "DerivedTagger", "SourceTagger", "source_salt"]
+__all__ = [
+    "GROUP_XOR",
+    "NO_EVENT_TIME",
+    "DerivedTagger",
+    "SourceTagger",
+    "event_micros",
+    "max_param",
+    "source_salt",
+]
