@@ -952,8 +952,11 @@ class StreamState:
             (staging,) = ctx.of(agg).staging
             assert isinstance(staging, WindowStaging)
             rows = staging.staged(ctx.spark, ended_df)
-            out = agg.spec.emit(rows, self.watermark_us, new).localCheckpoint(eager=True)
-            for node in ctx.plan.readers(ctx.plan.derived_source(agg)):
+            out = agg.spec.emit(rows, self.watermark_us, new)
+            readers = ctx.plan.readers(ctx.plan.derived_source(agg))
+            if len(readers) > 1 or agg.spec.kind == "session_window":  # read more than once
+                out = out.localCheckpoint(eager=True)
+            for node in readers:
                 written = write_emitted(node, out, name=f"w{new}")
                 self.report.sink_rows[node.name] = self.report.sink_rows.get(node.name, 0) + written
             if agg.spec.kind == "session_window":

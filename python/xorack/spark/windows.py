@@ -180,6 +180,12 @@ class WindowSpec:
         and ``_ft_wm``), late rows left out; the output's columns are plain Spark's."""
         f = _f()
         w = self.groups[self.at]
+        horizon = horizon_of(self)
+        if horizon is not None:  # only rows that can fall into a window ending in (lo, hi]
+            t = f.unix_micros(f.col(q(self.time)).cast("timestamp"))
+            rows = rows.where(
+                (t < f.lit(int(hi_us))) & (t + f.lit(int(horizon)) > f.lit(int(lo_us)))
+            )
         own = rows.select("*", w.alias(WIN))  # a sliding window copies the row per window
         live = own.where(f.col(f"{WIN}.end") > f.col(WM))
         if self.kind == "window":
