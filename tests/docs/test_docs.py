@@ -24,6 +24,7 @@ MODULES = [
     "xorack.sharding",
     "xorack.shards",
     "xorack.cli",
+    "xorack.demo_data",
     "xorack._checks",
     "xorack.spark.stages",
     "xorack.spark.arrow_stage",
