@@ -2,7 +2,8 @@
 that pick which sentences fail, are poisoned or lose words (the same answer for an id, a seed
 and a draw's stream number everywhere: on the driver, in a Spark task, in a replay).
 
-Used by ``xorack demo`` (:mod:`xorack.demo`), which keeps every name importable.
+Shared by ``xorack demo`` (:mod:`xorack.demo`) and ``xorack demo --stream``
+(:mod:`xorack.demo_stream`).
 
 >>> make_sentences([3], seed=7) == make_sentences([3], seed=7)
 True

@@ -25,6 +25,7 @@ MODULES = [
     "xorack.shards",
     "xorack.cli",
     "xorack.demo_data",
+    "xorack.demo_stream",
     "xorack._checks",
     "xorack.spark.stages",
     "xorack.spark.arrow_stage",
