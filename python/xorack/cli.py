@@ -320,6 +320,18 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def positive_float(text: str) -> float:
+    """A finite number > 0 (a duration in seconds).
+
+    >>> positive_float("0.5")
+    0.5
+    """
+    value = _float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+    return value
+
+
 def rate(text: str) -> float:
     """A share in [0, 1]."""
     value = _float(text)

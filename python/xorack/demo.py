@@ -14,7 +14,16 @@ inside the pipeline) → an idempotent SQLite sink, with failures injected deter
 At the end it prints the account of every source record (lost must be 0) and whether the word
 counts equal a failure-free reference computed in plain Python (poisoned sentences excluded).
 
+``--stream`` runs the same word count as a live Structured Streaming query instead
+(:mod:`xorack.demo_stream`): ``--files`` JSON files of sentences with event times, fed one by one
+(every ``--interval`` seconds) into a directory that a file source watches, counted per 10 s
+event-time window behind a 5 s watermark (``groupBy(F.window("ts", "10 seconds"), "word")``),
+with the same failures injected by each row's attempt; one progress line per micro-batch, then
+the same account and the windows checked against a failure-free reference.
+
 >>> main(["--records", "2000", "--json"])  # doctest: +SKIP
+0
+>>> main(["--stream", "--files", "4", "--records", "400", "--json"])  # doctest: +SKIP
 0
 """
 
@@ -36,137 +45,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+# the generated input and the failure draws, shared with ``demo --stream``; every name stays
+# importable from here (the batch demo loses words in the JVM: _DROP is not used here)
+from .demo_data import DROP as _DROP  # noqa: F401
+from .demo_data import FAIL as _FAIL
+from .demo_data import POISON as _POISON
+from .demo_data import STOP_WORDS, VOCABULARY, chosen, make_sentences  # noqa: F401
+
 DEFAULT_RECORDS = 20_000
 ARROW_BATCH_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
 ARROW_BATCH_ROWS = 65_536  # the demo's Arrow batches when the session leaves it unset (10 000)
-
-STOP_WORDS = frozenset(
-    [
-        "a",
-        "an",
-        "and",
-        "are",
-        "as",
-        "at",
-        "be",
-        "by",
-        "for",
-        "from",
-        "in",
-        "is",
-        "it",
-        "of",
-        "on",
-        "or",
-        "that",
-        "the",
-        "to",
-        "was",
-        "were",
-        "with",
-    ]
-)
-_CONTENT = [
-    "acker",
-    "anchor",
-    "apache",
-    "arrow",
-    "batch",
-    "bucket",
-    "checksum",
-    "cluster",
-    "column",
-    "driver",
-    "event",
-    "executor",
-    "failure",
-    "flight",
-    "frame",
-    "hash",
-    "join",
-    "key",
-    "lineage",
-    "memory",
-    "node",
-    "offset",
-    "pandas",
-    "partition",
-    "persist",
-    "pipeline",
-    "python",
-    "record",
-    "replay",
-    "rotate",
-    "shuffle",
-    "sink",
-    "source",
-    "spark",
-    "stage",
-    "storage",
-    "stream",
-    "task",
-    "tensor",
-    "timeout",
-    "topology",
-    "tuple",
-    "vertex",
-    "window",
-    "worker",
-    "xor",
-]
-VOCABULARY = tuple(sorted(STOP_WORDS)) + tuple(_CONTENT) + tuple(f"term{i}" for i in range(150))
-
-_MAX_WORDS = 12
-_U64 = np.uint64
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finalizer, vectorized (uint64 arithmetic wraps)."""
-    with np.errstate(over="ignore"):
-        z = x + _U64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> _U64(27))) * _U64(0x94D049BB133111EB)
-        return z ^ (z >> _U64(31))
-
-
-def _draw(ids: Any, seed: int, stream: int) -> np.ndarray:
-    """A deterministic uniform uint64 per id for (seed, stream)."""
-    ids = np.asarray(ids, dtype=np.int64).view(_U64)
-    with np.errstate(over="ignore"):
-        return _mix(ids ^ _mix(np.full(len(ids), (seed << 8) + stream, dtype=_U64)))
-
-
-def chosen(ids: Any, rate: float, seed: int, stream: int) -> np.ndarray:
-    """True for the share ``rate`` of ids picked by (seed, stream); the same answer everywhere.
-
-    >>> int(chosen(np.arange(10_000), 0.1, seed=1, stream=1).sum()) in range(900, 1100)
-    True
-    """
-    if rate <= 0:
-        return np.zeros(len(ids), dtype=bool)
-    u = (_draw(ids, seed, stream) >> _U64(11)).astype(np.float64) / float(1 << 53)
-    return u < rate
-
-
-def make_sentences(ids: Any, seed: int) -> list[str]:
-    """The sentence of each id: 3 to 12 words drawn from :data:`VOCABULARY` (deterministic).
-
-    >>> make_sentences([0], 1) == make_sentences([0], 1)
-    True
-    """
-    ids = np.asarray(ids, dtype=np.int64)
-    n_words = 3 + (_draw(ids, seed, 0) % _U64(_MAX_WORDS - 2)).astype(np.int64)
-    vocab = np.array(VOCABULARY, dtype=object)
-    cols = [
-        vocab[(_draw(ids, seed, 10 + j) % _U64(len(VOCABULARY))).astype(np.int64)]
-        for j in range(_MAX_WORDS)
-    ]
-    words = np.stack(cols, axis=1) if len(ids) else np.empty((0, _MAX_WORDS), dtype=object)
-    return [" ".join(row[:k]) for row, k in zip(words, n_words.tolist(), strict=True)]
-
-
-# stream numbers of the failure draws
-_FAIL, _POISON, _DROP = 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -552,18 +440,25 @@ def build_parser() -> argparse.ArgumentParser:
     >>> build_parser().parse_args(["--records", "10"]).records
     10
     """
-    from .cli import STORAGE_FORMS, CommandParser, positive_int, rate, storage_spec
+    from .cli import STORAGE_FORMS, CommandParser, positive_float, positive_int, rate, storage_spec
+    from .demo_stream import StreamConfig
 
     d = DemoConfig()
     ap = CommandParser(
         prog="xorack demo",
         description="Word count over generated sentences on local Spark, with failures injected; "
-        "every source record is tracked by the XOR acker and accounted for. Exit status: 0 when "
-        "no record is lost and the word counts match the reference, 1 otherwise, 2 for a bad "
-        "option.",
+        "every source record is tracked by the XOR acker and accounted for (--stream: the same "
+        "per event-time window as a live Structured Streaming query). Exit status: 0 when no "
+        "record is lost and the results match the reference, 1 otherwise, 2 for a bad option.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    ap.add_argument("--records", type=positive_int, default=d.records, help="source sentences")
+    ap.add_argument(
+        "--records",
+        type=positive_int,
+        default=argparse.SUPPRESS,
+        help=f"source sentences; with --stream {StreamConfig.records} by default, over all "
+        f"files (default: {d.records})",
+    )
     ap.add_argument(
         "--partitions", type=positive_int, default=d.partitions, help="Spark partitions"
     )
@@ -650,8 +545,50 @@ def build_parser() -> argparse.ArgumentParser:
         "and started again with the same arguments finishes the job exactly once; a finished "
         "job prints its report again. Default: a temporary directory, removed at the end",
     )
+    stream = ap.add_argument_group(
+        "streaming (--stream)",
+        "the word count per event-time window as a live Structured Streaming query over "
+        "generated files fed one by one",
+    )
+    stream.add_argument(
+        "--stream",
+        action="store_true",
+        help="run the streaming demo: one progress line per micro-batch, then the report",
+    )
+    sd = StreamConfig()
+    stream.add_argument(
+        "--files",
+        type=positive_int,
+        default=argparse.SUPPRESS,
+        help=f"input files, one per micro-batch; file f spans [10 f, 10 f + 10) s of event time "
+        f"(default: {sd.files})",
+    )
+    stream.add_argument(
+        "--interval",
+        type=positive_float,
+        default=argparse.SUPPRESS,
+        metavar="SECONDS",
+        help=f"seconds between two files fed into the watched directory (default: {sd.interval:g})",
+    )
+    stream.add_argument(
+        "--trigger",
+        type=positive_float,
+        default=argparse.SUPPRESS,
+        metavar="SECONDS",
+        help=f"the query's processing-time trigger (default: {sd.trigger:g})",
+    )
+    stream.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=argparse.SUPPRESS,
+        metavar="SECONDS",
+        help="a record not completed this long after its attempt began is replayed "
+        f"(default: {sd.timeout:g})",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (--stream: no progress lines)"
+    )
     return ap
 
 
@@ -662,6 +599,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    given = vars(args)
+    if args.stream:
+        return _main_stream(parser, args)
+    stream_only = [f"--{k}" for k in STREAM_OPTIONS if k in given]
+    if stream_only:
+        parser.error(f"{', '.join(stream_only)} needs --stream (the streaming demo)")
     if args.workdir is not None:
         if args.ft != "on":
             parser.error("--workdir makes a resumable job: it needs --ft on")
@@ -685,7 +628,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         rates = (0.0, 0.0, 0.0)
     cfg = DemoConfig(
-        records=args.records,
+        records=given.get("records", DEFAULT_RECORDS),
         partitions=args.partitions,
         fail_rate=rates[0],
         poison_rate=rates[1],
@@ -709,6 +652,66 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print(format_report(report))
     ok = (report["lost"] in (0, None)) and bool(report["results_match"])
+    return 0 if ok else 1
+
+
+#: The options of the streaming demo only.
+STREAM_OPTIONS = ("files", "interval", "trigger", "timeout")
+
+
+def _main_stream(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``xorack demo --stream``: the options checked, the streaming demo run and reported."""
+    from .cli import check_storage_opens
+    from .demo_stream import StreamConfig, format_stream_report, run_stream_demo
+
+    batch_only = {
+        "--ft off": args.ft != "on",
+        "--workdir": args.workdir is not None,
+        f"--ackers {args.ackers}": args.ackers != 1,
+        f"--combine {args.combine}": args.combine != "auto",
+        f"--optimistic {args.optimistic}": args.optimistic != "auto",
+    }
+    refused = [name for name, bad in batch_only.items() if bad]
+    if refused:
+        parser.error(
+            f"{', '.join(refused)}: not with --stream (the streaming demo tracks every record "
+            "with the embedded acker, in a temporary directory)"
+        )
+    given = vars(args)
+    d = StreamConfig()
+    cfg = StreamConfig(
+        files=given.get("files", d.files),
+        records=given.get("records", d.records),
+        partitions=args.partitions,
+        fail_rate=args.fail_rate,
+        poison_rate=args.poison_rate,
+        drop_rate=args.drop_rate,
+        storage=args.storage,
+        seed=args.seed,
+        max_attempts=args.max_attempts,
+        plain_failures=args.plain_failures,
+        master=args.master,
+        interval=given.get("interval", d.interval),
+        trigger=given.get("trigger", d.trigger),
+        timeout=given.get("timeout", d.timeout),
+    )
+    if cfg.files < 2:
+        parser.error(
+            f"--files {cfg.files}: the streaming demo needs 2 files at least (the watermark "
+            "closes a file's window once a later file is read)"
+        )
+    if cfg.records < cfg.files:
+        parser.error(
+            f"--records {cfg.records} is fewer than --files {cfg.files}: every file needs a "
+            "sentence at least"
+        )
+    if args.storage != "memory":
+        check_storage_opens(parser, "--storage", args.storage)
+    t0 = time.perf_counter()
+    report = run_stream_demo(cfg, out=None if args.no_progress else sys.stderr)
+    report["total_seconds"] = round(time.perf_counter() - t0, 3)
+    print(json.dumps(report) if args.json else format_stream_report(report))
+    ok = report["lost"] == 0 and bool(report["results_match"])
     return 0 if ok else 1
 
 

@@ -24,6 +24,8 @@ MODULES = [
     "xorack.sharding",
     "xorack.shards",
     "xorack.cli",
+    "xorack.demo_data",
+    "xorack.demo_stream",
     "xorack._checks",
     "xorack.spark.stages",
     "xorack.spark.arrow_stage",

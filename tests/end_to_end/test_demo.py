@@ -102,3 +102,105 @@ def test_demo_with_plain_failures_is_bisected_and_loses_nothing(spark, capsys):
     assert report["failed"] > 0
     assert report["dead_lettered"] == report["poisoned"] > 0
     assert spark.conf.get(key, None) is None  # the demo's larger batches were for its run only
+
+
+@pytest.mark.slow
+def test_stream_demo_json_with_failures_injected_loses_nothing(spark, capsys):
+    """``--stream``: a live query over files fed one by one, failures, poison and losses
+    injected; every record accounted for, the windows equal to the failure-free reference, one
+    progress line per micro-batch (on stderr: stdout holds the one JSON object)."""
+    code = demo.main(
+        [
+            "--stream",
+            "--files", "3",
+            "--records", "240",
+            "--partitions", "2",
+            "--fail-rate", "0.05",
+            "--poison-rate", "0.02",
+            "--drop-rate", "0.05",
+            "--max-attempts", "2",
+            "--interval", "0.5",
+            "--trigger", "0.5",
+            "--timeout", "4",
+            "--json",
+        ]
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    out = captured.out.strip().splitlines()
+    assert len(out) == 1, out
+    report = json.loads(out[0])
+    assert tuple(report)[: len(REPORT_KEYS)] == REPORT_KEYS
+    assert code == 0
+    assert report["lost"] == 0
+    assert report["results_match"] is True
+    assert report["source_records"] == 240
+    assert report["completed"] + report["dead_lettered"] == 240
+    assert report["failed"] > 0
+    assert report["timed_out"] > 0  # the words lost in transit
+    assert report["dead_lettered"] >= report["poisoned"] > 0
+    assert report["files_read"] == 3
+    # the final watermark (the last event time - 5 s) closes the first two files' windows
+    assert report["windows_written"] == report["windows_expected"] == 2
+    assert report["final_watermark"] == report["expected_watermark"] == "12:00:24.875"
+    progress = [line.split() for line in captured.err.splitlines()]
+    batches = [cols[0] for cols in progress if len(cols) == 8 and cols[0].isdigit()]
+    assert batches == [str(b) for b in range(report["micro_batches"])]
+    assert sum(int(cols[1]) for cols in progress if len(cols) == 8 and cols[0].isdigit()) == 240
+    assert progress[-1][0] == "stop"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--stream", "--files", "0"], "argument --files: must be >= 1, got 0"),
+        (["--stream", "--files", "1"], "--files 1: the streaming demo needs 2 files at least"),
+        (["--files", "3"], "--files needs --stream"),
+        (["--stream", "--timeout", "0"], "argument --timeout: must be a number > 0, got 0"),
+        (["--stream", "--ft", "off"], "--ft off: not with --stream"),
+        (["--stream", "--files", "5", "--records", "4"], "--records 4 is fewer than --files 5"),
+    ],
+)
+def test_stream_demo_rejects_bad_options(capsys, argv, message):
+    with pytest.raises(SystemExit) as info:
+        demo.main(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_stream_demo_split_keeps_event_time_and_lineage_and_marks_lost_words():
+    import numpy as np
+    import pandas as pd
+
+    import xorack
+    from xorack import demo_stream
+
+    sid = np.arange(400)
+    pdf = pd.DataFrame(
+        {
+            "sid": sid,
+            "ts": pd.Timestamp("2026-01-01 12:00:00") + pd.to_timedelta(sid, unit="ms"),
+            "text": demo.make_sentences(sid, 5),
+            "_ft_src": sid + 1000,  # a lineage column: kept on every word of its sentence
+        }
+    )
+    with pytest.raises(xorack.FailRecord, match="poisoned"):
+        demo_stream.SplitTimedWords(5, 0.0, 0.05, 0.0)(pdf)
+    words = demo_stream.SplitTimedWords(5, 0.0, 0.0, 0.1)(pdf)
+    assert list(words.columns) == ["sid", "ts", "_ft_src", "word", "lossy"]
+    assert (words["_ft_src"] == words["sid"] + 1000).all()
+    assert (words["ts"] == pdf["ts"].to_numpy()[words["sid"]]).all()
+    lossy = set(words.loc[words["lossy"], "sid"])
+    assert lossy
+    assert lossy <= set(sid[demo.chosen(sid, 0.1, 5, demo._DROP)])
+    assert words.groupby("sid")["lossy"].mean().max() < 1  # about half of a sentence's words
+
+
+def test_stream_demo_reference_leaves_the_open_window_out():
+    from xorack import demo_stream
+
+    cfg = demo_stream.StreamConfig(files=4, records=80, poison_rate=0.0)
+    ref = demo_stream.reference_windows(cfg, exclude=set())
+    assert sorted({end.second for _, end, _ in ref}) == [10, 20, 30]  # [30, 40) stays open
+    assert not {w for _, _, w in ref} & demo.STOP_WORDS
+    fewer = demo_stream.reference_windows(cfg, exclude={0, 1, 2})
+    assert sum(fewer.values()) < sum(ref.values())
