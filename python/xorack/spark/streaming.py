@@ -574,7 +574,7 @@ def check_stream_plan(ctx: RunContext, output_mode: str = "append") -> list[Aggr
                 "one aggregation per branch of a stream"
             )
         if isinstance(agg, WindowAggregate) and output_mode == "append":
-            check_event_time_path(agg, plan.watermark)
+            check_event_time_path(agg, plan.watermark, ctx.spark)
         out = plan.derived_source(agg)
         readers = plan.readers(out)
         if not readers or not all(isinstance(r, Sink) for r in readers):
@@ -653,11 +653,12 @@ def _output_id(df: Any, column: str) -> int | None:
     return None
 
 
-def check_event_time_path(agg: WindowAggregate, wm: Any) -> None:
+def check_event_time_path(agg: WindowAggregate, wm: Any, spark: Any) -> None:
     """The watermark holds the windows back by the source records' own event times, so every
     row reaching ``agg`` must come from the watermark's source, its time column unchanged:
-    native operations pass it through (the same attribute in Spark's analyzed plan), a pandas
-    stage is checked per row as it runs; anything else is refused here."""
+    native operations and transforms pass it through (the same attribute in Spark's analyzed
+    plan; a transform is tried on an empty frame), a pandas stage is checked per row as it
+    runs; anything else is refused here."""
     from .rows import ArrowStage, RowOperation, Transform
 
     column = agg.spec.time
@@ -682,7 +683,21 @@ def check_event_time_path(agg: WindowAggregate, wm: Any) -> None:
                     f"{column!r} before {agg.name!r}; the windows need every row's own event "
                     "time (its source record's): compute a new time under another name"
                 )
-        elif isinstance(node, (ArrowStage, Transform)) and column in node.columns:
+        elif isinstance(node, Transform) and column in node.columns:
+            from .schema import empty_frame
+
+            given = empty_frame(spark, node.parents[0].schema)
+            try:  # the transform over an empty frame of its input: does the column pass?
+                same = _output_id(node.fn(given), column) == _output_id(given, column)
+            except Exception:
+                same = False
+            if not same:
+                raise ValueError(
+                    f"start_stream: transform {node.name!r} changes (or hides) the event-time "
+                    f"column {column!r} before {agg.name!r}; the windows need every row's own "
+                    "event time (its source record's): compute a new time under another name"
+                )
+        elif isinstance(node, ArrowStage) and column in node.columns:
             raise ValueError(
                 f"start_stream: {node.label} {node.name!r} hands on the event-time column "
                 f"{column!r} before {agg.name!r} unchecked; use map_in_pandas (each row's time "
