@@ -192,9 +192,9 @@ def test_windows_equal_plain_structured_streaming_under_failures(
     spark, tmp_path, window, monkeypatch
 ):
     """Also with the staged rows compacted every other emission (rows of closed windows go)."""
-    from xorack.spark import streaming
+    from xorack.spark import stream_state
 
-    monkeypatch.setattr(streaming, "COMPACT_AFTER", 2)
+    monkeypatch.setattr(stream_state, "COMPACT_AFTER", 2)
     directory = tmp_path / "in"
     _write_input(directory)
     plain = _plain(spark, directory, window, f"plain_{window.__name__[1:]}")

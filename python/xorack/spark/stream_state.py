@@ -1,0 +1,416 @@
+"""What a stream keeps between micro-batches (:class:`StreamState`): the staged rows of its
+native sinks and windowed aggregations, the watermark, the marks a resumable stream notes in
+its FT state; and the check that every row reaching a windowed aggregation keeps its source
+record's event time (:func:`check_event_time_path`). Used by :mod:`xorack.spark.streaming`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from .barrier import ids_frame, send_staged_events
+from .context import RunContext
+from .outputs import Aggregate, Sink, WindowAggregate
+from .publish import adopt_staged, close_staging, open_staging
+from .report import RunReport
+from .rows import Source
+from .windows import WindowStaging, horizon_of, write_emitted
+
+#: A resumable stream's marks in its FT state (job_state): the watermark windows closed by,
+#: plain Spark's watermark and the largest event time seen, a window write or a native sink's
+#: publication under way (a crash cut it short: taken back and done again).
+MARK_WATERMARK = "stream:watermark"
+MARK_SPARK = "stream:spark"
+MARK_EVICT = "stream:evict"
+MARK_MAX = "stream:max_event"
+MARK_EMIT = "stream:emitting"
+MARK_PUBLISH = "stream:publishing:"
+MARK_COMPACTED = "stream:compacted:"
+#: Staged directories of a windowed aggregation that make it rewrite them as one.
+COMPACT_AFTER = 16
+
+
+def _upstream(node: Any) -> list[Any]:
+    """The nodes whose rows reach ``node`` (parents first, each once)."""
+    seen: dict[int, Any] = {}
+    stack = list(node.parents)
+    while stack:
+        n = stack.pop()
+        if id(n) not in seen:
+            seen[id(n)] = n
+            stack.extend(n.parents)
+    return list(seen.values())
+
+
+def _output_id(df: Any, column: str) -> int | None:
+    """The expression id of ``column`` in ``df``'s analyzed plan (None: not there)."""
+    out = df._jdf.queryExecution().analyzed().output()
+    for i in range(out.size()):
+        attr = out.apply(i)
+        if attr.name() == column:
+            return int(attr.exprId().id())
+    return None
+
+
+def check_event_time_path(agg: WindowAggregate, wm: Any, spark: Any) -> None:
+    """The watermark holds the windows back by the source records' own event times, so every
+    row reaching ``agg`` must come from the watermark's source, its time column unchanged:
+    native operations and transforms pass it through (the same attribute in Spark's analyzed
+    plan; a transform is tried on an empty frame), a pandas stage is checked per row as it
+    runs; anything else is refused here."""
+    from .rows import ArrowStage, RowOperation, Transform
+
+    column = agg.spec.time
+    nodes = _upstream(agg)
+    nodes.sort(key=lambda n: not isinstance(n, Source))  # the sources first
+    for node in nodes:
+        if isinstance(node, Source):
+            if node.name != wm.source:
+                raise ValueError(
+                    f"start_stream: rows of source {node.name!r} reach {agg.name!r}, but the "
+                    f"watermark is on {wm.source!r}: a record without the event time would not "
+                    "hold the windows back; give the windowed aggregation the watermark's source"
+                )
+        elif isinstance(node, RowOperation) and node.proto is not None and node.analyzed_from:
+            try:
+                same = _output_id(node.proto, column) == _output_id(node.analyzed_from[0], column)
+            except Exception:  # not a classic DataFrame: cannot tell
+                same = False
+            if not same and column in node.columns:
+                raise ValueError(
+                    f"start_stream: {node.describe()} changes the event-time column "
+                    f"{column!r} before {agg.name!r}; the windows need every row's own event "
+                    "time (its source record's): compute a new time under another name"
+                )
+        elif isinstance(node, Transform) and column in node.columns:
+            from .schema import empty_frame
+
+            given = empty_frame(spark, node.parents[0].schema)
+            try:  # the transform over an empty frame of its input: does the column pass?
+                same = _output_id(node.fn(given), column) == _output_id(given, column)
+            except Exception:
+                same = False
+            if not same:
+                raise ValueError(
+                    f"start_stream: transform {node.name!r} changes (or hides) the event-time "
+                    f"column {column!r} before {agg.name!r}; the windows need every row's own "
+                    "event time (its source record's): compute a new time under another name"
+                )
+        elif isinstance(node, ArrowStage) and column in node.columns:
+            raise ValueError(
+                f"start_stream: {node.label} {node.name!r} hands on the event-time column "
+                f"{column!r} before {agg.name!r} unchecked; use map_in_pandas (each row's time "
+                "is checked as it runs) or a native operation"
+            )
+
+
+class StreamState:
+    """What a stream keeps between micro-batches: the staged rows of its native sinks (such as
+    ``ParquetSink``) and windowed aggregations, and the watermark
+    (:mod:`xorack.spark.windows`).
+
+    The rows reaching each of them are staged per round, their events sent from what was
+    written. After each micro-batch or replay round, a native sink gets the staged rows of the
+    completed attempts appended once no record is pending (an instant where every staged row's
+    record has settled; at the latest at ``stop()``); the watermark moves to
+    ``min(max event time - delay, min event time pending)`` (never back) and the windows it
+    passed are written into the aggregation's sinks, once."""
+
+    def __init__(
+        self, ctx: RunContext, aggs: list[Aggregate], report: RunReport, output_mode: str
+    ) -> None:
+        self.ctx = ctx
+        complete = output_mode == "complete"
+        self.windowed = [a for a in aggs if isinstance(a, WindowAggregate) and not complete]
+        self.complete = aggs if complete else []
+        self.report = report
+        self.replaces = 0  # results replaced in complete mode
+        self.compactions = 0  # rewrites of a windowed aggregation's staged rows
+        self._dirty = False  # rows staged since the last replace
+        self.ended: list[np.ndarray] = []  # attempts that ended without completing
+        self.max_event_us: int | None = None  # the largest event time seen (fresh rows)
+        self.spark_us = 0  # plain Spark's watermark (max event time - delay, in ms steps)
+        # what plain Spark closes windows by now: the watermark of the micro-batch before
+        # (Spark computes a watermark at the end of a micro-batch and uses it in the next)
+        self.evict_us = 0
+        self.watermark_us = 0  # the watermark the windows close by (held back)
+        self.emits = 0  # writes of closed windows
+        self._workdir: str | None = None
+        self._tags = 0
+        self.native = [n for n in ctx.plan.native_sinks() if n.phase == 0] if ctx.ft else []
+        self.resume = False
+        self.publishes = 0  # appends of settled rows to the native sinks
+
+    @property
+    def watermark(self) -> Any:
+        """The watermark windows close by, a UTC datetime (the epoch before any input)."""
+        import datetime as dt
+
+        return dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=self.watermark_us)
+
+    def open(self) -> None:
+        ctx = self.ctx
+        self.resume = ctx.ft and ctx.config.resume
+        if not self.resume:
+            for node in ctx.plan.native_sinks():
+                if hasattr(node.sink, "clear"):  # a stream appends: start from nothing
+                    node.sink.clear(ctx.spark)
+        if not self.windowed and not self.native and not self.complete:
+            return
+        if self.windowed:
+            ctx.event_time = ctx.plan.watermark.column if ctx.plan.watermark else None
+        self._workdir = open_staging(ctx)
+        ctx.workdir = self._workdir
+        if self.resume:
+            self._restore()
+
+    def _restore(self) -> None:
+        """A restarted query: the watermark as its last run left it, the rows its runs staged
+        (open windows, unpublished rows), and a write that a crash cut short taken back (it
+        is done again)."""
+        ctx = self.ctx
+        marks = ctx.client.job_state()["marks"]
+        self.watermark_us = int(marks.get(MARK_WATERMARK) or 0)
+        self.spark_us = int(marks.get(MARK_SPARK) or 0)
+        self.evict_us = int(marks.get(MARK_EVICT) or 0)
+        top = marks.get(MARK_MAX)
+        self.max_event_us = int(top) if top else None
+        adopt_staged(ctx, np.empty(0, np.uint64))
+        for agg in self.windowed:  # a compaction's directory holds the rows of those before
+            last = marks.get(MARK_COMPACTED + agg.name)
+            (staging,) = ctx.of(agg).staging
+            assert isinstance(staging, WindowStaging)
+            if last and os.path.isdir(os.path.join(staging.root, "_" + last)):
+                path = staging.commit(os.path.join(staging.root, "_" + last))  # cut short
+                staging.paths = sorted([*staging.paths, path], key=os.path.basename)
+            kept = [p for p in staging.paths if os.path.basename(p) == last]
+            if last and kept:
+                staging.drop_before(kept[0])
+        undone: dict[str, str | None] = {}
+        cut = marks.get(MARK_EMIT)
+        if cut:  # an emission cut short: its files go, the windows are written again
+            for node in self._window_sinks():
+                if node.caps.native:
+                    node.sink.remove_named(ctx.spark, f"w{cut}")
+            undone[MARK_EMIT] = None
+        for node in self.native:
+            pub = marks.get(MARK_PUBLISH + node.name)
+            if not pub:
+                continue
+            name, state = pub.rsplit(":", 1)
+            if state == "done":  # published: its staged rows go
+                ctx.of(node).staging[0].remove()
+            else:  # cut short: its files go, the staged rows are published again
+                node.sink.remove_named(ctx.spark, name)
+            undone[MARK_PUBLISH + node.name] = None
+        if undone:
+            ctx.client.job_state(marks=undone)
+
+    def _window_sinks(self) -> list[Any]:
+        plan = self.ctx.plan
+        return [n for agg in self.windowed for n in plan.readers(plan.derived_source(agg))]
+
+    def _note(self, marks: dict[str, str | None]) -> None:
+        """A resumable query's stream state, durable with its FT state."""
+        if self.resume:
+            self.ctx.client.job_state(marks=marks)
+
+    def close(self) -> None:
+        if self._workdir is not None:
+            if not self.resume:  # a resumable query keeps its open windows for a restart
+                close_staging(self.ctx, self._workdir)
+            self._workdir = None
+            self.ctx.workdir = None
+
+    def _stagings(self) -> list[WindowStaging]:
+        return [
+            st
+            for agg in self.windowed
+            for st in self.ctx.of(agg).staging
+            if isinstance(st, WindowStaging)
+        ]
+
+    def before_round(self) -> None:
+        """The rows staged by the next round are late against the watermark now."""
+        for st in self._stagings():
+            st.watermark_us = self.watermark_us
+
+    def stage(self, work: Any, tag: str) -> None:
+        """Write the round's rows reaching the windowed aggregations, then send their events
+        (read back from what was written: an ack never precedes its write)."""
+        ctx = self.ctx
+        if not work.staged:
+            return
+        self._tags += 1
+        name = f"{ctx.run_tag}{self._tags:07d}-{tag}"  # name order = write order
+        paths = [st.write(df, name) for st, df in work.staged]
+        self._dirty = True
+        assert ctx.location is not None
+        send_staged_events(
+            ctx.spark, paths, ctx.location, ctx.token, ctx.tls_root_certs, ctx.job, hold=False
+        )
+
+    def before_batch(self) -> None:
+        """A micro-batch's sources count the largest event time they read (an accumulator:
+        no second pass over the micro-batch)."""
+        if self.windowed:
+            from .tagging import NO_EVENT_TIME, max_param
+
+            sc = self.ctx.spark.sparkContext
+            self.ctx.event_max = sc.accumulator(NO_EVENT_TIME, max_param())
+
+    def saw(self) -> None:
+        """Plain Spark's watermark after a micro-batch: its largest event time (in Spark's
+        milliseconds) minus the delay, never moving back (over every source row of the
+        micro-batch, as Spark's watermark node sees them)."""
+        from .tagging import NO_EVENT_TIME
+
+        wm = self.ctx.plan.watermark
+        acc, self.ctx.event_max = self.ctx.event_max, None
+        if not self.windowed or wm is None or acc is None:
+            return
+        self.evict_us = self.spark_us
+        got = int(acc.value)
+        if got == NO_EVENT_TIME:
+            return
+        self.max_event_us = got if self.max_event_us is None else max(self.max_event_us, got)
+        spark_us = (self.max_event_us // 1000 - wm.delay_us // 1000) * 1000
+        self.spark_us = max(self.spark_us, spark_us)
+        self._note(
+            {
+                MARK_SPARK: str(self.spark_us),
+                MARK_EVICT: str(self.evict_us),
+                MARK_MAX: str(self.max_event_us),
+            }
+        )
+
+    def _ended_frame(self) -> Any:
+        ended = np.concatenate(self.ended) if self.ended else np.empty(0, np.uint64)
+        return ids_frame(self.ctx.spark, ended)
+
+    def publish(self, stats: dict[str, Any]) -> None:
+        """Append the staged rows of the native sinks once no record is pending."""
+        ctx = self.ctx
+        if not self.native or stats.get("pending", 0):
+            return
+        ended_df = None
+        for node in self.native:
+            (staging,) = ctx.of(node).staging
+            if not staging.paths:
+                continue
+            if ended_df is None:
+                ended_df = self._ended_frame()
+            key = MARK_PUBLISH + node.name
+            name = "p" + os.path.basename(staging.paths[0].rstrip("/"))
+            self._note({key: f"{name}:started"})
+            written = node.sink.append(staging.rows(ctx.spark, ended_df), name=name)
+            self._note({key: f"{name}:done"})
+            self.report.sink_rows[node.name] = self.report.sink_rows.get(node.name, 0) + int(
+                written or 0
+            )
+            staging.remove()
+            self._note({key: None})
+            self.publishes += 1
+
+    def after_round(self, data: bool = True) -> None:
+        """After a micro-batch (``data``) or a replay round (its ended attempts taken):
+        publish what settled, close the windows the watermark passed. A replay round is, to
+        the watermark, a micro-batch without data: Spark's own, run when the watermark moved,
+        closes the windows by the latest watermark."""
+        if not self.windowed and not self.native and not self.complete:
+            return
+        if not data and self.evict_us != self.spark_us:
+            self.evict_us = self.spark_us
+            self._note({MARK_EVICT: str(self.evict_us)})
+        stats = self.ctx.client.stats()
+        self.publish(stats)
+        self.emit(stats)
+        self.replace(stats)
+
+    def replace(self, stats: dict[str, Any]) -> None:
+        """Complete mode: once no record is pending, each aggregation's whole result over the
+        staged rows of completed attempts replaces its sinks' content (at once)."""
+        ctx = self.ctx
+        if not self.complete or not self._dirty or stats.get("pending", 0):
+            return
+        ended_df = self._ended_frame()
+        for agg in self.complete:
+            out = agg.output(ctx, ended_df).toPandas()
+            for node in ctx.plan.readers(ctx.plan.derived_source(agg)):
+                assert isinstance(node, Sink)  # checked at start_stream
+                rows = out[list(node.columns)]
+                self.report.sink_rows[node.name] = int(node.sink.replace(rows))
+        self._dirty = False
+        self.replaces += 1
+
+    def emit(self, stats: dict[str, Any]) -> None:
+        """Move the watermark as far as the records still pending allow, and write the windows
+        it passed."""
+        ctx = self.ctx
+        if not self.windowed:
+            return
+        hold = self.evict_us
+        if stats.get("pending", 0):
+            if "min_event_time" not in stats:  # an acker that cannot tell: wait
+                return
+            pending = stats["min_event_time"]
+            if pending is not None:
+                hold = min(hold, int(pending))
+        new = max(self.watermark_us, hold)
+        if new <= self.watermark_us:
+            return
+        ended_df = self._ended_frame()
+        evicted: dict[str, Any] = {}  # the sessions written, whose rows leave the staging
+        self._note({MARK_EMIT: str(new)})
+        for agg in self.windowed:
+            (staging,) = ctx.of(agg).staging
+            assert isinstance(staging, WindowStaging)
+            rows = staging.staged(ctx.spark, ended_df)
+            out = agg.spec.emit(rows, self.watermark_us, new)
+            readers = ctx.plan.readers(ctx.plan.derived_source(agg))
+            if len(readers) > 1 or agg.spec.kind == "session_window":  # read more than once
+                out = out.localCheckpoint(eager=True)
+            for node in readers:
+                written = write_emitted(node, out, name=f"w{new}")
+                self.report.sink_rows[node.name] = self.report.sink_rows.get(node.name, 0) + written
+            if agg.spec.kind == "session_window":
+                evicted[agg.name] = out
+        self.watermark_us = new
+        self._note({MARK_WATERMARK: str(new), MARK_EMIT: None})
+        self.emits += 1
+        self._compact(ended_df, evicted)
+
+    def _compact(self, ended_df: Any, evicted: dict[str, Any]) -> None:
+        """Keep the state of a long stream bounded: once an aggregation by a time window has
+        staged ``COMPACT_AFTER`` directories, they are rewritten as one without the rows whose
+        windows have all closed (a session window keeps its rows: a session can grow as long
+        as rows come)."""
+        ctx = self.ctx
+        for agg in self.windowed:
+            horizon = horizon_of(agg.spec)
+            (staging,) = ctx.of(agg).staging
+            assert isinstance(staging, WindowStaging)
+            written = evicted.get(agg.name)
+            if written is None and (horizon is None or len(staging.paths) < COMPACT_AFTER):
+                continue
+            self._tags += 1
+            name = f"{ctx.run_tag}{self._tags:07d}-compacted"
+            if written is not None:  # the rows of the sessions written leave at once
+                sessions = agg.spec.session_rows(written)
+                hidden = staging.evict(ctx.spark, ended_df, sessions, agg.spec.keys, name)
+            else:
+                assert horizon is not None
+                hidden = staging.compact(ctx.spark, ended_df, self.watermark_us, horizon, name)
+            self._note({MARK_COMPACTED + agg.name: name})  # then a restart commits it
+            staging.drop_before(staging.commit(hidden))
+            self.compactions += 1
+
+
+__all__ = [
+    "COMPACT_AFTER",
+    "StreamState",
+    "check_event_time_path",
+]
