@@ -37,6 +37,7 @@ MODULES = [
     "xorack.spark.report",
     "xorack.spark.ids",
     "xorack.spark.sinks",
+    "xorack.spark.guard",
 ]
 
 

@@ -2,13 +2,23 @@
 fails every record it meets, attempt after attempt; replaying and dead-lettering the whole input
 helps nobody. The stages and sinks count, per round, the source records they saw and the records
 each error failed (a Spark accumulator: only successful task attempts count); after each round
-the run loop asks :meth:`FailureTally.runaway` whether one error failed at least ``share`` of a
+the run loop asks :meth:`FailureTally.add_round` whether one error failed at least ``share`` of a
 stage's records in two consecutive attempts, and stops the run with :class:`RunawayFailure`.
 Poison records (a few) and transient failures (gone on the next attempt) never trip it.
+
+Shares need records to mean something: from ``min_records`` (20) failed records of a stage that
+saw at least as many. A smaller stage trips the guard only when one error failed *every* one of
+its records (at least two) on two consecutive attempts; a stage of a single record cannot be
+judged (a poison record and a typo look alike): :meth:`FailureTally.undecided` says so, and the
+run loop logs it.
 
 >>> t = FailureTally(share=0.5, min_records=2)
 >>> t.add_round({("split", ""): 10, ("split", "KeyError: 'x'"): 10})
 >>> t.add_round({("split", ""): 10, ("split", "KeyError: 'x'"): 9}) is not None
+True
+>>> small = FailureTally()  # 3 records, all failed by the same error twice: a typo
+>>> small.add_round({("split", ""): 3, ("split", "KeyError: 'x'"): 3})
+>>> small.add_round({("split", "KeyError: 'x'"): 3}) is not None
 True
 """
 
@@ -19,6 +29,9 @@ from typing import Any
 from ..errors import XorackError
 
 SEEN = ""  # the key of a stage's records seen (reasons are never empty)
+#: The fewest records of a stage below ``min_records`` that the guard judges: all of them must
+#: fail with one error (one record failing is a poison record as much as a typo).
+SMALL_INPUT_RECORDS = 2
 
 
 class RunawayFailure(XorackError, RuntimeError):
@@ -56,6 +69,7 @@ class FailureTally:
         self.min_records = int(min_records)
         self._previous: dict[tuple[str, str], float] = {}
         self._first: dict[str, int] = {}  # records a stage saw in its first round (its input)
+        self._undecided: dict[str, str] = {}  # stage -> the error that failed its one record
 
     def add_round(self, counts: dict[tuple[str, str], int]) -> str | None:
         """Record one round's counts; the message of a runaway error, or None. Shares are of
@@ -70,7 +84,11 @@ class FailureTally:
         message = None
         for (stage, reason), n in counts.items():
             seen = self._first.get(stage, 0)
-            if reason == SEEN or seen < self.min_records or n < self.min_records:
+            if reason == SEEN or not self._judged(seen, n):
+                if reason != SEEN and 0 < n == seen:  # a single record, failed: no judgement
+                    current[(stage, reason)] = 1.0
+                    if self._previous.get((stage, reason)) == 1.0:
+                        self._undecided[stage] = reason
                 continue
             current[(stage, reason)] = n / seen
             before = self._previous.get((stage, reason))
@@ -84,6 +102,25 @@ class FailureTally:
                 )
         self._previous = current
         return message
+
+    def _judged(self, seen: int, failed: int) -> bool:
+        """Whether ``failed`` of a stage's ``seen`` records are enough to judge: a share of at
+        least ``min_records``, or, on a smaller input, every one of them (two at least)."""
+        if seen >= self.min_records:
+            return failed >= self.min_records
+        return failed == seen >= SMALL_INPUT_RECORDS
+
+    def undecided(self) -> list[str]:
+        """What the guard could not judge: a stage of a single source record that one error
+        failed on two consecutive attempts (it goes on to the dead letters, as a poison record
+        would). One line per stage, for the run's log."""
+        return [
+            f"{stage}: its only source record failed twice with the same error ({reason}); with "
+            "one record the runaway guard cannot tell a systematic error from a poison record, "
+            "so the record goes on to the dead letters: check report.dead_lettered and "
+            "p.dead_letters()"
+            for stage, reason in self._undecided.items()
+        ]
 
 
 __all__ = ["FailureTally", "RunawayFailure", "reason_key", "tally_param"]

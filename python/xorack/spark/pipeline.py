@@ -87,7 +87,8 @@ class Pipeline:
     standalone acker never see each other's records). ``workdir``: where barriers stage their
     rows (a temporary directory by default; on a cluster a path every executor can write).
     ``runaway_share``: the share of a stage's records one error must fail on two attempts in a
-    row to stop the run (None: never). ``combine``: an aggregation whose functions combine
+    row to stop the run (None: never; a stage of fewer than 20 records: one error failing
+    all of them, two at least). ``combine``: an aggregation whose functions combine
     (count, sum, min, max, avg) stages per-chunk partial aggregates instead of rows, as Spark's
     map-side combine does (see :mod:`xorack.spark.barrier`); ``False`` stages every row (no
     collateral replays of the chunk-mates of a record that fails in the first round).

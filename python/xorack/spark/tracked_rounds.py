@@ -147,6 +147,8 @@ class TrackedRounds:
             if not stats.get("pending", 0) and not replays_waiting(stats):
                 break
             round_no += 1
+        for note in guard.undecided():
+            log.warning("phase %d: %s", phase, note)
 
     def _write(
         self, work: RoundWork, round_no: int, report: RunReport
