@@ -347,6 +347,62 @@ def _float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
 
+#: The Spark master URLs Spark itself accepts (``SparkContext.createTaskScheduler``), as
+#: (pattern, what it is); k8s:// takes any API server URL.
+_MASTER_FORMS = (
+    (r"local", "local"),
+    (r"local\[(?P<threads>[0-9]+|\*)\]", "local[N] or local[*]"),
+    (r"local\[(?P<threads>[0-9]+|\*)\s*,\s*(?P<failures>[0-9]+)\]", "local[N,F]"),
+    (
+        r"local-cluster\[\s*(?P<workers>[0-9]+)\s*,\s*(?P<cores>[0-9]+)\s*,"
+        r"\s*(?P<memory>[0-9]+)\s*\]",
+        "local-cluster[N,C,M]",
+    ),
+    (r"spark://(?P<hosts>.+)", "spark://HOST:PORT[,HOST:PORT...]"),
+    (r"yarn", "yarn"),
+    (r"k8s://(?P<api>.+)", "k8s://API-SERVER"),
+)
+MASTER_FORMS = ", ".join(form for _pattern, form in _MASTER_FORMS)
+#: The executors' memory on local-cluster (``get_or_create_session``): a worker needs as much.
+LOCAL_CLUSTER_EXECUTOR_MB = 512
+
+
+def spark_master(text: str) -> str:
+    """A Spark master URL in one of the forms Spark accepts (checked here, so that a typo is an
+    option error rather than a JVM stack trace after Spark starts).
+
+    >>> spark_master("local[2,2]"), spark_master("spark://a:7077,b:7077")
+    ('local[2,2]', 'spark://a:7077,b:7077')
+    >>> spark_master("bogus://x")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: not a Spark master URL: 'bogus://x' (expected local, ...)
+    """
+    import re
+
+    for pattern, form in _MASTER_FORMS:
+        match = re.fullmatch(pattern, text)
+        if match is None:
+            continue
+        parts = match.groupdict()
+        for name in ("threads", "workers", "cores", "memory"):
+            if parts.get(name) not in (None, "*") and int(parts[name]) < 1:
+                raise argparse.ArgumentTypeError(f"{form}: {name} must be >= 1, got {text!r}")
+        if parts.get("memory") is not None and int(parts["memory"]) < LOCAL_CLUSTER_EXECUTOR_MB:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: M (MiB per worker) must be >= {LOCAL_CLUSTER_EXECUTOR_MB}, the "
+                "memory of each executor (e.g. local-cluster[2,1,1024])"
+            )
+        for address in (parts.get("hosts") or "").split(",") if parts.get("hosts") else ():
+            host, sep, port = address.strip().rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+                raise argparse.ArgumentTypeError(
+                    f"expected spark://HOST:PORT (e.g. spark://master:7077), got {text!r}"
+                )
+        return text
+    raise argparse.ArgumentTypeError(f"not a Spark master URL: {text!r} (expected {MASTER_FORMS})")
+
+
 def storage_spec(text: str) -> str:
     """A storage spec that :func:`xorack.storage.open_storage` understands (not opened here)."""
     from .storage import storage_path

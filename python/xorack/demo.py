@@ -357,10 +357,25 @@ def _poll(p: Any, bar: Any, stop: threading.Event) -> None:
 
 
 def format_report(r: dict[str, Any]) -> str:
-    """The human-readable report."""
+    """The human-readable report (with FT off: no acker, so no account of the records)."""
 
     def show(v: Any) -> str:
         return "n/a (FT off)" if v is None else str(v)
+
+    if not r["ft"]:
+        return "\n".join(
+            [
+                "xorack demo report",
+                f"  FT                     off  ({r['rounds']} round(s): the plain Spark plan, "
+                "no acker, no failures injected)",
+                f"  results match          {'yes' if r['results_match'] else 'NO'}"
+                "  (word counts == a reference computed without Spark or xorack)",
+                f"  words                  {r['distinct_words']} distinct, "
+                f"{r['word_occurrences']} occurrences",
+                f"  wall time              {r['wall_seconds']:.2f} s",
+                *_rss_lines(r),
+            ]
+        )
 
     shards = r.get("ackers", 1)
     ackers = f", {shards} acker processes" if shards > 1 else ""
@@ -399,13 +414,8 @@ def format_report(r: dict[str, Any]) -> str:
         f"  words                  {r['distinct_words']} distinct, "
         f"{r['word_occurrences']} occurrences",
         f"  wall time              {r['wall_seconds']:.2f} s",
+        *_rss_lines(r),
     ]
-    if r.get("driver_peak_rss_mb") is not None:
-        jvm = r.get("driver_jvm_peak_rss_mb")
-        lines.append(
-            f"  driver peak RSS        {r['driver_peak_rss_mb']:.0f} MiB (Python, after the run)"
-            + (f", JVM {jvm:.0f} MiB" if jvm is not None else "")
-        )
     for name, rows in (r.get("vanished_rows") or {}).items():
         lines.insert(
             6,
@@ -419,6 +429,16 @@ def format_report(r: dict[str, Any]) -> str:
             "attempts)",
         )
     return "\n".join(lines)
+
+
+def _rss_lines(r: dict[str, Any]) -> list[str]:
+    if r.get("driver_peak_rss_mb") is None:
+        return []
+    jvm = r.get("driver_jvm_peak_rss_mb")
+    return [
+        f"  driver peak RSS        {r['driver_peak_rss_mb']:.0f} MiB (Python, after the run)"
+        + (f", JVM {jvm:.0f} MiB" if jvm is not None else "")
+    ]
 
 
 #: --seed is mixed into 64-bit draws as seed << 8: keep it in range.
@@ -440,7 +460,15 @@ def build_parser() -> argparse.ArgumentParser:
     >>> build_parser().parse_args(["--records", "10"]).records
     10
     """
-    from .cli import STORAGE_FORMS, CommandParser, positive_float, positive_int, rate, storage_spec
+    from .cli import (
+        STORAGE_FORMS,
+        CommandParser,
+        positive_float,
+        positive_int,
+        rate,
+        spark_master,
+        storage_spec,
+    )
     from .demo_stream import StreamConfig
 
     d = DemoConfig()
@@ -462,23 +490,27 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--partitions", type=positive_int, default=d.partitions, help="Spark partitions"
     )
+    # the failure rates default to d.* with --ft on and to 0 with --ft off (see FT_ONLY)
     ap.add_argument(
         "--fail-rate",
         type=rate,
-        default=d.fail_rate,
-        help="share of sentences that raise on their first attempt",
+        default=argparse.SUPPRESS,
+        help="share of sentences that raise on their first attempt "
+        f"(default: {d.fail_rate}; 0 with --ft off)",
     )
     ap.add_argument(
         "--poison-rate",
         type=rate,
-        default=d.poison_rate,
-        help="share of sentences that raise on every attempt (dead letters)",
+        default=argparse.SUPPRESS,
+        help="share of sentences that raise on every attempt (dead letters) "
+        f"(default: {d.poison_rate}; 0 with --ft off)",
     )
     ap.add_argument(
         "--drop-rate",
         type=rate,
-        default=d.drop_rate,
-        help="share of sentences losing words in transit on the first attempt (timeouts)",
+        default=argparse.SUPPRESS,
+        help="share of sentences losing words in transit on the first attempt (timeouts) "
+        f"(default: {d.drop_rate}; 0 with --ft off)",
     )
     ap.add_argument(
         "--storage",
@@ -492,7 +524,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.max_attempts,
         help="attempts per sentence before it is dead-lettered",
     )
-    ap.add_argument("--ft", choices=("on", "off"), default="on", help="fault tolerance on/off")
+    ap.add_argument(
+        "--ft",
+        choices=("on", "off"),
+        default="on",
+        help="fault tolerance on/off; off runs the same Spark plan without xorack, with no "
+        "failures injected (an injected failure would fail the Spark job): the failure and "
+        "acker options are refused with it",
+    )
     ap.add_argument(
         "--seed",
         type=_seed,
@@ -507,6 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--master",
+        type=spark_master,
         default=None,
         help="Spark master URL, e.g. local-cluster[2,1,1024] (two executor JVMs on this "
         "machine) or spark://host:7077; default: the embedded local session",
@@ -538,6 +578,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--workdir",
+        type=_workdir,
         default=None,
         metavar="DIR",
         help="a resumable job in DIR (the word-count sink, the staged rows and, unless "
@@ -612,21 +653,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("--workdir (a resumable job) needs --ackers 1")
         if os.path.exists(args.workdir) and not os.path.isdir(args.workdir):
             parser.error(f"--workdir {args.workdir!r} is a file, not a directory")
-    if args.storage != "memory" and args.ft == "on":
+    ft = args.ft == "on"
+    if not ft:
+        refused = [option for option, given in _ft_only(args).items() if given]
+        if refused:
+            parser.error(
+                f"{', '.join(refused)}: not with --ft off (without the acker an injected "
+                "failure fails the Spark job, and nothing is stored or retried); drop "
+                f"{'it' if len(refused) == 1 else 'them'} or use --ft on"
+            )
+    if args.workdir is not None:  # created now: a directory that cannot be is an option error
+        _make_workdir(parser, args.workdir)
+    if args.storage != "memory" and ft:
         from .sharding import Shard, shard_storage
 
         for k in range(args.ackers):  # each acker process opens its own file
             spec = shard_storage(args.storage, Shard(k, args.ackers))
             check_storage_opens(parser, "--storage", spec)
-    ft = args.ft == "on"
-    rates = (args.fail_rate, args.poison_rate, args.drop_rate)
-    if not ft and any(rates):
-        print(
-            "xorack demo: failure injection needs --ft on (without the acker an injected "
-            "failure fails the Spark job); running without failures",
-            file=sys.stderr,
-        )
-        rates = (0.0, 0.0, 0.0)
+    d = DemoConfig()
+    rates = (
+        given.get("fail_rate", d.fail_rate if ft else 0.0),
+        given.get("poison_rate", d.poison_rate if ft else 0.0),
+        given.get("drop_rate", d.drop_rate if ft else 0.0),
+    )
     cfg = DemoConfig(
         records=given.get("records", DEFAULT_RECORDS),
         partitions=args.partitions,
@@ -659,6 +708,47 @@ def main(argv: Sequence[str] | None = None) -> int:
 STREAM_OPTIONS = ("files", "interval", "trigger", "timeout")
 
 
+def _ft_only(args: argparse.Namespace) -> dict[str, bool]:
+    """The options that mean something only with --ft on, and whether each was given (a rate
+    of 0 and a value equal to its default are harmless)."""
+    d, given = DemoConfig(), vars(args)
+    out = {
+        f"--{name.replace('_', '-')} {given[name]:g}": bool(given.get(name))
+        for name in ("fail_rate", "poison_rate", "drop_rate")
+        if name in given
+    }
+    out.update(
+        {
+            f"--storage {args.storage}": args.storage != d.storage,
+            f"--max-attempts {args.max_attempts}": args.max_attempts != d.max_attempts,
+            f"--ackers {args.ackers}": args.ackers != d.ackers,
+            "--plain-failures": args.plain_failures,
+            f"--combine {args.combine}": args.combine != d.combine,
+            f"--optimistic {args.optimistic}": args.optimistic != d.optimistic,
+        }
+    )
+    return out
+
+
+def _workdir(text: str) -> str:
+    """``--workdir``: a directory name (checked and created in :func:`main`)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the directory is empty (e.g. --workdir /tmp/wc)")
+    return text
+
+
+def _make_workdir(parser: argparse.ArgumentParser, workdir: str) -> None:
+    """Create ``--workdir`` (kept: a second run resumes the job) and check that files can be
+    written there, or exit with an option error."""
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=workdir):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        parser.error(f"argument --workdir: cannot create or write {workdir!r}: {reason}")
+
+
 def _main_stream(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """``xorack demo --stream``: the options checked, the streaming demo run and reported."""
     from .cli import check_storage_opens
@@ -683,9 +773,9 @@ def _main_stream(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         files=given.get("files", d.files),
         records=given.get("records", d.records),
         partitions=args.partitions,
-        fail_rate=args.fail_rate,
-        poison_rate=args.poison_rate,
-        drop_rate=args.drop_rate,
+        fail_rate=given.get("fail_rate", d.fail_rate),
+        poison_rate=given.get("poison_rate", d.poison_rate),
+        drop_rate=given.get("drop_rate", d.drop_rate),
         storage=args.storage,
         seed=args.seed,
         max_attempts=args.max_attempts,

@@ -14,6 +14,7 @@ pytest.importorskip("pyspark", reason="pyspark is not installed: install xorack[
 pytestmark = pytest.mark.spark
 
 
+@pytest.mark.fallback_smoke  # CI runs it on the pure-Python install too
 def test_demo_json_with_failures_injected_loses_nothing(spark, capsys):
     code = demo.main(
         [
@@ -56,6 +57,26 @@ def test_demo_reference_excludes_exactly_the_poisoned_sentences():
     ref = demo.reference_counts(cfg)
     assert sum(ref.values()) < sum(clean.values())
     assert not (set(ref) & demo.STOP_WORDS)
+
+
+def test_demo_with_ft_off_injects_nothing_and_reports_no_acker(spark, capsys):
+    """--ft off runs the plain Spark plan: the default failure rates are not applied (nothing
+    to say about them), and the report has no account of the records (no acker counted them)."""
+    code = demo.main(["--records", "300", "--ft", "off", "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert captured.err == ""
+    text = captured.out
+    assert "FT                     off" in text
+    assert "results match          yes" in text
+    for acker_line in ("LOST", "dead-lettered", "completed", "replayed", "source records"):
+        assert acker_line not in text, text
+    code = demo.main(["--records", "300", "--ft", "off", "--fail-rate", "0", "--json"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0
+    assert report["ft"] is False
+    assert report["lost"] is None
+    assert report["results_match"] is True
 
 
 def test_demo_rejects_bad_options(capsys):
