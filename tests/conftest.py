@@ -28,12 +28,17 @@ def _backend_params() -> list:
 SEPARATE_GROUPS = ("cluster", "driver_crash")
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects: a marker added here counts
 def pytest_collection_modifyitems(config, items):
     """The cluster group (tests/spark/test_cluster.py) needs a Spark JVM of its own (one
     SparkContext per JVM, and the other tests share a local one); the driver-crash group
     (tests/spark/test_resume.py) starts two or three driver processes per test, each with its own
     Spark (~1 min a test). Each runs only when ``-m`` names it: ``python -m pytest -m cluster``,
-    ``-m driver_crash``."""
+    ``-m driver_crash``. Every test that uses the ``spark`` fixture is marked ``spark`` (so
+    ``-m "not spark or fallback_smoke"``, CI's pure-Python run, leaves out the others)."""
+    for item in items:  # a test on the shared session is a Spark test, marked or not
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)
     named = config.getoption("markexpr") or ""
     for group in SEPARATE_GROUPS:
         if group in named:

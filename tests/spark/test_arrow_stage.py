@@ -305,6 +305,7 @@ def _word_pipeline(spark, tmp_path, split, stage="arrow", ft=True, tag="", **kw)
     return p, sqlite, parquet
 
 
+@pytest.mark.fallback_smoke  # CI runs it on the pure-Python install too
 @pytest.mark.spark
 def test_arrow_split_with_failures_and_poison_is_exactly_once_in_parquet_and_sqlite(
     spark, tmp_path

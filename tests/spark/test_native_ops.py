@@ -306,6 +306,7 @@ def _fail_after(pdf: pd.DataFrame) -> pd.DataFrame:
     return pdf
 
 
+@pytest.mark.fallback_smoke  # CI runs it on the pure-Python install too
 def test_failures_after_an_aggregate_are_replayed(spark, tmp_path):
     def build(t):
         counts = t.groupBy("k").agg(F.count("*").alias("n"), F.sum("x").alias("sx"))

@@ -89,6 +89,7 @@ def _fail_on_first_attempt(pdf: pd.DataFrame) -> pd.DataFrame:
     return _split(pdf)
 
 
+@pytest.mark.fallback_smoke  # CI runs it on the pure-Python install too
 def test_failing_rows_are_bisected_and_replayed_exactly_once(spark, tmp_path):
     p, sink = _word_pipeline(spark, tmp_path, split=_fail_on_first_attempt)
     report = p.run()
@@ -140,6 +141,7 @@ def _poison(pdf: pd.DataFrame) -> pd.DataFrame:
     return _split(pdf)
 
 
+@pytest.mark.fallback_smoke  # CI runs it on the pure-Python install too
 def test_poison_records_end_in_dead_letters(spark, tmp_path):
     p, sink = _word_pipeline(spark, tmp_path, split=_poison, max_attempts=3)
     report = p.run()
@@ -351,6 +353,7 @@ class _FlakySink(SQLiteSink):
         return _FlakyWriter(super().open_writer(partition))
 
 
+@pytest.mark.fallback_smoke  # CI runs it on the pure-Python install too
 def test_a_failing_sink_write_replays_its_records(spark, tmp_path):
     sink = _FlakySink(str(tmp_path / "flaky.db"), "words")
     p = Pipeline(spark)
@@ -385,6 +388,7 @@ def _distinct_words_failing_once(pdf: pd.DataFrame) -> pd.DataFrame:
     return _distinct_words(pdf)
 
 
+@pytest.mark.fallback_smoke  # CI runs it on the pure-Python install too
 @pytest.mark.parametrize("ft", [True, False])
 def test_grouped_stage_fails_whole_groups_and_replays_them(spark, tmp_path, ft):
     sink = SQLiteSink(str(tmp_path / f"grouped-{ft}.db"), "words")

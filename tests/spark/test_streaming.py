@@ -251,6 +251,7 @@ def _fail_second_half(pdf: pd.DataFrame) -> pd.DataFrame:
     return pdf
 
 
+@pytest.mark.fallback_smoke  # CI runs it on the pure-Python install too
 def test_replays_and_dead_letters_settle_while_the_stream_runs(spark, tmp_path):
     """Without stop(): an idle stream replays its failed records (no next micro-batch is
     needed), and the rows of records that end dead-lettered leave the sinks as soon as they do:

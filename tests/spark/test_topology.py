@@ -81,6 +81,7 @@ class MapB:
         return pdf.assign(v=pdf["v"] * 10, origin="B")
 
 
+@pytest.mark.fallback_smoke  # CI runs it on the pure-Python install too
 def test_fault_tolerance_with_topology(spark, tmp_path):
     from pyspark.sql import functions as F
 
