@@ -157,7 +157,6 @@ class RoundBuilder:
             # round-robin repartition only fixes the partitioning that replays are routed by)
             plain_output = node.derived is not None and not ctx.ft
             prepared = fresh if plain_output else node.prepare(fresh, ctx)
-            ordered = True  # a retried task reads the partition in the same order
             if cfg.resume and (node.repartition or node.derived is not None):
                 # a shuffle's (or a barrier's) output order within a partition varies from run
                 # to run: a resumed job skips a prefix of each partition, so fix the order
@@ -165,17 +164,15 @@ class RoundBuilder:
             elif ctx.ft and cfg.deterministic_ids and ctx.chunk_bits and shuffled(prepared):
                 # chunked source ids follow the rows' positions: after a shuffle a retried task
                 # may read the partition in another order, so order it by content (rows with
-                # the same hash are the same row but for a 2**-64 accident); a type Spark
-                # cannot hash (a map) keeps random ids: a retry then makes copies
-                if hashable(prepared.schema):
-                    prepared = prepared.sortWithinPartitions(
-                        F.xxhash64(*[F.col(q(c)) for c in node.columns])
-                    )
-                else:
-                    ordered = False
-            if not (cfg.deterministic_ids and ordered):
+                # the same hash are the same row but for a 2**-64 accident; a map is hashed as
+                # its entries sorted by key, which Spark cannot hash as a map)
+                fields = {f.name: f.dataType for f in prepared.schema.fields}
+                prepared = prepared.sortWithinPartitions(
+                    F.xxhash64(*[content_of(F.col(q(c)), fields[c]) for c in node.columns])
+                )
+            if not cfg.deterministic_ids:
                 self.work.reproducible = False
-            tagged = node.tagged(ctx, prepared, ordered)
+            tagged = node.tagged(ctx, prepared)
         if not (ctx.ft and self.replays_wanted):
             return (with_pending(tagged) if ctx.ft and tagged is not None else tagged), 0
         if tagged is None and ctx.on_replays is None:
@@ -312,4 +309,38 @@ def hashable(schema: Any) -> bool:
     return ok(schema)
 
 
-__all__ = ["RoundBuilder", "RoundWork", "hashable", "shuffled"]
+def content_of(c: Any, t: Any) -> Any:
+    """Column ``c`` of Spark type ``t`` in a form Spark's hash functions take and that depends
+    on its content only: a map becomes the array of its entries sorted by key (two equal maps
+    built in another order hash alike), inside arrays and structs too; any other type is
+    ``c`` itself.
+
+    >>> # F.xxhash64(content_of(F.col("m"), MapType(StringType(), LongType())))
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    if hashable(t):
+        return c
+    if isinstance(t, MapType):
+
+        def by_key(a: Any, b: Any) -> Any:
+            return F.when(a["key"] < b["key"], -1).when(a["key"] > b["key"], 1).otherwise(0)
+
+        entries = F.array_sort(F.map_entries(c), by_key)
+        if hashable(t.valueType):  # a key is never a map
+            return entries
+        return F.transform(
+            entries,
+            lambda e: F.struct(
+                e["key"].alias("key"), content_of(e["value"], t.valueType).alias("value")
+            ),
+        )
+    if isinstance(t, ArrayType):
+        return F.transform(c, lambda x: content_of(x, t.elementType))
+    assert isinstance(t, StructType)
+    fields = [content_of(c[f.name], f.dataType).alias(f.name) for f in t.fields]
+    return F.when(c.isNull(), F.lit(None)).otherwise(F.struct(*fields))
+
+
+__all__ = ["RoundBuilder", "RoundWork", "content_of", "hashable", "shuffled"]

@@ -26,6 +26,7 @@ from .outputs import (
     WindowAggregate,
 )
 from .plan import Plan
+from .reproducible import check_reproducible
 from .rows import (
     GroupStage,
     PythonStage,
@@ -180,6 +181,8 @@ class PlanBuilder:
         out = self.analyze(
             op.describe(), lambda: op.declare(given) if self.ft else op.apply(given, False)
         )
+        if self.ft and kind != "join":  # a lookup side is read afresh each round, as Spark reads it
+            check_reproducible(op.describe(), out)
         schema = self.payload_schema(out)
         node = RowOperation(
             name,
@@ -218,8 +221,16 @@ class PlanBuilder:
         return self._add(node)
 
     def transform(self, parent: Node, fn: Callable[[Any], Any], name: str | None) -> Node:
+        name = self.unique(name, "transform")
+        if self.ft:
+            try:  # fn is applied to each round's frames: what it would add, on an empty one
+                out = fn(self.prototype(parent))
+            except Exception:  # it needs the lineage columns, or fails: the run will say so
+                out = None
+            if out is not None:
+                check_reproducible(f"transform {name!r}", out)
         node = Transform(
-            self.unique(name, "transform"),
+            name,
             (parent,),
             parent.columns,
             parent.schema,
@@ -274,6 +285,8 @@ class PlanBuilder:
         else:  # it reads its parents' frames as they are
             protos = [self.prototype(p) for p in parents]
         out = self.analyze(spec.describe(), lambda: spec.compute(protos))
+        if self.ft:
+            check_reproducible(spec.describe(), out)
         schema = out.schema
         name = self.unique(None, cls.label)
         cols = tuple(schema.fieldNames())

@@ -42,6 +42,7 @@ from .optimistic_round import how_phase_runs
 from .outputs import Aggregate
 from .plan import Plan
 from .report import REPORT_KEYS, RoundInfo, RunReport
+from .reproducible import check_speculation
 from .tracked import GroupedTracked, Tracked
 
 
@@ -292,6 +293,8 @@ class Pipeline:
         """
         ctx = RunContext(self.config, self._builder.plan())
         ctx.plan.sinks()  # a plan without a sink is an error
+        if self.ft:
+            check_speculation(self.spark)
         self._before, self._run = self._run, ctx
         return BatchRun(ctx).run(on_round)
 
@@ -324,6 +327,8 @@ class Pipeline:
         """
         from .streaming import StreamingRun, checkpoint_config
 
+        if self.ft:
+            check_speculation(self.spark)
         config = checkpoint_config(self.config, checkpoint_location)
         # an aggregation stages rows in a stream (its chunks would span micro-batches)
         config = dataclasses.replace(config, combine=False)

@@ -110,7 +110,7 @@ class Source(Node):
             return None
         return column
 
-    def tagged(self, ctx: RunContext, df: Any, ordered: bool = True) -> Any:
+    def tagged(self, ctx: RunContext, df: Any) -> Any:
         """The rows of ``df`` with their lineage: ids drawn and the rows persisted by the
         executors' :class:`~xorack.spark.tagging.SourceTagger` (FT on)."""
         if not ctx.ft:
@@ -126,7 +126,6 @@ class Source(Node):
             id_salt=cfg.id_salt,
             batch=ctx.round,
             chunk_bits=ctx.chunk_bits,
-            ordered=ordered,
             progress=cfg.resume,
             skip=tuple(sorted(ctx.resume_skip.get(self.index, {}).items())),
             event_time=self.event_time(ctx),

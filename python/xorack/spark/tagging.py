@@ -51,7 +51,6 @@ class SourceTagger:
     tls_root_certs: bytes | None = None  # PEM the executors trust for a grpc+tls:// acker
     job: str | None = None  # the pipeline run's namespace on the acker
     chunk_bits: int = 0  # > 0: source ids drawn in aligned blocks (chunks) of 2**chunk_bits
-    ordered: bool = True  # a retried task reads each partition in the same order
     progress: bool = False  # note each persist's end row in its partition (a resumable job)
     skip: tuple[tuple[int, int], ...] = ()  # ((batch << 16) | partition, rows persisted before)
     # the input columns' real names when they cross mapInArrow under others (PySpark reads a
@@ -89,7 +88,7 @@ class SourceTagger:
                     f"source {self.name!r}: key column(s) {missing} not in the input columns "
                     f"{batch.schema.names}"
                 )
-            if self.deterministic and self.chunk_bits and self.ordered:  # a stable order
+            if self.deterministic and self.chunk_bits:  # a stable order (content-sorted)
                 rec = position_record_ids(offset, n, self.batch, self.source, partition, salt)
             elif self.deterministic:
                 # a keyed source's identical rows share a partition (hash partitioning by the
@@ -125,7 +124,7 @@ class SourceTagger:
             # a deterministic source derives its source ids too (a retried task re-creates
             # them: the acker keeps one record instead of a copy it would replay)
             src_ids = None
-            if self.deterministic and self.chunk_bits and self.ordered:
+            if self.deterministic and self.chunk_bits:
                 src_ids = position_chunk_ids(
                     offset - n, n, self.chunk_bits, self.batch, self.source, partition, salt
                 )
@@ -143,7 +142,7 @@ class SourceTagger:
                 births=rec,
                 src_ids=src_ids,
                 **({"progress": (key, offset)} if self.progress else {}),
-                **({"idempotent": True} if self.deterministic and self.ordered else {}),
+                **({"idempotent": True} if self.deterministic else {}),
                 **({"event_time": times} if times is not None else {}),
             )
             src = np.asarray(src, dtype=np.uint64)

@@ -265,8 +265,7 @@ class TrackedRounds:
             raise NativeRowError(
                 f"phase {self.phase}: {error.message} — isolating the row reads the input "
                 "again, which must give every record the ids it got the first time: run with "
-                "deterministic_ids=True (a source whose shuffled rows have a map column cannot "
-                "be read in the same order: drop or convert the map column before p.source())"
+                "deterministic_ids=True"
             ) from exc
         gone_ids = ids_frame(ctx.spark, gone)
         copies = 0
