@@ -61,14 +61,19 @@ EOF
 echo "== build and install (pip install --no-build-isolation --no-deps .)"
 BUILD_DIR="$OUT_DIR/build"
 t0=$(date +%s)
-if ! PIP_NO_INDEX=1 $PY -m pip install -q --no-build-isolation --no-deps . >"$OUT_DIR/pip.log" 2>&1; then
-    echo "  the default build failed (tail of $OUT_DIR/pip.log):"
-    tail -15 "$OUT_DIR/pip.log"
-    echo "  retrying with -Cbuild-dir=$BUILD_DIR"
-    PIP_NO_INDEX=1 $PY -m pip install -q --no-build-isolation --no-deps \
-        -Cbuild-dir="$BUILD_DIR" . >"$OUT_DIR/pip2.log" 2>&1 ||
-        { tail -30 "$OUT_DIR/pip2.log"; fail "pip could not build xorack (logs above)"; }
-fi
+built=0
+# 1. as is; 2. in a fresh build directory; 3. the same into an externally managed Python
+for extra in "" "-Cbuild-dir=$BUILD_DIR" "-Cbuild-dir=$BUILD_DIR --break-system-packages"; do
+    # shellcheck disable=SC2086
+    if PIP_NO_INDEX=1 $PY -m pip install -q --no-build-isolation --no-deps $extra . \
+        >"$OUT_DIR/pip.log" 2>&1; then
+        built=1
+        break
+    fi
+    echo "  pip install --no-build-isolation --no-deps $extra . FAILED; its last lines:"
+    tail -12 "$OUT_DIR/pip.log" | sed 's/^/    /'
+done
+[ "$built" = 1 ] || fail "pip could not build and install xorack (logs above, $OUT_DIR/pip.log)"
 echo "  built and installed in $(($(date +%s) - t0)) s"
 
 echo "== the installed package"
