@@ -35,7 +35,6 @@ BATCH = 1 << 16
 PENDING = int(float(os.environ.get("XORACK_BENCH_SVC_PENDING", str(16 * BATCH))))
 PROCS = int(os.environ.get("XORACK_BENCH_SVC_PROCS", "2"))
 BATCHES = int(os.environ.get("XORACK_BENCH_SVC_BATCHES", "8"))
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_payload(n: int, start: int = 0) -> pa.RecordBatch:
@@ -73,25 +72,43 @@ def event_batches(src: np.ndarray, count: int, seed: int) -> list[tuple[np.ndarr
 # ---- the client process of the multi-process benchmark ------------------------------------
 
 
-def _worker(location: str, records: int, batches: int, seed: int) -> None:
-    """Persist ``records``, then on each "xor" line send ``batches`` batches and report."""
+def _worker(location: str, records: int, batches: int, seed: int, send: str = "direct") -> None:
+    """Persist ``records``, then on each "xor" line send ``batches`` batches and report.
+
+    ``send``: ``direct`` = one ``xor`` call per batch (a sharded client splits each into one
+    request per shard); ``coalesced`` = ``xor_deferred`` per batch and a ``flush`` at the end
+    of the round (each shard's events go as requests of up to ``deferred.limit`` events), as a
+    Spark task defers its events and flushes before it ends."""
+    import xorack
     from xorack.service import AckerClient
 
+    if send not in ("direct", "coalesced"):
+        raise SystemExit(f"--worker: send must be direct or coalesced, got {send!r}")
     client = AckerClient.get(location)
     t0 = time.perf_counter()
     src = persist_pending(client, records, seed)
     persist_s = time.perf_counter() - t0
     events = event_batches(src, batches, seed + 1)
-    print(json.dumps({"ready": True, "persist_s": persist_s, "records": len(src)}), flush=True)
+    ready = {"ready": True, "persist_s": persist_s, "records": len(src)}
+    ready |= {"backend": xorack.backend, "xorack": str(Path(xorack.__file__).resolve().parent)}
+    print(json.dumps(ready), flush=True)
     for line in sys.stdin:
         if line.strip() != "xor":
             break
         t0 = time.perf_counter()
-        for ids, values in events:
-            client.xor(ids, values)
+        sent0 = client.deferred.requests
+        if send == "direct":
+            for ids, values in events:
+                client.xor(ids, values)
+        else:
+            for ids, values in events:
+                client.xor_deferred(ids, values)
+            client.flush()
         elapsed = time.perf_counter() - t0
         n = sum(len(ids) for ids, _ in events)
-        print(json.dumps({"xor_s": elapsed, "events": n}), flush=True)
+        report = {"xor_s": elapsed, "events": n, "cpu_s": time.process_time()}
+        report["coalesced_requests"] = client.deferred.requests - sent0
+        print(json.dumps(report), flush=True)
 
 
 # ---- benchmarks -----------------------------------------------------------------------------
@@ -99,6 +116,7 @@ def _worker(location: str, records: int, batches: int, seed: int) -> None:
 if __name__ != "__main__":
     import pytest
 
+    from native_only import child_env
     from xorack import FTLayer
     from xorack.service import AckerClient, AckerService
 
@@ -184,7 +202,7 @@ if __name__ != "__main__":
     def test_xor_several_client_processes(benchmark, acker, bench_report):
         """XOR events/s with PROCS client processes sending at once (each its own connection)."""
         _ft, svc, _client, _src = acker
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+        env = child_env()
         procs = [
             subprocess.Popen(
                 [
@@ -231,7 +249,7 @@ if __name__ != "__main__":
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 6 and sys.argv[1] == "--worker":
-        _worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    if len(sys.argv) in (6, 7) and sys.argv[1] == "--worker":
+        _worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), *sys.argv[6:])
     else:
         sys.exit(f"usage: run with pytest (see the module docstring); got {sys.argv[1:]}")

@@ -16,6 +16,7 @@
 #include "ack_table.hpp"
 #include "flat_table.hpp"
 #include "lineage.hpp"
+#include "sharding.hpp"
 #include "timeout_wheel.hpp"
 
 namespace py = pybind11;
@@ -339,6 +340,26 @@ void bind_acker(py::module_& m) {
       xorack::xor_reduce(s, v, n, ks, xs);
     }
     return py::make_tuple(to_array(ks), to_array(xs));
+  });
+
+  m.def("split_by_shard", [](const py::array& ids, const py::array& vals, uint32_t count,
+                             unsigned shift) {
+    const uint64_t* s = u64(ids, "ids");
+    const uint64_t* v = u64(vals, "values");
+    same_len(ids, "ids", vals, "values");
+    if (count < 1) throw py::value_error("count must be >= 1");
+    if (shift > 10) throw py::value_error("shift must be in [0, 10]");
+    size_t n = size_t(ids.size());
+    U64Array out_ids(static_cast<py::ssize_t>(n)), out_vals(static_cast<py::ssize_t>(n));
+    py::array_t<int64_t> offsets(static_cast<py::ssize_t>(count) + 1);
+    uint64_t* oi = out_ids.mutable_data();
+    uint64_t* ov = out_vals.mutable_data();
+    int64_t* off = offsets.mutable_data();
+    {
+      py::gil_scoped_release nogil;
+      xorack::split_by_shard(s, v, n, shift, count, oi, ov, off);
+    }
+    return py::make_tuple(out_ids, out_vals, offsets);
   });
 
   m.def("parent_index", [](const py::array& in_rec, const py::array& lineage) {

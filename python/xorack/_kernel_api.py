@@ -92,6 +92,11 @@ class KernelBackend(Protocol):
         self, origin: np.ndarray, parent: np.ndarray, ordinal: np.ndarray, salt: int, /
     ) -> np.ndarray: ...
 
+    # the client's side of a sharded acker (cpp/sharding.hpp)
+    def split_by_shard(
+        self, ids: np.ndarray, values: np.ndarray, count: int, shift: int, /
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
     # partitioners (cpp/partitioners.hpp)
     def pmod_partition(self, hashes: np.ndarray, n: int, inplace: bool = ..., /) -> np.ndarray: ...
     def round_robin_partition(self, count: int, n: int, start: int, /) -> np.ndarray: ...
@@ -139,6 +144,7 @@ KERNEL_FUNCTIONS: dict[str, tuple[int, int]] = {
     "anchor": (4, 4),
     "parent_index": (2, 2),
     "derive_ids": (4, 4),
+    "split_by_shard": (4, 4),
     "pmod_partition": (2, 3),
     "round_robin_partition": (3, 3),
     "shuffle_partition": (4, 4),

@@ -39,6 +39,8 @@ import pyarrow.flight as flight
 
 from ._checks import as_u64, same_length
 from .errors import ServiceError
+from .event_buffer import EventBuffer, Kind, Part
+from .ftlayer import _chunk_bits as check_chunk_bits
 from .ftlayer import check_persist_args  # the FT layer's own checks, before the wire
 from .protocol import (
     AUTH_HEADER,
@@ -57,7 +59,7 @@ from .protocol import (
     check_job,
     check_token,
 )
-from .sharding import BLOCK_BITS, draw_ids, shard_of, split_locations
+from .sharding import BLOCK_BITS, draw_ids, shard_of, split_by_shard, split_locations
 from .storage import check_progress
 
 __all__ = [
@@ -230,6 +232,9 @@ class AckerClient:
                 ("grpc.max_reconnect_backoff_ms", 1000),
             ],
         )
+        #: The events of :meth:`xor_deferred` calls not sent yet (``deferred.limit`` events
+        #: make a request; see :mod:`xorack.event_buffer`).
+        self.deferred = EventBuffer(1, self._send_deferred)
 
     @classmethod
     def get(
@@ -271,10 +276,14 @@ class AckerClient:
         return client
 
     def close(self) -> None:
-        """Close the connection (only in the process that opened it) and drop it from the cache."""
+        """Send the deferred events, close the connection (only in the process that opened it)
+        and drop it from the cache."""
         forget_client(self)
         if os.getpid() == self._pid:
-            self._client.close()
+            try:
+                self.flush()
+            finally:
+                self._client.close()
 
     def __enter__(self) -> AckerClient:
         return self
@@ -291,6 +300,8 @@ class AckerClient:
                 "use AckerClient.get(location) in each process"
             )
         check_grpc_usable()
+        if self.deferred.waiting():  # deferred events go first: calls reach the acker in order
+            self.deferred.flush()
         policy = self.retry
         last: BaseException | None = None
         for attempt in range(1, policy.attempts + 1):
@@ -454,6 +465,34 @@ class AckerClient:
         # (a chunk's event is one row: splitting the rows into requests keeps it whole)
         return self._put_events("xor", lambda: dict(extra), batch)
 
+    def xor_deferred(
+        self, src_ids: Any, values: Any, hold: bool = False, chunk_bits: int = 0
+    ) -> None:
+        """:meth:`xor`, sent later: the events wait in :attr:`deferred` until ``deferred.limit``
+        of them make one request, :meth:`flush`, or any other call of this client (see
+        :mod:`xorack.event_buffer`). For callers that do not need the completions at once and
+        flush before they report their work done (a Spark task, before it ends)."""
+        src, val = _event_arrays(src_ids, values)
+        kind = _kind(hold, chunk_bits)
+        if src.size:
+            self.deferred.add([(0, src, val)], kind)
+
+    def flush(self) -> np.ndarray:
+        """Send the deferred events; the source ids their sends completed since the previous
+        flush (held ones, for ``hold``). Returns once all are applied."""
+        return self.deferred.flush()
+
+    def _send_deferred(self, parts: list[Part], kind: Kind) -> np.ndarray:
+        hold, bits = kind
+        return self._ids([self.xor(src, val, hold=hold, chunk_bits=bits) for _k, src, val in parts])
+
+    @staticmethod
+    def _ids(results: list[np.ndarray]) -> np.ndarray:
+        parts = [r for r in results if len(r)]
+        if not parts:
+            return _EMPTY_IDS.copy()
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
     def release(self, chunks: Any = (), chunk_bits: int = 0) -> np.ndarray:
         """End the held completions (``FTLayer.release``): those of ``chunks`` are replayed as
         collateral; returns their ended source ids."""
@@ -588,6 +627,25 @@ def _request_id() -> str:
     return os.urandom(16).hex()
 
 
+def _kind(hold: Any, chunk_bits: Any) -> Kind:
+    """A deferred xor's (hold, chunk_bits), checked at the call (not when it is sent)."""
+    if not isinstance(hold, (bool, np.bool_)):
+        raise TypeError(f"hold must be True or False, got {type(hold).__name__}")
+    return bool(hold), check_chunk_bits(chunk_bits)
+
+
+def _event_arrays(src_ids: Any, values: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Checked copies of a deferred xor's arrays (the caller may reuse its own)."""
+    src = as_u64(src_ids, "src_ids", nonzero=True)
+    val = as_u64(values, "values")
+    same_length(src_ids=src, values=val)
+    if isinstance(src_ids, np.ndarray) and np.may_share_memory(src, src_ids):
+        src = src.copy()
+    if isinstance(values, np.ndarray) and np.may_share_memory(val, values):
+        val = val.copy()
+    return src, val
+
+
 # --------------------------------------------------------------------------------------------
 # A sharded acker's client (the shard processes themselves: xorack.shards)
 # --------------------------------------------------------------------------------------------
@@ -672,6 +730,9 @@ class ShardedAckerClient:
         self._pid = os.getpid()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        #: The events of :meth:`xor_deferred` calls not sent yet, per shard: a shard's
+        #: ``deferred.limit`` events make one request (see :mod:`xorack.event_buffer`).
+        self.deferred = EventBuffer(self.count, self._send_deferred)
 
     @classmethod
     def get(cls, location: str, **kwargs: Any) -> Any:
@@ -679,10 +740,15 @@ class ShardedAckerClient:
         return AckerClient.get(location, **kwargs)
 
     def close(self) -> None:
-        """Close every shard's connection and the fan-out threads; drop it from the cache."""
+        """Send the deferred events, close every shard's connection and the fan-out threads;
+        drop it from the cache."""
         forget_client(self)
-        for shard in self.shards:
-            shard.close()
+        try:
+            if os.getpid() == self._pid:
+                self.flush()
+        finally:
+            for shard in self.shards:
+                shard.close()
         if self._pool is not None and os.getpid() == self._pid:
             self._pool.shutdown(wait=True)
             self._pool = None
@@ -700,7 +766,10 @@ class ShardedAckerClient:
 
     def _run(self, calls: list[Callable[[], T]]) -> list[T]:
         """Run the calls (one per shard involved) in parallel; their results in order. Every
-        call has ended when this returns or raises (the first error is raised)."""
+        call has ended when this returns or raises (the first error is raised). Deferred
+        events are sent first (every call of this client comes through here)."""
+        if self.deferred.waiting():
+            self.deferred.flush()
         if len(calls) == 1:
             return [calls[0]()]
         if self._pool is None or os.getpid() != self._pid:
@@ -809,27 +878,52 @@ class ShardedAckerClient:
         same_length(src_ids=src, values=val)
         if not src.size:
             return _EMPTY_IDS.copy()
-        kw: dict[str, Any] = {}
-        route = src
-        if hold or chunk_bits:
-            kw = {"hold": bool(hold), "chunk_bits": int(chunk_bits)}
-        if chunk_bits:
-            if not 0 < int(chunk_bits) <= BLOCK_BITS:
-                raise ValueError(
-                    f"chunk_bits={chunk_bits}: a sharded acker keeps the ids of one block of "
-                    f"2**{BLOCK_BITS} on one shard, so its chunks can have at most "
-                    f"{BLOCK_BITS} bits"
-                )
-            with np.errstate(over="ignore"):
-                route = src << np.uint64(chunk_bits)  # an id of the chunk: its block's shard
-        return self._ids(
-            self._run(
-                [
-                    _bind(self.shards[k].xor, (src, val) if r is None else (src[r], val[r]), kw)
-                    for k, r in self._split(route)
-                ]
+        return self._send_deferred(self._by_shard(src, val, chunk_bits), (hold, chunk_bits))
+
+    def xor_deferred(
+        self, src_ids: Any, values: Any, hold: bool = False, chunk_bits: int = 0
+    ) -> None:
+        """:meth:`xor`, sent later: each shard's events wait in :attr:`deferred` until
+        ``deferred.limit`` of them make one request to it, :meth:`flush`, or any other call
+        of this client (see :mod:`xorack.event_buffer`). With many shards this keeps requests
+        as large as one acker's (a plain xor splits every batch into one request per shard).
+        For callers that do not need the completions at once and flush before they report
+        their work done (a Spark task, before it ends)."""
+        src = as_u64(src_ids, "src_ids", nonzero=True)
+        val = as_u64(values, "values")
+        same_length(src_ids=src, values=val)
+        kind = _kind(hold, chunk_bits)
+        if src.size:
+            self.deferred.add(self._by_shard(src, val, kind[1]), kind)  # fresh arrays
+
+    def flush(self) -> np.ndarray:
+        """Send the deferred events (each shard's as one request, the shards in parallel); the
+        source ids their sends completed since the previous flush. Returns once all are
+        applied."""
+        return self.deferred.flush()
+
+    def _by_shard(self, src: np.ndarray, val: np.ndarray, chunk_bits: int) -> list[Part]:
+        """The events' parts per shard, ``[(shard, src, values)]``, each shard's in their
+        order (chunk events by their chunk's block): one ``split_by_shard`` kernel call."""
+        if chunk_bits and not 0 < int(chunk_bits) <= BLOCK_BITS:
+            raise ValueError(
+                f"chunk_bits={chunk_bits}: a sharded acker keeps the ids of one block of "
+                f"2**{BLOCK_BITS} on one shard, so its chunks can have at most "
+                f"{BLOCK_BITS} bits"
             )
-        )
+        ids, vals, offsets = split_by_shard(src, val, self.count, chunk_bits)
+        bounds = offsets.tolist()
+        return [
+            (k, ids[bounds[k] : bounds[k + 1]], vals[bounds[k] : bounds[k + 1]])
+            for k in range(self.count)
+            if bounds[k + 1] > bounds[k]
+        ]
+
+    def _send_deferred(self, parts: list[Part], kind: Kind) -> np.ndarray:
+        """One xor request per part, the shards in parallel; the completed source ids."""
+        hold, bits = kind
+        kw: dict[str, Any] = {"hold": bool(hold), "chunk_bits": int(bits)} if hold or bits else {}
+        return self._ids(self._run([_bind(self.shards[k].xor, (s, v), kw) for k, s, v in parts]))
 
     def release(self, chunks: Any = (), chunk_bits: int = 0) -> np.ndarray:
         """End the held completions on every shard (those of ``chunks`` replayed as

@@ -105,6 +105,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from . import kernels
 from .client import (  # re-exported: executors' code and the README import them from here
     AckerClient,
     RetryPolicy,
@@ -1137,6 +1138,10 @@ class AckerService(flight.FlightServerBase):
             "failed": failed,
             "retries_deduplicated": self.requests.hits,
             "dedup_evicted_early": self.requests.evicted_early,
+            # which kernels apply the events, and the process's CPU seconds so far (all its
+            # threads): what benchmarks/bench_shards.py reads from each shard
+            "backend": getattr(ft, "backend", None) or kernels.backend,
+            "cpu_s": time.process_time(),
         }
         return out
 

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from . import kernels
+from ._checks import as_u64, same_length
 from .acker import new_ids
 from .protocol import CHUNK_BITS
 
@@ -46,6 +48,7 @@ __all__ = [
     "mix54",
     "shard_of",
     "shard_storage",
+    "split_by_shard",
     "split_locations",
     "unmix54",
 ]
@@ -156,6 +159,30 @@ def shard_of(ids: Any, count: int) -> np.ndarray:
             xs >>= _S32  # ... scaled to [0, count): the slice they fall in
         out[start:stop] = xs
     return out
+
+
+def split_by_shard(
+    ids: Any, values: Any, count: int, chunk_bits: int = 0, backend: str | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """XOR events ``(ids, values)`` grouped by the shard that owns each id (each shard's in
+    their input order): ``(ids, values, offsets)``, shard ``k``'s events at rows
+    ``offsets[k]:offsets[k + 1]``. With ``chunk_bits`` the ids are chunk numbers, routed by
+    an id of their chunk (``id << chunk_bits``). One pass to count, one to place (native), where
+    ``shard_of`` and a gather per shard cost a pass per shard.
+
+    >>> s, v, off = split_by_shard([5, 6, 7], [1, 2, 3], 1)
+    >>> s.tolist(), off.tolist()
+    ([5, 6, 7], [0, 3])
+    """
+    count = _count(count)
+    src = as_u64(ids, "ids")
+    val = as_u64(values, "values")
+    same_length(ids=src, values=val)
+    if isinstance(chunk_bits, bool) or not isinstance(chunk_bits, (int, np.integer)):
+        raise TypeError(f"chunk_bits must be an int, got {type(chunk_bits).__name__}")
+    if not 0 <= int(chunk_bits) <= BLOCK_BITS:
+        raise ValueError(f"chunk_bits must be in [0, {BLOCK_BITS}], got {chunk_bits}")
+    return kernels.get_impl(backend).split_by_shard(src, val, count, int(chunk_bits))
 
 
 @dataclass(frozen=True)

@@ -101,3 +101,34 @@ def test_the_shard_benchmark_refuses_to_measure_the_fallback_silently() -> None:
     assert done.returncode == 2
     assert "'python' backend" in done.stderr
     assert "--allow-fallback" in done.stderr
+
+
+@pytest.mark.slow
+def test_the_shard_benchmark_says_which_kernels_every_process_ran(tmp_path) -> None:
+    """The clients and every shard import the benchmark's own xorack (not ``python/`` of the
+    checkout) and report their kernels; coalesced sending makes requests of 64 K events."""
+    import json
+    import os
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_shards.py"
+    out = tmp_path / "cells.json"
+    args = ["--clients", "1", "--shards", "2", "--records", "65536", "--batches", "2"]
+    args += ["--rounds", "1", "--out", str(out), "--allow-fallback"]
+    done = subprocess.run(
+        [sys.executable, str(script), *args],
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    cells = json.loads(out.read_text())["cells"]
+    assert [c["send"] for c in cells] == ["direct", "coalesced"]
+    for c in cells:
+        assert c["client_backends"] == [xorack.backend]
+        assert c["shard_backends"] == [xorack.backend]
+        assert c["xorack"] == [str(Path(xorack.__file__).resolve().parent)]
+    assert cells[1]["events_per_request"] == 65536  # 2 x 64K events over 2 shards
+    assert f"kernels: {xorack.backend}" in done.stdout

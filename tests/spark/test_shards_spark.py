@@ -181,3 +181,39 @@ def test_bad_ackers_arguments_are_refused_before_running(spark):
         Pipeline(spark, ackers=2, service="grpc://127.0.0.1:1,grpc://127.0.0.1:2")
     with pytest.raises(ValueError, match="not a MemoryStorage object"):
         Pipeline(spark, ackers=2, storage=MemoryStorage())
+
+
+def _split_poison_only(pdf: pd.DataFrame) -> pd.DataFrame:
+    if (pdf["id"] == 77).any():
+        raise xorack.FailRecord("poison", rows=(pdf["id"] == 77).to_numpy())
+    out = pdf.assign(word=pdf["line"].str.split()).explode("word", ignore_index=True)
+    return out[out["word"].notna()].drop(columns=["line"])
+
+
+def test_a_task_sends_each_shard_its_events_in_few_requests(spark, tmp_path):
+    """A tracked stage defers its events and flushes them at the end of its task (and before
+    a fail): with Arrow batches of 10 rows, each of the two shards gets a few requests per
+    task, not one per batch; the result is plain Spark's (the poison record 77 dead-lettered).
+    """
+    p, sink = _pipeline(
+        spark, tmp_path / "out.db", split=_split_poison_only, ackers=2, optimistic=False
+    )
+    calls: list[int] = []
+
+    def count_xor_requests(info) -> None:
+        shards = p.client.stats()["service"]["shards"]
+        calls.append(sum(s["calls"].get("xor", 0) for s in shards))
+
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "10")
+    try:
+        report = p.run(on_round=count_xor_requests)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    plain = (
+        _lines(spark).where("id != 77").selectExpr("id", "explode(split(line, ' ')) as word")
+    ).collect()
+    assert _rows(sink) == sorted((r.id, r.word) for r in plain)
+    assert report.lost == 0
+    # the stage saw 20 batches in the first round: a request per batch and shard would be 40+
+    assert calls, "no round reported"
+    assert calls[0] < 20, calls

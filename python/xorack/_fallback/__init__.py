@@ -4,5 +4,6 @@
 from .ack_table import *  # noqa: F403
 from .lineage import *  # noqa: F403
 from .partitioners import *  # noqa: F403
+from .sharding import *  # noqa: F403
 from .spark_hash import *  # noqa: F403
 from .timeout_wheel import *  # noqa: F403

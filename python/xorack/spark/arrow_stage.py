@@ -33,6 +33,7 @@ from .stages import (
     anchor_outputs,
     born_ids,
     call_bisecting,
+    deferred_events,
     i64,
     u64,
 )
@@ -144,15 +145,16 @@ class ArrowStageRunner:
                     if out.num_rows:
                         yield self._select(out, lineage=False)
             return
-        client = acker_of(self.round_xor, self.location, self.token, self.tls_root_certs, self.job)
-        for batch in batches:
-            if getattr(client, "failed", False):
-                continue  # an optimistic round that failed a row is lost: skip its work
-            if self.born is not None:
-                src, rec = born_ids(batch.num_rows, self.born, client)
-                batch = batch.append_column(SRC, pa.array(i64(src), pa.int64()))
-                batch = batch.append_column(REC, pa.array(i64(rec), pa.int64()))
-            yield from self.process(batch, client)
+        acker = acker_of(self.round_xor, self.location, self.token, self.tls_root_certs, self.job)
+        with deferred_events(acker) as client:  # flushed before the task's end
+            for batch in batches:
+                if getattr(client, "failed", False):
+                    continue  # an optimistic round that failed a row is lost: skip its work
+                if self.born is not None:
+                    src, rec = born_ids(batch.num_rows, self.born, client)
+                    batch = batch.append_column(SRC, pa.array(i64(src), pa.int64()))
+                    batch = batch.append_column(REC, pa.array(i64(rec), pa.int64()))
+                yield from self.process(batch, client)
 
     def _select(self, out: pa.RecordBatch, lineage: bool) -> pa.RecordBatch:
         """The declared columns of one output batch, in order and of the declared types (plus

@@ -181,6 +181,43 @@ def acker_of(
     return client_of(location, token, tls_root_certs, job)
 
 
+class DeferredEvents:
+    """A task's view of its acker client: ``xor`` defers the events (``xor_deferred``: each
+    acker shard's events of the task go as requests of 64 K, not one request per shard per
+    Arrow batch); every other call is the client's own, which sends the deferred events first.
+    Made by :func:`deferred_events`, which flushes them before the task ends."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def xor(self, src_ids: Any, values: Any, hold: bool = False, chunk_bits: int = 0) -> None:
+        """Defer these events (the completions are not needed by a task)."""
+        self.client.xor_deferred(src_ids, values, hold=hold, chunk_bits=chunk_bits)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+@contextlib.contextmanager
+def deferred_events(client: Any) -> Iterator[Any]:
+    """Around a task's loop over its batches: ``client`` with its events deferred
+    (:class:`DeferredEvents`) and flushed when the loop ends, so every event of the task is
+    applied before the task's last output reaches Spark (and when it fails, the events of
+    the batches before are sent as they were before deferring; a flush error then does not
+    hide the task's own). An optimistic round's accumulator (no ``xor_deferred``) is given
+    as it is."""
+    if not hasattr(client, "xor_deferred"):
+        yield client
+        return
+    try:
+        yield DeferredEvents(client)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            client.flush()
+        raise
+    client.flush()
+
+
 # --------------------------------------------------------------------------------------------
 # tracked stages
 
@@ -504,16 +541,17 @@ class StageRunner:
                 for out in _as_frames(self.fn(pdf), self.name):
                     yield self._select(out, lineage=False)
             return
-        client = acker_of(self.round_xor, self.location, self.token, self.tls_root_certs, self.job)
-        for pdf in pdfs:
-            if getattr(client, "failed", False):
-                continue  # an optimistic round that failed a row is lost: skip its work
-            if self.born is not None:
-                src, rec = born_ids(len(pdf), self.born, client)
-                pdf[SRC], pdf[REC] = i64(src), i64(rec)
-            done = self.process(pdf, client)
-            if done is not None:
-                yield done
+        acker = acker_of(self.round_xor, self.location, self.token, self.tls_root_certs, self.job)
+        with deferred_events(acker) as client:
+            for pdf in pdfs:
+                if getattr(client, "failed", False):
+                    continue  # an optimistic round that failed a row is lost: skip its work
+                if self.born is not None:
+                    src, rec = born_ids(len(pdf), self.born, client)
+                    pdf[SRC], pdf[REC] = i64(src), i64(rec)
+                done = self.process(pdf, client)
+                if done is not None:
+                    yield done
 
     def _check_columns(self, out: pd.DataFrame) -> None:
         missing = [c for c in self.columns if c not in out.columns]
