@@ -38,7 +38,7 @@ def make_split(fixed: bool, every: int):
             if bad.any():
                 raise xorack.FailRecord("a bug", rows=bad)
         out = pdf.assign(word=pdf["line"].str.split()).explode("word", ignore_index=True)
-        return out[out["word"].notna()][["id", "word", "line"]]
+        return out[out["word"].notna()]
 
     return split
 
@@ -58,7 +58,11 @@ def job(spark, where: str, fixed: bool, lines: int, every: int):
     df = spark.range(lines, numPartitions=4).select(
         F.col("id"),
         F.concat_ws(
-            " ", *[F.concat(F.lit("w"), ((F.col("id") * (7 + k)) % 5003).cast("string")) for k in range(5)]
+            " ",
+            *[
+                F.concat(F.lit("w"), ((F.col("id") * (7 + k)) % 5003).cast("string"))
+                for k in range(5)
+            ],
         ).alias("line"),
     )
     words = p.source(df, name="lines").map_in_pandas(

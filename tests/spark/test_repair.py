@@ -17,8 +17,6 @@ from pyspark.sql import functions as F
 from xorack.spark import ParquetSink, Pipeline, SQLiteSink
 from xorack.spark.repair import RepairRefused
 
-pytestmark = pytest.mark.spark
-
 LINES = [f"w{i % 7} v{i % 5} {'bad#' if i % 9 == 0 else 'ok'} x{i % 3}" for i in range(60)]
 
 
@@ -107,6 +105,7 @@ def _copy(ran, tmp_path):
     shutil.copytree(ran[0], tmp_path, dirs_exist_ok=True)
 
 
+@pytest.mark.spark
 def test_a_fixed_stage_repairs_the_dead_letters_into_every_sink_exactly_once(spark, tmp_path, ran):
     bad = sum("#" in s for s in LINES)
     _copy(ran, tmp_path)
@@ -142,6 +141,7 @@ def test_a_fixed_stage_repairs_the_dead_letters_into_every_sink_exactly_once(spa
     assert _held(spark, sinks) == whole
 
 
+@pytest.mark.spark
 def test_records_that_still_fail_stay_dead_lettered_with_the_new_reason(spark, tmp_path, ran):
     _copy(ran, tmp_path)
     partly, sinks = _job(spark, tmp_path, fixed=True, still="w0")
@@ -163,6 +163,7 @@ def test_records_that_still_fail_stay_dead_lettered_with_the_new_reason(spark, t
     assert _held(spark, sinks) == _oracle(spark, lambda s: True)
 
 
+@pytest.mark.spark
 def test_a_repair_cut_short_midway_is_finished_once(spark, tmp_path, monkeypatch, ran):
     from xorack.spark import repair as repair_module
 
@@ -190,6 +191,7 @@ def test_a_repair_cut_short_midway_is_finished_once(spark, tmp_path, monkeypatch
     assert _held(spark, sinks) == _oracle(spark, lambda s: True)
 
 
+@pytest.mark.spark
 def test_what_cannot_be_merged_is_refused_before_anything_is_written(spark, tmp_path):
     df = spark.createDataFrame([(1, 2.0)], "k long, v double")
     memory = Pipeline(spark)
@@ -225,3 +227,34 @@ def test_what_cannot_be_merged_is_refused_before_anything_is_written(spark, tmp_
         p.repair()
     assert not os.path.exists(tmp_path / "unrun")
     assert isinstance(p.dead_letters(view=True), pd.DataFrame)
+
+
+def test_merged_groups_combine_as_plain_aggregation_over_both_parts():
+    from xorack.spark.repair import SinkMerge, merge_groups
+
+    merge = SinkMerge(
+        node=None,  # type: ignore[arg-type]
+        keys=("k",),
+        functions=(("n", "count"), ("s", "sum"), ("lo", "min"), ("hi", "max")),
+    )
+    old = [
+        {"k": "a", "n": 2, "s": 5, "lo": 1, "hi": 4},
+        {"k": None, "n": 1, "s": None, "lo": None, "hi": None},  # null is a group of its own
+        {"k": "c", "n": 1, "s": 1, "lo": 1, "hi": 1},
+    ]
+    delta = [
+        {"k": "a", "n": 1, "s": 7, "lo": 0, "hi": 3},
+        {"k": None, "n": 1, "s": 2, "lo": 2, "hi": 2},
+        {"k": "b", "n": 1, "s": None, "lo": None, "hi": None},
+    ]
+    changed, added = merge_groups(old, delta, merge)
+    assert changed == [0, 1]
+    assert added == [{"k": "b", "n": 1, "s": None, "lo": None, "hi": None}]
+    assert old[0] == {"k": "a", "n": 3, "s": 12, "lo": 0, "hi": 4}
+    assert old[1] == {"k": None, "n": 2, "s": 2, "lo": 2, "hi": 2}
+    assert old[2] == {"k": "c", "n": 1, "s": 1, "lo": 1, "hi": 1}
+    # a global aggregate's one row, and a delta that changes nothing
+    total = SinkMerge(node=None, keys=(), functions=(("n", "count"), ("s", "sum")))  # type: ignore[arg-type]
+    row = [{"n": 3, "s": 9}]
+    assert merge_groups(row, [{"n": 0, "s": None}], total) == ([], [])
+    assert row == [{"n": 3, "s": 9}]
