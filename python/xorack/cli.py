@@ -25,6 +25,7 @@ from . import __version__
 _DELEGATED = {
     "demo": ("xorack.demo", "run the reference pipeline on local Spark with failures injected"),
     "bench": ("xorack.bench", "run the benchmarks and print the comparison report"),
+    "repair": ("xorack.demo_repair", "repair the dead letters of a demo job (--workdir)"),
 }
 
 
@@ -59,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run 'xorack <command> --help' for the options of a command.",
     )
     parser.add_argument("--version", action="version", version=f"xorack {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{demo,serve,bench}", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="{demo,serve,bench,repair}", required=True)
 
     for name, (_module, text) in _DELEGATED.items():
         # Options are parsed by the command itself ('xorack demo --help' shows them).

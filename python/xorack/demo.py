@@ -39,7 +39,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -169,6 +169,39 @@ def reference_counts(cfg: DemoConfig, exclude: set[int] | None = None) -> Counte
 # ---- running -------------------------------------------------------------------------------------
 
 
+def declare_job(p: Any, sentences: Any, sink: Any, cfg: DemoConfig, fixed: bool = False) -> None:
+    """The demo's job on pipeline ``p``: sentences → split → stop words out → count per word →
+    ``sink``. ``fixed``: the split stage without its bug (no poisoned sentence raises; what
+    ``xorack repair`` runs the dead letters through)."""
+    from pyspark.sql import functions as F
+
+    poison_rate = 0.0 if fixed else cfg.poison_rate
+    words = p.source(sentences, name="sentences").map_in_pandas(
+        SplitWords(cfg.seed, cfg.fail_rate, poison_rate, vectorized=not cfg.plain_failures),
+        "sid long, word string",
+        name="split",
+    )
+    content = words.where(~F.col("word").isin(sorted(STOP_WORDS)))
+    if cfg.drop_rate > 0:
+        threshold = int(cfg.drop_rate * 1_000_000)
+        seed = cfg.seed
+
+        def lose_in_transit(df: Any) -> Any:
+            # the chosen sentences lose about half of their words (the other half reaches
+            # the aggregation, staged under an attempt that will not complete: left out)
+            if p.round > 0:
+                return df
+            chosen_sentence = (
+                F.pmod(F.hash(F.col("sid"), F.lit(seed)), F.lit(1_000_000)) < threshold
+            )
+            lost_word = F.pmod(F.hash(F.col("word"), F.col("sid")), F.lit(2)) == 0
+            return df.where(~(chosen_sentence & lost_word))
+
+        content = content.transform(lose_in_transit, name="lossy-network")
+    counted = content.groupBy("word").agg(F.count("*").alias("n"))
+    counted.sink(sink, name="counts")
+
+
 def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[str, Any]:
     """Run the demo pipeline; return the report as a dict (the ``--json`` object).
 
@@ -176,8 +209,6 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
     >>> report["lost"], report["results_match"]                       # doctest: +SKIP
     (0, True)
     """
-    from pyspark.sql import functions as F
-
     from xorack.spark import Pipeline, SQLiteSink
     from xorack.spark.session import get_or_create_session
 
@@ -219,30 +250,7 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
             resume=resumable,
             workdir=os.path.join(workdir, "work") if resumable else None,
         )
-        words = p.source(sentences, name="sentences").map_in_pandas(
-            SplitWords(cfg.seed, cfg.fail_rate, cfg.poison_rate, vectorized=not cfg.plain_failures),
-            "sid long, word string",
-            name="split",
-        )
-        content = words.where(~F.col("word").isin(sorted(STOP_WORDS)))
-        if cfg.drop_rate > 0:
-            threshold = int(cfg.drop_rate * 1_000_000)
-            seed = cfg.seed
-
-            def lose_in_transit(df: Any) -> Any:
-                # the chosen sentences lose about half of their words (the other half reaches
-                # the aggregation, staged under an attempt that will not complete: left out)
-                if p.round > 0:
-                    return df
-                chosen_sentence = (
-                    F.pmod(F.hash(F.col("sid"), F.lit(seed)), F.lit(1_000_000)) < threshold
-                )
-                lost_word = F.pmod(F.hash(F.col("word"), F.col("sid")), F.lit(2)) == 0
-                return df.where(~(chosen_sentence & lost_word))
-
-            content = content.transform(lose_in_transit, name="lossy-network")
-        counted = content.groupBy("word").agg(F.count("*").alias("n"))
-        counted.sink(sink, name="counts")
+        declare_job(p, sentences, sink, cfg)
 
         if progress:
             from tqdm import tqdm
@@ -670,13 +678,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         for k in range(args.ackers):  # each acker process opens its own file
             spec = shard_storage(args.storage, Shard(k, args.ackers))
             check_storage_opens(parser, "--storage", spec)
+    cfg = _config(args)
+    t0 = time.perf_counter()
+    report = run_demo(cfg, progress=not args.no_progress)
+    report["total_seconds"] = round(time.perf_counter() - t0, 3)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(format_report(report))
+    ok = (report["lost"] in (0, None)) and bool(report["results_match"])
+    return 0 if ok else 1
+
+
+def _config(args: argparse.Namespace) -> DemoConfig:
+    """The demo's configuration from its checked command line (the failure rates default to
+    the demo's with --ft on, to 0 with --ft off)."""
+    given = vars(args)
+    ft = args.ft == "on"
     d = DemoConfig()
     rates = (
         given.get("fail_rate", d.fail_rate if ft else 0.0),
         given.get("poison_rate", d.poison_rate if ft else 0.0),
         given.get("drop_rate", d.drop_rate if ft else 0.0),
     )
-    cfg = DemoConfig(
+    return DemoConfig(
         records=given.get("records", DEFAULT_RECORDS),
         partitions=args.partitions,
         fail_rate=rates[0],
@@ -693,15 +718,75 @@ def main(argv: Sequence[str] | None = None) -> int:
         optimistic=args.optimistic,
         workdir=args.workdir,
     )
-    t0 = time.perf_counter()
-    report = run_demo(cfg, progress=not args.no_progress)
-    report["total_seconds"] = round(time.perf_counter() - t0, 3)
+
+
+def repair_demo(cfg: DemoConfig, spark: Any = None) -> dict[str, Any]:
+    """``xorack repair``: the resumable demo job in ``cfg.workdir`` (run to the end by ``xorack
+    demo --workdir``) with its split stage fixed — no sentence is poisoned any more — repairs
+    its dead letters (:meth:`Pipeline.repair`): only they run, their words are counted into the
+    stored counts. Returns the repair report, with ``results_match``: the counts equal a count
+    of every sentence but those still dead-lettered."""
+    from xorack.spark import Pipeline, SQLiteSink
+    from xorack.spark.session import get_or_create_session
+
+    assert cfg.workdir is not None
+    workdir = os.path.abspath(cfg.workdir)
+    if spark is None:
+        master: dict[str, Any] = {"master": cfg.master} if cfg.master else {}
+        spark = get_or_create_session(
+            **master, app_name="xorack-repair", shuffle_partitions=cfg.partitions
+        )
+    storage = cfg.storage
+    if storage == "memory":
+        storage = "sqlite:///" + os.path.join(workdir, "ft.db")
+    sink = SQLiteSink(os.path.join(workdir, "counts.db"), "words")
+    sentences = spark.range(cfg.records, numPartitions=cfg.partitions).mapInPandas(
+        GenerateSentences(cfg.seed), "sid long, text string"
+    )
+    p = Pipeline(
+        spark,
+        storage=storage,
+        max_attempts=cfg.max_attempts,
+        combine=cfg.combines,
+        optimistic=cfg.optimistic_rounds,
+        resume=True,
+        workdir=os.path.join(workdir, "work"),
+    )
+    # the fixed job; no failure injected in transit (a repair is a run of its own)
+    declare_job(p, sentences, sink, replace(cfg, fail_rate=0.0, drop_rate=0.0), fixed=True)
+    report = p.repair()
+    view = p.dead_letters(view=True)
+    dead = set(view.loc[view["status"] == "dead", "sid"].dropna().astype(int).tolist())
+    stored = sink.read()
+    counts = Counter(dict(zip(stored["word"], stored["n"].astype(int), strict=True)))
+    out = report.as_dict()
+    out["results_match"] = counts == reference_counts(cfg, exclude=dead)
+    return out
+
+
+def repair_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``xorack repair`` (the options of ``xorack demo``, ``--workdir`` required:
+    give the job's own); returns 0 when the repaired counts match the reference."""
+    parser = build_parser()
+    parser.prog = "xorack repair"
+    parser.description = (
+        "Repair the dead letters of a resumable demo job (xorack demo --workdir DIR, run to the "
+        "end) with its split stage fixed: only they run, merged into the stored counts once. "
+        "Give the job's own options."
+    )
+    args = parser.parse_args(argv)
+    if args.workdir is None or args.stream or args.ft != "on":
+        parser.error("give the job's --workdir (a batch demo job run with FT on)")
+    report = repair_demo(_config(args))
     if args.json:
-        print(json.dumps(report))
+        print(json.dumps(report, default=str))
     else:
-        print(format_report(report))
-    ok = (report["lost"] in (0, None)) and bool(report["results_match"])
-    return 0 if ok else 1
+        for key in ("repair", "repaired", "failed_again", "still_dead", "resumed"):
+            print(f"{key:>14}: {report[key]}")
+        for name, what in report["sinks"].items():
+            print(f"{'sink ' + name:>14}: {what}")
+        print(f"{'results_match':>14}: {report['results_match']}")
+    return 0 if report["results_match"] else 1
 
 
 #: The options of the streaming demo only.

@@ -880,6 +880,9 @@ CREATE TABLE IF NOT EXISTS progress (
     source INTEGER NOT NULL, part INTEGER NOT NULL, rows INTEGER NOT NULL,
     PRIMARY KEY (source, part)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS ended (src INTEGER PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS dead_letter_repairs (
+    origin INTEGER PRIMARY KEY, repair TEXT NOT NULL, at TEXT NOT NULL, outcome TEXT NOT NULL,
+    again INTEGER);
 """
 #: The columns each table must have (a file with other tables of these names is not ours).
 _TABLES = {
@@ -890,6 +893,7 @@ _TABLES = {
     "quarantine": ["id", "what", "reason", "payload", "meta", "records"],
     "progress": ["source", "part", "rows"],
     "ended": ["src"],
+    "dead_letter_repairs": ["origin", "repair", "at", "outcome", "again"],
 }
 _MARK = "mark:"  # the job's marks live in xorack_meta under this prefix
 _META_TYPES = [("key_hash", pa.int32()), ("source", pa.int32()), ("partition", pa.int32())]
@@ -922,6 +926,11 @@ _GC_MIN_ROWS = 65536
 def _i64(ids: np.ndarray) -> list[int]:
     """uint64 ids as the signed 64-bit integers SQLite stores (same bits)."""
     return ids.view(np.int64).tolist()
+
+
+def _opt_i64(v: int | None) -> int | None:
+    """An optional uint64 id as SQLite stores it (signed, same bits)."""
+    return None if v is None else _i64(np.array([v], np.uint64))[0]
 
 
 def _ipc_bytes(table: pa.Table | pa.RecordBatch) -> bytes:
@@ -1547,6 +1556,76 @@ class SQLiteStorage(Storage):
             return tables
 
         return _dead_letters_of(self._transaction("dead_letters", run), source)
+
+    # ---- repairs of dead letters (xorack.spark.repair), durable
+
+    def settle_repair(
+        self,
+        repair: str,
+        at: str,
+        outcomes: Sequence[tuple[int, str, int | None]],
+        again: pa.Table | None,
+        marks: Mapping[str, str | None],
+    ) -> bool:
+        """Record a repair of dead letters in one transaction: ``outcomes`` (origin id of a
+        dead letter, ``"repaired"`` or ``"failed again"``, the origin id it was dead-lettered
+        again under), the dead letters of the records that failed again (``again``, a
+        dead-letter table) and the job's ``marks``. Only while the job's ``repairing`` mark
+        names ``repair``: returns False (nothing written) when it does not (settled before)."""
+        _check_job_update(marks, ())
+
+        def run() -> bool:
+            row = self._con.execute(
+                "SELECT value FROM xorack_meta WHERE key = ?", (_MARK + "repairing",)
+            ).fetchone()
+            if row is None or row[0] != repair:
+                return False
+            self._con.executemany(
+                "INSERT OR REPLACE INTO dead_letter_repairs VALUES (?, ?, ?, ?, ?)",
+                [
+                    (_i64(np.array([o], np.uint64))[0], repair, at, what, _opt_i64(new))
+                    for o, what, new in outcomes
+                ],
+            )
+            if again is not None and again.num_rows:
+                self._con.execute(
+                    "INSERT INTO dead_letters (payload) VALUES (?)", (_ipc_bytes(again),)
+                )
+            for k, v in marks.items():
+                if v is None:
+                    self._con.execute("DELETE FROM xorack_meta WHERE key = ?", (_MARK + k,))
+                else:
+                    self._con.execute(
+                        "INSERT OR REPLACE INTO xorack_meta VALUES (?, ?)", (_MARK + k, v)
+                    )
+            return True
+
+        done: bool = self._transaction("settling a repair", run)
+        return done
+
+    def repairs(self) -> pa.Table:
+        """The repair log: per repaired dead letter (``origin``), the repair that ran it, when
+        (``at``, ISO 8601 UTC), its ``outcome`` and the origin id it failed ``again`` under."""
+        rows = self._transaction(
+            "reading repairs",
+            lambda: self._con.execute(
+                "SELECT origin, repair, at, outcome, again FROM dead_letter_repairs ORDER BY origin"
+            ).fetchall(),
+        )
+        cols = list(zip(*rows, strict=True)) if rows else [(), (), (), (), ()]
+        u64 = [np.array(c, dtype=np.int64).view(np.uint64) for c in (cols[0],)]
+        return pa.table(
+            {
+                "origin": pa.array(u64[0], pa.uint64()),
+                "repair": pa.array(cols[1], pa.string()),
+                "at": pa.array(cols[2], pa.string()),
+                "outcome": pa.array(cols[3], pa.string()),
+                "again": pa.array(
+                    [None if v is None else int(np.int64(v).view(np.uint64)) for v in cols[4]],
+                    pa.uint64(),
+                ),
+            }
+        )
 
     # ---- the job's resume state, durable
 

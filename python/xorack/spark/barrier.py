@@ -133,10 +133,12 @@ class _Partial:
         return merged.cast(self.dtype).alias(self.name)
 
 
-def combining_plan(spec: AggregateSpec, input_schema: Any, output_schema: Any) -> Any:
+def combining_plan(
+    spec: AggregateSpec, input_schema: Any, output_schema: Any, global_ok: bool = False
+) -> Any:
     """The partial aggregates of ``spec`` when every one of its functions combines (see the
     module's doc), else None. ``output_schema``: plain Spark's output (keys, then one column
-    per expression)."""
+    per expression). ``global_ok``: a global aggregate too (a repair merges its one row)."""
     from pyspark.sql.types import DecimalType, NumericType
 
     try:
@@ -144,8 +146,8 @@ def combining_plan(spec: AggregateSpec, input_schema: Any, output_schema: Any) -
         from pyspark.sql.session import SparkSession
     except ImportError:  # pragma: no cover - Spark Connect only
         return None
-    if not spec.keys:  # a global aggregate: one row even over no rows, which merged partials
-        return None  # of no chunk would not give (a count of null, not 0)
+    if not spec.keys and not global_ok:  # a global aggregate: one row even over no rows, which
+        return None  # merged partials of no chunk would not give (a count of null, not 0)
     spark = SparkSession.getActiveSession()
     if spark is None or spark._jvm is None:
         return None

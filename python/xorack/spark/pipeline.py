@@ -31,8 +31,6 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import pyarrow as pa
-
 from ..protocol import CHUNK_BITS
 from .batch import BatchRun
 from .context import PipelineConfig, RunContext
@@ -376,8 +374,34 @@ class Pipeline:
                     done, total = done + s.numCompletedTasks, total + s.numTasks
         return done / total if total else 0.0
 
-    def dead_letters(self) -> pa.Table | None:
-        """The dead-letter table of the last run (payload, origin id, attempts, last reason)."""
+    def repair(self) -> Any:
+        """Run again only the dead-lettered source records of this job (its durable storage and
+        workdir: ``resume=True``), through the plan as declared now (fixed stages), and merge
+        their rows and aggregate contributions into the sinks the job wrote, exactly once
+        (:mod:`xorack.spark.repair`). Returns a
+        :class:`~xorack.spark.repair.RepairReport`; what cannot be merged exactly (a tracked
+        join, a holistic aggregate, a stream, a memory storage) is refused before anything is
+        written (``RepairRefused``).
+
+        >>> # report = p.repair(); report.repaired, report.failed_again, report.sinks
+        """
+        from .repair import Repair
+
+        return Repair(self.config, self._builder.plan()).run()
+
+    def dead_letters(self, view: bool = False) -> Any:
+        """The dead-letter table of the last run (payload, origin id, attempts, last reason), a
+        ``pyarrow.Table``. ``view=True``: the job's durable dead letters (``resume=True``) as a
+        pandas DataFrame — ``stage``, ``error``, ``attempts``, ``source``, ``origin``, the
+        payload columns, and each one's repair ``status`` (``dead``, ``repaired``, ``failed
+        again``), ``repair`` and ``repaired_at``.
+
+        >>> # p.dead_letters(view=True).query("status == 'dead'")
+        """
+        if view:
+            from .repair import dead_letter_view
+
+            return dead_letter_view(self.config)
         last = self._run if self._run is not None and self._run.ended else self._before
         return last.dead_letters if last is not None else None  # while running: the last run's
 

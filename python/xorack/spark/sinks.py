@@ -35,6 +35,7 @@ from . import sink_types
 
 REC_COLUMN = "_rec"
 SRC_COLUMN = "_ft_src"  # the source attempt that wrote the row (retract() removes failed ones)
+MERGES_TABLE = "_xorack_merges"  # the repairs merged into the file's tables (merge_once)
 KINDS_TABLE = "_xorack_columns"  # (table, column, kind): how each sink column is stored
 
 
@@ -290,6 +291,53 @@ class SQLiteSink:
                     con.execute("ROLLBACK")
                 raise
             return len(rows)
+        finally:
+            con.close()
+
+    def read_keyed(self) -> tuple[np.ndarray, pd.DataFrame]:
+        """The record ids (uint64) and payload columns of every row (a repair merges groups)."""
+        con = self._connect()
+        try:
+            df = pd.read_sql_query(f"SELECT * FROM {_quote(self.table)} ORDER BY rowid", con)
+            kinds = _load_kinds(con, self.table)
+        finally:
+            con.close()
+        rec = df[REC_COLUMN].to_numpy(dtype=np.int64).view(np.uint64)
+        payload = df.drop(columns=[c for c in (REC_COLUMN, SRC_COLUMN) if c in df.columns])
+        return rec, sink_types.decode_frame(payload, kinds)
+
+    def merge_once(self, marker: str, rows: pd.DataFrame, rec: np.ndarray) -> bool:
+        """Replace (or add) the rows keyed by ``rec`` with ``rows``, in one transaction that
+        also notes ``marker``; a marker noted before makes it do nothing (returns False)."""
+        con = self._connect()
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                con.execute(f"CREATE TABLE IF NOT EXISTS {MERGES_TABLE} (marker TEXT PRIMARY KEY)")
+                got = con.execute(f"SELECT 1 FROM {MERGES_TABLE} WHERE marker = ?", (marker,))
+                if got.fetchone() is not None:
+                    con.execute("ROLLBACK")
+                    return False
+                if len(rows):
+                    writer = _SQLiteWriter(self)
+                    writer._con = con
+                    kinds = writer._kinds_of(rows)
+                    cols = [REC_COLUMN, *rows.columns]
+                    names = ", ".join(_quote(c) for c in cols)
+                    sql = (
+                        f"INSERT OR REPLACE INTO {_quote(self.table)} ({names}) "
+                        f"VALUES ({', '.join('?' * len(cols))})"
+                    )
+                    keys = np.ascontiguousarray(rec, dtype=np.uint64).view(np.int64).tolist()
+                    values = [sink_types.encode_column(rows[c], kinds[c]) for c in rows.columns]
+                    con.executemany(sql, zip(keys, *values, strict=True))
+                con.execute(f"INSERT INTO {MERGES_TABLE} VALUES (?)", (marker,))
+                con.execute("COMMIT")
+            except BaseException:
+                if con.in_transaction:
+                    con.execute("ROLLBACK")
+                raise
+            return True
         finally:
             con.close()
 
