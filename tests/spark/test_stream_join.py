@@ -9,10 +9,12 @@ others (poison) on every attempt; the poisoned records are removed from plain Sp
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import sys
+import threading
 import time
 
 import pandas as pd
@@ -150,6 +152,21 @@ def _key(r) -> tuple:
     return (int(r[0]), r[1], n(r[2]), NEVER if r[3] is None else r[3], n(r[4]))
 
 
+def _rows(frame) -> list:
+    """A SQLite sink's rows as :func:`_key` tuples."""
+
+    def stamp(v):
+        return None if pd.isna(v) else pd.Timestamp(v).to_pydatetime()
+
+    def num(v):
+        return None if pd.isna(v) else int(v)
+
+    return [
+        _key((r.adId, stamp(r.impressionTime), num(r.clickAdId), stamp(r.clickTime), num(r.cid)))
+        for r in frame.itertuples(index=False)
+    ]
+
+
 def _tracked(spark, tmp_path, how, sink):
     from pyspark.sql import functions as F
 
@@ -202,23 +219,29 @@ def test_left_outer_join_writes_unmatched_rows_once_no_click_can_come(spark, tmp
     plain = _plain(spark, tmp_path, "left_outer", "plain_outer_join")
     every = _batch(spark, tmp_path, "left_outer")
     db = str(tmp_path / "joined.db")
-    p = _tracked(spark, tmp_path, "left_outer", SQLiteSink(db, "joined"))
-    run = p.start_stream(timeout=60.0, available_now=True)
-    report = run.wait(timeout=WAIT)
+    sink = SQLiteSink(db, "joined")
+    p = _tracked(spark, tmp_path, "left_outer", sink)
+    seen: list = []  # every row a reader saw while the stream ran
+    stop = threading.Event()
 
-    frame = SQLiteSink(db, "joined").read()
-    got = sorted(
-        _key(
-            (
-                r.adId,
-                pd.Timestamp(r.impressionTime).to_pydatetime(),
-                None if pd.isna(r.clickAdId) else r.clickAdId,
-                None if pd.isna(r.clickTime) else pd.Timestamp(r.clickTime).to_pydatetime(),
-                None if pd.isna(r.cid) else int(r.cid),
-            )
-        )
-        for r in frame.itertuples(index=False)
-    )
+    def watch() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(Exception):  # the table is created by start_stream
+                seen.extend(_rows(sink.read()))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        run = p.start_stream(timeout=60.0, available_now=True)
+        report = run.wait(timeout=WAIT)
+    finally:
+        stop.set()
+        watcher.join()
+
+    got = sorted(_rows(sink.read()))
+    assert seen  # the reader saw rows while the stream ran
+    assert set(seen) <= set(got)  # and only final ones: none taken back later
     matched = [r for r in every if r[2] != NONE]
     assert [r for r in got if r[2] != NONE] == matched
     lonely = [r for r in got if r[2] == NONE]
