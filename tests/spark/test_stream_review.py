@@ -139,13 +139,27 @@ def _lines(spark, tmp_path, schema="id long, ts timestamp, k string", name="in")
     return _read(spark, _files(tmp_path / name, [[{"id": 1, "ts": _ts(0), "k": "a"}]]), schema)
 
 
-def test_two_watermarks_are_refused(spark, tmp_path):
-    """Spark combines two watermarks by their minimum: not supported, refused."""
+def test_two_watermarks_with_windows_are_refused(spark, tmp_path):
+    """Spark combines two watermarks by their minimum: supported for a stream-stream join (one
+    per side), refused with windows, whichever is declared first."""
+    from pyspark.sql import functions as F
+
+    error = xorack.spark.ops.TrackedOperationError
     p = Pipeline(spark)
     a = p.source(_lines(spark, tmp_path, name="a"), name="a").withWatermark("ts", "5 seconds")
     b = p.source(_lines(spark, tmp_path, name="b"), name="b")
     assert a.columns == b.columns
-    with pytest.raises(xorack.spark.ops.TrackedOperationError, match="one watermark per"):
+    b = b.withWatermark("ts", "5 seconds")
+    with pytest.raises(error, match="one watermark"):
+        a.union(b).groupBy(F.window("ts", "10 seconds")).count()
+    with pytest.raises(error, match="one watermark per source"):
+        a.withWatermark("ts", "9 seconds")
+
+    p = Pipeline(spark)
+    a = p.source(_lines(spark, tmp_path, name="c"), name="a").withWatermark("ts", "5 seconds")
+    a.groupBy(F.window("ts", "10 seconds")).count()
+    b = p.source(_lines(spark, tmp_path, name="d"), name="b")
+    with pytest.raises(error, match="stream-stream joins only"):
         b.withWatermark("ts", "5 seconds")
 
 

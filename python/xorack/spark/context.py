@@ -96,8 +96,9 @@ class RunContext:
         # streaming: told the replay tables each round takes (for current_attempt(pdf))
         self.on_replays: Any = None
         # a stream's watermark column: the sources persist each record's event time
-        self.event_time: str | None = None
-        self.event_max: Any = None  # the running micro-batch's largest event time (accumulator)
+        self.event_times: dict[str, str] = {}  # source name -> its watermark's column
+        # the running micro-batch's largest event time per source (accumulators)
+        self.event_max: dict[str, Any] = {}
         self.optimistic_group: str | None = None  # the job group of a running optimistic round
         self.fast_records = 0  # records of input sources completed by optimistic rounds
         self.fast_derived = 0  # records of barrier outputs completed by optimistic rounds
@@ -114,6 +115,22 @@ class RunContext:
         self._nodes: dict[int, NodeRun] = {}
 
     # ---- per node --------------------------------------------------------------------------
+
+    def event_time_of(self, node: Any) -> str | None:
+        """The watermark column of the source whose rows reach ``node`` (a stream with
+        watermarks), else None: a stage checks per row that it keeps the column unchanged."""
+        if not self.event_times:
+            return None
+        stack, seen = [node], set()
+        while stack:
+            n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            if not n.parents and n.name in self.event_times:
+                return self.event_times[n.name]
+            stack.extend(n.parents)
+        return None
 
     def of(self, node: Any) -> NodeRun:
         """What this run made of ``node``."""

@@ -22,6 +22,7 @@ from .outputs import (
     NativeSinkNode,
     PythonSinkNode,
     Sink,
+    StreamJoin,
     TrackedJoin,
     WindowAggregate,
 )
@@ -38,6 +39,7 @@ from .rows import (
 from .schema import empty_frame
 from .sinks import capabilities_of
 from .stages import StageSchemaError, check_columns
+from .stream_join import StreamJoinSpec, state_lags
 from .windows import Watermark, WindowSpec, delay_micros, window_of
 
 
@@ -51,11 +53,14 @@ class PlanBuilder:
         self.nodes: list[Node] = []
         self.sources: list[Source] = []
         self._names: set[str] = set()
-        self._watermark: Watermark | None = None
+        self._watermarks: dict[str, Watermark] = {}  # per source
+        self._windows = False  # a windowed aggregation was declared
 
     def plan(self) -> Plan:
         """The plan as declared so far (immutable)."""
-        return Plan(tuple(self.nodes), tuple(self.sources), self._watermark)
+        wms = tuple(self._watermarks.values())
+        one = wms[0] if len(wms) == 1 else None
+        return Plan(tuple(self.nodes), tuple(self.sources), one, wms)
 
     # ---- checks ------------------------------------------------------------------------------
 
@@ -327,7 +332,7 @@ class PlanBuilder:
 
     def watermark(self, node: Node, column: Any, delay: Any) -> None:
         """``withWatermark(column, delay)``: a timestamp column of the source ``node`` reads,
-        one watermark per pipeline."""
+        one watermark per source (several only for a stream-stream join)."""
         from pyspark.sql.types import TimestampNTZType, TimestampType
 
         if not isinstance(column, str):
@@ -353,13 +358,19 @@ class PlanBuilder:
                 "(the FT layer keeps it with each record), as every row of the source sees it"
             )
         wm = Watermark(column, str(delay), delay_us, node.name)
-        if self._watermark is not None and self._watermark != wm:
+        had = self._watermarks.get(node.name)
+        if had is not None and had != wm:
             raise ops.TrackedOperationError(
-                f"withWatermark: this pipeline already has one ({self._watermark.column!r} "
-                f"{self._watermark.delay!r} on {self._watermark.source!r}); one watermark per "
-                "pipeline (Spark would combine several by their minimum: not supported)"
+                f"withWatermark: source {node.name!r} already has one ({had.column!r} "
+                f"{had.delay!r}); one watermark per source"
             )
-        self._watermark = wm
+        if self._watermarks and had is None and self._windows:
+            raise ops.TrackedOperationError(
+                "withWatermark: this pipeline aggregates by a time window over the watermark of "
+                f"{next(iter(self._watermarks))!r}; a second watermark (Spark takes the minimum "
+                "of several) is supported for stream-stream joins only"
+            )
+        self._watermarks[node.name] = wm
 
     def windowed_aggregate(
         self, parent: Node, groups: tuple[Any, ...], at: int, exprs: tuple[Any, ...]
@@ -373,7 +384,14 @@ class PlanBuilder:
                 f"groupBy: the window's time column {time!r} is not among the columns "
                 f"{list(parent.columns)}"
             )
-        wm = self._watermark
+        if len(self._watermarks) > 1:
+            raise ops.TrackedOperationError(
+                f"groupBy: this pipeline has watermarks on {sorted(self._watermarks)}; a "
+                "windowed aggregation takes a pipeline with one watermark (Spark takes the "
+                "minimum of several: not supported with windows)"
+            )
+        self._windows = True
+        wm = next(iter(self._watermarks.values()), None)
         if wm is not None and time != wm.column:
             raise ops.TrackedOperationError(
                 f"groupBy: the window is over {time!r} but the watermark is on {wm.column!r}; "
@@ -385,6 +403,73 @@ class PlanBuilder:
         spec = WindowSpec(tuple(groups), at, kind, time, tuple(exprs), tuple(out.columns))
         keys = (spec.window_name, *spec.keys)
         return self._barrier([parent], spec, WindowAggregate, keys=keys)
+
+    def streaming(self, node: Node) -> bool:
+        """Whether rows of a streaming source reach ``node``."""
+        return any(
+            s.df is not None and getattr(s.df, "isStreaming", False) for s in _sources_of(node)
+        )
+
+    def stream_join(self, left: Node, right: Node, on: Any, how: str) -> Source:
+        """``left.join(right, on, how)`` of two tracked streams (:mod:`.stream_join`)."""
+        from pyspark.sql import Column
+
+        if how not in ("inner", "left"):
+            raise ops.TrackedOperationError(
+                f"join: how={how!r} between two streams is not supported; use inner or left "
+                "(left outer)"
+            )
+        wms: list[Watermark] = []
+        for side, node in (("left", left), ("right", right)):
+            sources = _sources_of(node)
+            if len(sources) != 1:
+                raise ops.TrackedOperationError(
+                    f"join: the {side} side of a stream-stream join reads "
+                    f"{len(sources)} sources; give each side one streaming source"
+                )
+            wm = self._watermarks.get(sources[0].name)
+            if wm is None:
+                raise ops.TrackedOperationError(
+                    f"join: the {side} side's source {sources[0].name!r} has no watermark; a "
+                    "stream-stream join needs withWatermark(column, delay) on both sources (a "
+                    "joined row waits until the records of both its rows have settled)"
+                )
+            if wm.column not in node.columns:
+                raise ops.TrackedOperationError(
+                    f"join: the {side} side no longer has its event-time column {wm.column!r}; "
+                    "keep it up to the join"
+                )
+            wms.append(wm)
+        if wms[0].source == wms[1].source:
+            raise ops.TrackedOperationError(
+                "join: both sides read the same stream; a stream joined with itself is not "
+                "supported"
+            )
+        if isinstance(on, Column):
+            cond: Any = on
+            clash = sorted(set(left.columns) & set(right.columns))
+        else:
+            cond = tuple(ops.join_keys(on, list(left.columns), list(right.columns)))
+            clash = sorted((set(left.columns) & set(right.columns)) - set(cond))
+        if clash:
+            raise ops.TrackedOperationError(
+                f"join: columns {clash} are on both sides (the output would have two columns of "
+                "each name); rename them on one side first"
+            )
+        spec = StreamJoinSpec(cond, how, (wms[0].column, wms[1].column))
+        delays = (wms[0].delay_us // 1000, wms[1].delay_us // 1000)
+        schemas = (left.schema, right.schema)
+        lags = self.analyze(spec.describe(), lambda: state_lags(self.spark, schemas, spec, delays))
+        if how == "left" and lags[0] is None:
+            raise ops.TrackedOperationError(
+                "join: a left outer join of two streams needs a time-range condition between "
+                f"the event times {wms[0].column!r} and {wms[1].column!r} (e.g. "
+                f'F.expr("{wms[1].column} BETWEEN {wms[0].column} AND {wms[0].column} + '
+                'interval 1 hour")): without it no left row could ever be written unmatched '
+                "(Spark refuses it too)"
+            )
+        spec = StreamJoinSpec(cond, how, spec.times, lags)
+        return self._barrier([left, right], spec, StreamJoin, keys=())
 
     def tracked_join(self, left: Node, right: Node, on: Any, how: str) -> Source:
         if right is left:
@@ -405,6 +490,21 @@ class PlanBuilder:
                 "each name); rename them on one side first"
             )
         return self._barrier([left, right], JoinSpec(keys, how), TrackedJoin, keys=keys)
+
+
+def _sources_of(node: Node) -> list[Source]:
+    """The input sources whose rows reach ``node`` (each once)."""
+    found: dict[int, Source] = {}
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if isinstance(n, Source) and not n.parents:
+            found[id(n)] = n
+        stack.extend(n.parents)
+    return list(found.values())
 
 
 __all__ = ["PlanBuilder"]

@@ -145,6 +145,26 @@ class WindowAggregate(Aggregate):
 
 
 @dataclass(eq=False)
+class StreamJoin(Barrier):
+    """``left.join(right, condition, how)`` of two tracked streams (inner, left outer), each
+    side from a source with a watermark: the rows of both sides are staged, and a joined row
+    is written once, as soon as the records of both its rows have settled
+    (:mod:`xorack.spark.stream_join`)."""
+
+    lineage: ClassVar[str] = "2 → 1 per pair: staged, written once both rows' records settled"
+    label: ClassVar[str] = "stream_join"
+
+    def open_staging(self, ctx: RunContext, workdir: str) -> list[Staging]:
+        return [
+            WindowStaging(os.path.join(workdir, self.name, str(i)), p.schema, time=t, ids=True)
+            for i, (p, t) in enumerate(zip(self.parents, self.spec.times, strict=True))
+        ]
+
+    def blocker(self, scope: Scope) -> tuple[Reason, str] | None:
+        return Reason.STREAMING, f"{self.name!r} joins two streams"
+
+
+@dataclass(eq=False)
 class TrackedJoin(Barrier):
     """``left.join(right, on, how)`` of two tracked frames (inner, left): a replayed record on
     one side meets every row of the other side that went through before it."""

@@ -24,7 +24,8 @@ class Plan:
 
     nodes: tuple[Node, ...]
     sources: tuple[Source, ...]
-    watermark: Watermark | None = None  # withWatermark(column, delay), one per pipeline
+    watermark: Watermark | None = None  # the watermark, when the pipeline has one only
+    watermarks: tuple[Watermark, ...] = ()  # withWatermark(column, delay), one per source
     _readers: dict[int, tuple[Node, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -105,7 +105,7 @@ class Source(Node):
     def event_time(self, ctx: RunContext) -> str | None:
         """The column whose value the FT layer keeps as each record's event time (a stream
         with a watermark on this source's column), else None."""
-        column = ctx.event_time
+        column = ctx.event_times.get(self.name)
         if column is None or self.derived is not None or column not in self.columns:
             return None
         return column
@@ -129,7 +129,7 @@ class Source(Node):
             progress=cfg.resume,
             skip=tuple(sorted(ctx.resume_skip.get(self.index, {}).items())),
             event_time=self.event_time(ctx),
-            event_max=ctx.event_max if self.event_time(ctx) else None,
+            event_max=ctx.event_max.get(self.name) if self.event_time(ctx) else None,
             **ctx.runner_args(),
         )
         df = df.withColumn(PART, F.spark_partition_id())
@@ -295,7 +295,7 @@ class PandasStage(PythonStage):
             columns=self.columns,
             bisect=True,
             single_record_groups=False,
-            event_time=ctx.event_time,
+            event_time=ctx.event_time_of(self),
             **self.runner_settings(ctx, round_xor, born),
         )
         schema = tagged_schema(self, ctx.ft, round_xor is not None)
@@ -333,7 +333,7 @@ class GroupStage(PythonStage):
             columns=self.columns,
             bisect=False,
             single_record_groups=True,
-            event_time=ctx.event_time,
+            event_time=ctx.event_time_of(self),
             **self.runner_settings(ctx, round_xor, born),
         )
         grouped = self.input_frame(ctx, df).groupBy(*self.keys)

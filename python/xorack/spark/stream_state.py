@@ -13,10 +13,11 @@ import numpy as np
 
 from .barrier import ids_frame, send_staged_events
 from .context import RunContext
-from .outputs import Aggregate, Sink, WindowAggregate
+from .outputs import Aggregate, Sink, StreamJoin, WindowAggregate
 from .publish import adopt_staged, close_staging, open_staging
 from .report import RunReport
 from .rows import Source
+from .stream_join import JoinState
 from .windows import WindowStaging, horizon_of, write_emitted
 
 #: A resumable stream's marks in its FT state (job_state): the watermark windows closed by,
@@ -27,6 +28,7 @@ MARK_SPARK = "stream:spark"
 MARK_EVICT = "stream:evict"
 MARK_MAX = "stream:max_event"
 MARK_EMIT = "stream:emitting"
+MARK_JOIN = "stream:joining:"
 MARK_PUBLISH = "stream:publishing:"
 MARK_COMPACTED = "stream:compacted:"
 #: Staged directories of a windowed aggregation that make it rewrite them as one.
@@ -45,6 +47,12 @@ def _upstream(node: Any) -> list[Any]:
     return list(seen.values())
 
 
+def watermark_of(plan: Any, node: Any) -> Any:
+    """The watermark of the input source whose rows reach ``node`` (None: none has one)."""
+    names = {n.name for n in [node, *_upstream(node)] if isinstance(n, Source) and not n.parents}
+    return next((wm for wm in plan.watermarks if wm.source in names), None)
+
+
 def _output_id(df: Any, column: str) -> int | None:
     """The expression id of ``column`` in ``df``'s analyzed plan (None: not there)."""
     out = df._jdf.queryExecution().analyzed().output()
@@ -55,16 +63,17 @@ def _output_id(df: Any, column: str) -> int | None:
     return None
 
 
-def check_event_time_path(agg: WindowAggregate, wm: Any, spark: Any) -> None:
-    """The watermark holds the windows back by the source records' own event times, so every
-    row reaching ``agg`` must come from the watermark's source, its time column unchanged:
-    native operations and transforms pass it through (the same attribute in Spark's analyzed
-    plan; a transform is tried on an empty frame), a pandas stage is checked per row as it
-    runs; anything else is refused here."""
+def check_event_time_path(agg: Any, wm: Any, spark: Any, via: Any = None) -> None:
+    """The watermark holds the windows (or a stream-stream join) back by the source records'
+    own event times, so every row reaching ``agg`` (through its parent ``via``, if given) must
+    come from the watermark's source, its time column unchanged: native operations and
+    transforms pass it through (the same attribute in Spark's analyzed plan; a transform is
+    tried on an empty frame), a pandas stage is checked per row as it runs; anything else is
+    refused here."""
     from .rows import ArrowStage, RowOperation, Transform
 
-    column = agg.spec.time
-    nodes = _upstream(agg)
+    column = wm.column
+    nodes = _upstream(agg) if via is None else [via, *_upstream(via)]
     nodes.sort(key=lambda n: not isinstance(n, Source))  # the sources first
     for node in nodes:
         if isinstance(node, Source):
@@ -125,19 +134,22 @@ class StreamState:
         self.ctx = ctx
         complete = output_mode == "complete"
         self.windowed = [a for a in aggs if isinstance(a, WindowAggregate) and not complete]
+        self.joins = [b for b in ctx.plan.barriers() if isinstance(b, StreamJoin)]
+        self.join_states: list[JoinState] = []
         self.complete = aggs if complete else []
         self.report = report
         self.replaces = 0  # results replaced in complete mode
         self.compactions = 0  # rewrites of a windowed aggregation's staged rows
         self._dirty = False  # rows staged since the last replace
         self.ended: list[np.ndarray] = []  # attempts that ended without completing
-        self.max_event_us: int | None = None  # the largest event time seen (fresh rows)
+        self.max_event: dict[str, int] = {}  # the largest event time seen, per source
         self.spark_us = 0  # plain Spark's watermark (max event time - delay, in ms steps)
         # what plain Spark closes windows by now: the watermark of the micro-batch before
         # (Spark computes a watermark at the end of a micro-batch and uses it in the next)
         self.evict_us = 0
         self.watermark_us = 0  # the watermark the windows close by (held back)
         self.emits = 0  # writes of closed windows
+        self.joined = 0  # writes of a stream-stream join's new rows
         self._workdir: str | None = None
         self._tags = 0
         self.native = [n for n in ctx.plan.native_sinks() if n.phase == 0] if ctx.ft else []
@@ -158,12 +170,13 @@ class StreamState:
             for node in ctx.plan.native_sinks():
                 if hasattr(node.sink, "clear"):  # a stream appends: start from nothing
                     node.sink.clear(ctx.spark)
-        if not self.windowed and not self.native and not self.complete:
+        if not self.windowed and not self.native and not self.complete and not self.joins:
             return
-        if self.windowed:
-            ctx.event_time = ctx.plan.watermark.column if ctx.plan.watermark else None
+        if self.windowed or self.joins:
+            ctx.event_times = {wm.source: wm.column for wm in ctx.plan.watermarks}
         self._workdir = open_staging(ctx)
         ctx.workdir = self._workdir
+        self.join_states = [JoinState(j, list(ctx.of(j).staging)) for j in self.joins]
         if self.resume:
             self._restore()
 
@@ -176,13 +189,12 @@ class StreamState:
         self.watermark_us = int(marks.get(MARK_WATERMARK) or 0)
         self.spark_us = int(marks.get(MARK_SPARK) or 0)
         self.evict_us = int(marks.get(MARK_EVICT) or 0)
-        top = marks.get(MARK_MAX)
-        self.max_event_us = int(top) if top else None
+        self.max_event = {
+            k[len(MARK_MAX) + 1 :]: int(v) for k, v in marks.items() if k.startswith(MARK_MAX + ":")
+        }
         adopt_staged(ctx, np.empty(0, np.uint64))
-        for agg in self.windowed:  # a compaction's directory holds the rows of those before
-            last = marks.get(MARK_COMPACTED + agg.name)
-            (staging,) = ctx.of(agg).staging
-            assert isinstance(staging, WindowStaging)
+        for key, staging in self._compacted():  # a compaction holds the rows of those before
+            last = marks.get(MARK_COMPACTED + key)
             if last and os.path.isdir(os.path.join(staging.root, "_" + last)):
                 path = staging.commit(os.path.join(staging.root, "_" + last))  # cut short
                 staging.paths = sorted([*staging.paths, path], key=os.path.basename)
@@ -196,6 +208,14 @@ class StreamState:
                 if node.caps.native:
                     node.sink.remove_named(ctx.spark, f"w{cut}")
             undone[MARK_EMIT] = None
+        for js in self.join_states:
+            cut = marks.get(MARK_JOIN + js.node.name)
+            js.restore(cut)
+            if cut:  # a join's emission cut short: its files go, its rows are written again
+                for node in ctx.plan.readers(ctx.plan.derived_source(js.node)):
+                    if isinstance(node, Sink) and node.caps.native:
+                        node.sink.remove_named(ctx.spark, cut)
+                undone[MARK_JOIN + js.node.name] = None
         for node in self.native:
             pub = marks.get(MARK_PUBLISH + node.name)
             if not pub:
@@ -208,6 +228,17 @@ class StreamState:
             undone[MARK_PUBLISH + node.name] = None
         if undone:
             ctx.client.job_state(marks=undone)
+
+    def _compacted(self) -> list[tuple[str, WindowStaging]]:
+        """Every staging that compactions rewrite, under its mark's key."""
+        out = []
+        for agg in self.windowed:
+            (staging,) = self.ctx.of(agg).staging
+            assert isinstance(staging, WindowStaging)
+            out.append((agg.name, staging))
+        for js in self.join_states:
+            out += [(f"{js.node.name}:0", js.left), (f"{js.node.name}:1", js.right)]
+        return out
 
     def _window_sinks(self) -> list[Any]:
         plan = self.ctx.plan
@@ -226,12 +257,7 @@ class StreamState:
             self.ctx.workdir = None
 
     def _stagings(self) -> list[WindowStaging]:
-        return [
-            st
-            for agg in self.windowed
-            for st in self.ctx.of(agg).staging
-            if isinstance(st, WindowStaging)
-        ]
+        return [st for _, st in self._compacted()]
 
     def before_round(self) -> None:
         """The rows staged by the next round are late against the watermark now."""
@@ -256,36 +282,45 @@ class StreamState:
     def before_batch(self) -> None:
         """A micro-batch's sources count the largest event time they read (an accumulator:
         no second pass over the micro-batch)."""
-        if self.windowed:
+        if self.windowed or self.joins:
             from .tagging import NO_EVENT_TIME, max_param
 
             sc = self.ctx.spark.sparkContext
-            self.ctx.event_max = sc.accumulator(NO_EVENT_TIME, max_param())
+            self.ctx.event_max = {
+                wm.source: sc.accumulator(NO_EVENT_TIME, max_param())
+                for wm in self.ctx.plan.watermarks
+            }
 
     def saw(self) -> None:
-        """Plain Spark's watermark after a micro-batch: its largest event time (in Spark's
-        milliseconds) minus the delay, never moving back (over every source row of the
-        micro-batch, as Spark's watermark node sees them)."""
+        """Plain Spark's watermark after a micro-batch: per watermark, its source's largest
+        event time (in Spark's milliseconds) minus the delay; the smallest of those of the
+        sources that have had rows (Spark's default policy for several watermarks), never
+        moving back (over every source row of the micro-batch, as Spark's watermark nodes see
+        them)."""
         from .tagging import NO_EVENT_TIME
 
-        wm = self.ctx.plan.watermark
-        acc, self.ctx.event_max = self.ctx.event_max, None
-        if not self.windowed or wm is None or acc is None:
+        wms = self.ctx.plan.watermarks
+        accs, self.ctx.event_max = self.ctx.event_max, {}
+        if not (self.windowed or self.joins) or not wms or not accs:
             return
         self.evict_us = self.spark_us
-        got = int(acc.value)
-        if got == NO_EVENT_TIME:
-            return
-        self.max_event_us = got if self.max_event_us is None else max(self.max_event_us, got)
-        spark_us = (self.max_event_us // 1000 - wm.delay_us // 1000) * 1000
-        self.spark_us = max(self.spark_us, spark_us)
-        self._note(
-            {
-                MARK_SPARK: str(self.spark_us),
-                MARK_EVICT: str(self.evict_us),
-                MARK_MAX: str(self.max_event_us),
-            }
-        )
+        marks: dict[str, str | None] = {MARK_EVICT: str(self.evict_us)}
+        for wm in wms:
+            acc = accs.get(wm.source)
+            got = int(acc.value) if acc is not None else NO_EVENT_TIME
+            if got != NO_EVENT_TIME:
+                top = max(self.max_event.get(wm.source, got), got)
+                self.max_event[wm.source] = top
+                marks[f"{MARK_MAX}:{wm.source}"] = str(top)
+        seen = [
+            (self.max_event[wm.source] // 1000 - wm.delay_us // 1000) * 1000
+            for wm in wms
+            if wm.source in self.max_event
+        ]
+        if seen:
+            self.spark_us = max(self.spark_us, min(seen))
+        marks[MARK_SPARK] = str(self.spark_us)
+        self._note(marks)
 
     def _ended_frame(self) -> Any:
         ended = np.concatenate(self.ended) if self.ended else np.empty(0, np.uint64)
@@ -320,7 +355,7 @@ class StreamState:
         publish what settled, close the windows the watermark passed. A replay round is, to
         the watermark, a micro-batch without data: Spark's own, run when the watermark moved,
         closes the windows by the latest watermark."""
-        if not self.windowed and not self.native and not self.complete:
+        if not self.windowed and not self.native and not self.complete and not self.joins:
             return
         if not data and self.evict_us != self.spark_us:
             self.evict_us = self.spark_us
@@ -328,6 +363,7 @@ class StreamState:
         stats = self.ctx.client.stats()
         self.publish(stats)
         self.emit(stats)
+        self.join(stats)
         self.replace(stats)
 
     def replace(self, stats: dict[str, Any]) -> None:
@@ -350,7 +386,7 @@ class StreamState:
         """Move the watermark as far as the records still pending allow, and write the windows
         it passed."""
         ctx = self.ctx
-        if not self.windowed:
+        if not self.windowed and not self.joins:
             return
         hold = self.evict_us
         if stats.get("pending", 0):
@@ -361,6 +397,10 @@ class StreamState:
                 hold = min(hold, int(pending))
         new = max(self.watermark_us, hold)
         if new <= self.watermark_us:
+            return
+        if not self.windowed:  # a stream-stream join's: its late rows and outer rows
+            self.watermark_us = new
+            self._note({MARK_WATERMARK: str(new)})
             return
         ended_df = self._ended_frame()
         evicted: dict[str, Any] = {}  # the sessions written, whose rows leave the staging
@@ -382,6 +422,52 @@ class StreamState:
         self._note({MARK_WATERMARK: str(new), MARK_EMIT: None})
         self.emits += 1
         self._compact(ended_df, evicted)
+
+    def join(self, stats: dict[str, Any]) -> None:
+        """Write the rows of each stream-stream join that its settled rows now give and no
+        emission wrote (:mod:`xorack.spark.stream_join`); compact its state now and then."""
+        from pyspark.sql import functions as F
+
+        from .stream_join import PAIR
+        from .windows import ROW_ID
+
+        ctx = self.ctx
+        if not self.join_states:
+            return
+        frontier: int | None = None  # records with an event time at or above are pending
+        if stats.get("pending", 0):
+            frontier = stats.get("min_event_time")
+            if frontier is None:  # an acker that cannot tell: wait
+                return
+        w = self.watermark_us
+        if frontier is not None and frontier <= w:
+            w -= 1  # a pending row at the watermark may still match: Spark's rows at it are late
+        ended_df = self._ended_frame()
+        for js in self.join_states:
+            new = js.new_rows(ctx.spark, ended_df, frontier, w).localCheckpoint(eager=True)
+            if new.isEmpty():
+                continue
+            self._tags += 1
+            name = f"j{ctx.run_tag}{self._tags:07d}"
+            self._note({MARK_JOIN + js.node.name: name})
+            new = new.withColumn(ROW_ID, F.xxhash64(*[F.col(c) for c in PAIR]))
+            for node in ctx.plan.readers(ctx.plan.derived_source(js.node)):
+                written = write_emitted(node, new, name=name)
+                self.report.sink_rows[node.name] = self.report.sink_rows.get(node.name, 0) + written
+            js.record(new, name)
+            self._note({MARK_JOIN + js.node.name: None})
+            self.joined += 1
+            if len(js.left.paths) + len(js.right.paths) >= COMPACT_AFTER:
+                self._tags += 1
+                name = f"{ctx.run_tag}{self._tags:07d}-compacted"
+                hidden = js.compact_sides(ctx.spark, ended_df, frontier, w, name)
+                for st, path in hidden:
+                    key = f"{js.node.name}:{0 if st is js.left else 1}"
+                    self._note({MARK_COMPACTED + key: name})  # then a restart commits it
+                    st.drop_before(st.commit(path))
+                if hidden:
+                    js.compact_ids(ctx.spark, name)
+                    self.compactions += 1
 
     def _compact(self, ended_df: Any, evicted: dict[str, Any]) -> None:
         """Keep the state of a long stream bounded: once an aggregation by a time window has
@@ -413,4 +499,5 @@ __all__ = [
     "COMPACT_AFTER",
     "StreamState",
     "check_event_time_path",
+    "watermark_of",
 ]

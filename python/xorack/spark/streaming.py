@@ -35,12 +35,12 @@ import numpy as np
 from .batch import fill_job
 from .build import RoundBuilder
 from .context import PipelineConfig, RunContext
-from .outputs import Aggregate, Sink, WindowAggregate
+from .outputs import Aggregate, Sink, StreamJoin, WindowAggregate
 from .publish import retract
 from .report import RunReport
 from .rows import Source
 from .stages import ATTEMPTS_PROPERTY, ROUND_PROPERTY, encode_attempts, u64
-from .stream_state import StreamState, check_event_time_path
+from .stream_state import StreamState, check_event_time_path, watermark_of
 from .tracked_rounds import run_summaries
 
 
@@ -343,7 +343,7 @@ class StreamingRun:
             ctx.on_replays = None
             ctx.resume_skip = {}
             ctx.round = 0
-            ctx.event_time = None
+            ctx.event_times = {}
             self.windows.close()
             ctx.stop_service()
             ctx.release()
@@ -541,12 +541,40 @@ def check_stream_plan(ctx: RunContext, output_mode: str = "append") -> list[Aggr
         )
     plan = ctx.plan
     aggs = [b for b in plan.barriers() if isinstance(b, Aggregate)]
-    joins = [b.name for b in plan.barriers() if not isinstance(b, Aggregate)]
+    streams = [b for b in plan.barriers() if isinstance(b, StreamJoin)]
+    joins = [b.name for b in plan.barriers() if not isinstance(b, (Aggregate, StreamJoin))]
     if joins:
         raise ValueError(
-            f"start_stream: joins of two tracked DataFrames ({joins}) are not supported in a "
-            "stream yet; join a static DataFrame as a lookup, or run the pipeline in batch"
+            f"start_stream: joins of two tracked DataFrames ({joins}) need both sides to be "
+            "streams with a watermark (a stream-stream join); join a static DataFrame as a "
+            "lookup, or run the pipeline in batch"
         )
+    for j in streams:
+        if not ctx.ft:
+            raise ValueError(
+                "start_stream: Pipeline(ft=False) runs no stream-stream join; run the query in "
+                "plain Structured Streaming to compare"
+            )
+        if output_mode != "append":
+            raise ValueError(
+                f"start_stream: {j.name!r} joins two streams: append mode only (as in Spark)"
+            )
+        if aggs:
+            raise ValueError(
+                "start_stream: a stream-stream join and an aggregation in one query are not "
+                "supported yet; run them as two queries"
+            )
+        for par in j.parents:
+            wm = watermark_of(plan, par)
+            assert wm is not None  # checked at declaration
+            check_event_time_path(j, wm, ctx.spark, via=par)
+        readers = plan.readers(plan.derived_source(j))
+        if not readers or not all(isinstance(r, Sink) for r in readers):
+            raise ValueError(
+                f"start_stream: write the rows of {j.name!r} straight into sinks (.sink(...) "
+                "on the join's output); operations after a stream-stream join are not "
+                "supported yet (do them on each side before the join)"
+            )
     plain = [b.name for b in aggs if not isinstance(b, WindowAggregate)]
     if plain and output_mode == "append":
         raise ValueError(

@@ -95,6 +95,12 @@ class Tracked:
           ``how`` in inner, left, left_semi, left_anti: runs in the JVM; each match is a child
           record; a row without a match under inner/left_semi (or with one under left_anti) is
           acked as dropped.
+        * ``other`` a :class:`Tracked` of another stream of the same pipeline (both sources
+          with a watermark): a stream-stream join, ``on`` a condition (a Column, such as
+          ``F.expr("clickAdId = adId AND clickTime BETWEEN t AND t + interval 1 hour")``) or
+          names, ``how`` inner or left (left outer, with a time-range condition): a joined
+          row is written once, as soon as the records of both its rows have settled
+          (:mod:`xorack.spark.stream_join`).
         * ``other`` a :class:`Tracked` of the same pipeline, ``how`` in inner, left: a barrier.
           The rows of both sides are staged until every record upstream is completed or
           dead-lettered, then joined once, so a record replayed on one side meets every row of
@@ -109,7 +115,10 @@ class Tracked:
                 raise StageSchemaError(
                     "join: the other side must be a tracked DataFrame of this Pipeline"
                 )
-            return self._on(self._builder.tracked_join(self._node, other._node, on, how))
+            b = self._builder
+            if b.streaming(self._node) and b.streaming(other._node):
+                return self._on(b.stream_join(self._node, other._node, on, how))
+            return self._on(b.tracked_join(self._node, other._node, on, how))
         if not hasattr(other, "columns") or not hasattr(other, "join"):
             raise TypeError(f"join: expected a DataFrame or a Tracked, got {type(other)}")
         if getattr(other, "isStreaming", False):
@@ -159,7 +168,8 @@ class Tracked:
         tracked stream (a timestamp column of its source, reaching the aggregation unchanged)
         and how late its rows may come. A window closes when the watermark passes its end —
         held back by the event time of every record still pending, so a replayed record is
-        never late (:mod:`xorack.spark.windows`). One watermark per pipeline.
+        never late (:mod:`xorack.spark.windows`). One watermark per source (a pipeline with
+        windows: one in all; a stream-stream join: one on each side).
 
         >>> # words = p.source(stream).withWatermark("ts", "10 seconds")
         """

@@ -56,6 +56,10 @@ WM = "_ft_wm"
 WIN = "_ft_w"
 #: The deterministic record id of an emitted window row (absorbed when written twice).
 ROW_ID = "_ft_row"
+#: A staged row's id (a stream-stream join's side): the hash of its staging directory's name
+#: and Spark's ``monotonically_increasing_id`` within that write (unique, fixed once written).
+RID_TAG = "_ft_rtag"
+RID_NO = "_ft_rno"
 
 _UNIT_MICROS = {
     "microsecond": 1,
@@ -225,12 +229,19 @@ class WindowStaging(Staging):
 
     watermark_us: int | None = None
     time: str = ""  # the event-time column (compaction keeps the rows of open windows)
+    ids: bool = False  # each row gets an id of its own (a stream-stream join's side)
 
     def write(self, df: Any, tag: str) -> str:
+        f = _f()
         path = os.path.join(self.root, tag)
         wm = micros_literal(self.watermark_us or 0)
         cols = [*map(q, self.payload), SRC, _staged_event(), KEEP]
-        df.selectExpr(*cols).withColumn(WM, wm).write.mode("overwrite").parquet(path)
+        out = df.selectExpr(*cols).withColumn(WM, wm)
+        if self.ids:  # unique and fixed once written: the write's name, the row's number
+            out = out.withColumn(RID_TAG, f.xxhash64(f.lit(tag))).withColumn(
+                RID_NO, f.monotonically_increasing_id()
+            )
+        out.write.mode("overwrite").parquet(path)
         self.paths.append(path)
         return path
 
@@ -241,13 +252,20 @@ class WindowStaging(Staging):
         old directories stay until :meth:`drop_before`). The events of the rows were sent when
         they were first staged: they are not sent again."""
         f = _f()
+        time = f.unix_micros(f.col(q(self.time)).cast("timestamp"))
+        keep = time + f.lit(int(horizon_us)) > f.lit(int(watermark_us))
+        return self.rewrite(spark, ended, keep, tag)
+
+    def rewrite(self, spark: Any, ended: Any, keep: Any, tag: str) -> str:
+        """Write the staged rows for which ``keep`` holds as one hidden directory ``tag``,
+        without the ghosts and the rows of attempts in ``ended``; returns its path (the old
+        directories stay until :meth:`commit` and :meth:`drop_before`)."""
+        f = _f()
         path = os.path.join(self.root, "_" + tag)  # hidden from a restart until committed
         rows = spark.read.parquet(*self.paths).where(f.col(KEEP))
         if ended is not None:
             rows = rows.join(ended, SRC, "left_anti")
-        time = f.unix_micros(f.col(q(self.time)).cast("timestamp"))
-        kept = rows.where(time + f.lit(int(horizon_us)) > f.lit(int(watermark_us)))
-        kept.write.mode("overwrite").parquet(path)
+        rows.where(keep).write.mode("overwrite").parquet(path)
         return path
 
     def commit(self, hidden: str) -> str:
@@ -288,22 +306,24 @@ class WindowStaging(Staging):
         kept.write.mode("overwrite").parquet(path)
         return path
 
-    def staged(self, spark: Any, ended: Any) -> Any:
-        """The staged rows of attempts not in ``ended`` with their ``_ft_wm`` (ghosts left
-        out)."""
+    def staged(self, spark: Any, ended: Any, ids: bool = False) -> Any:
+        """The staged rows of attempts not in ``ended`` with their ``_ft_wm`` (and their ids:
+        ``ids``), ghosts left out."""
         from .schema import empty_frame
 
+        extra = []
+        if ids:
+            extra = [RID_TAG, RID_NO]
         if not self.paths:
             f = _f()
-            return (
-                empty_frame(spark, self.schema)
-                .withColumn(WM, micros_literal(0))
-                .where(f.lit(False))
-            )
+            df = empty_frame(spark, self.schema).withColumn(WM, micros_literal(0))
+            for c in extra:
+                df = df.withColumn(c, f.lit(0).cast("long"))
+            return df.where(f.lit(False))
         df = spark.read.parquet(*self.paths).where(_f().col(KEEP))
         if ended is not None:
             df = df.join(ended, SRC, "left_anti")
-        return df.selectExpr(*map(q, self.payload), WM)
+        return df.selectExpr(*map(q, self.payload), WM, *extra)
 
 
 def _duration_of(column: Any) -> int | None:
@@ -371,7 +391,10 @@ def write_emitted(node: Any, out: Any, name: str) -> int:
     df = out.selectExpr(*map(q, cols))
     if node.caps.native:
         return int(node.sink.append(df, name=name) or 0)
-    keyed = df.withColumn(ROW_ID, f.xxhash64(*[f.col(q(c)) for c in _key_columns(node)]))
+    if ROW_ID in out.columns:  # the rows' own ids (a stream-stream join's pairs)
+        keyed = out.selectExpr(*map(q, cols), ROW_ID)
+    else:
+        keyed = df.withColumn(ROW_ID, f.xxhash64(*[f.col(q(c)) for c in _key_columns(node)]))
     res = keyed.mapInPandas(EmitWriter(node.sink, tuple(cols)), "rows long, dups long").agg(
         f.sum("rows"), f.sum("dups")
     )
@@ -387,6 +410,8 @@ def _key_columns(node: Any) -> list[str]:
 
 
 __all__ = [
+    "RID_NO",
+    "RID_TAG",
     "ROW_ID",
     "WIN",
     "WM",
