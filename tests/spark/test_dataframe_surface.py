@@ -262,6 +262,8 @@ def test_group_by_column_expressions_and_shortcuts_equal_plain_spark(spark, tmp_
     t = Pipeline(spark).source(_sales(spark), name="sales")
     with pytest.raises(TrackedOperationError, match="hide"):
         t.groupBy((F.col("qty") + 1).alias("qty"))
+    with pytest.raises(TrackedOperationError, match=r"inside an aggregate.*F.sum\('price'\)"):
+        t.groupBy("k").agg(F.sum(t.price))
 
 
 # ---- limit, orderBy(...).limit --------------------------------------------------------------

@@ -226,7 +226,7 @@ class Tracked:
             )
         if ops.join_condition(on) is not None:
             raise ops.TrackedOperationError(
-                "join: a join with an untracked DataFrame takes column names (an equi-join on "
+                "join: with an untracked DataFrame `on` takes column names (an equi-join on "
                 "columns both sides have); rename the lookup's key columns to match "
                 "(other.withColumnRenamed('k2', 'k')), or filter after the join"
             )
@@ -234,8 +234,9 @@ class Tracked:
         return self._native("join", lambda name: ops.LookupJoin(other, keys, how, name))
 
     def groupBy(self, *cols: Any) -> GroupedTracked:
-        """``DataFrame.groupBy(*cols)`` (column names; none: a global aggregate, one row even
-        over no rows, as Spark's); then ``.agg(*exprs)``, ``.count()``, ``.sum(...)``,
+        """``DataFrame.groupBy(*cols)`` (column names or Columns — an expression is grouped by
+        under the name Spark gives it; none: a global aggregate, one row even over no rows, as
+        Spark's); then ``.agg(*exprs)``, ``.count()``, ``.sum(...)``,
         ``.avg(...)``/``.mean(...)``, ``.min(...)``, ``.max(...)``. One of the columns may be
         a time window, ``F.window(ts, duration[, slide])`` (tumbling or sliding), or a session
         window, ``F.session_window(ts, gap)``, over the column of :meth:`withWatermark`: in a
@@ -782,9 +783,31 @@ class GroupedTracked:
             raise TypeError("agg: give at least one aggregate Column")
         parent = self._parent
         b = parent._builder
-        if self._window is not None:
-            return parent._on(b.windowed_aggregate(parent._node, self._keys, self._window, exprs))
-        return parent._on(b.aggregate(parent._node, self._keys, tuple(exprs)))
+        try:
+            if self._window is not None:
+                node = b.windowed_aggregate(parent._node, self._keys, self._window, exprs)
+            else:
+                node = b.aggregate(parent._node, self._keys, tuple(exprs))
+        except ops.TrackedOperationError:
+            if not self._through_qualifier(exprs):
+                raise  # a mistake of another kind: Spark's message says it
+            raise ops.TrackedOperationError(
+                f"agg: {', '.join(map(str, exprs))} reaches columns through the frame "
+                f"({parent._qualifier}.c, as t.c or t['c'] write them); inside an aggregate "
+                "name them: F.sum('price'), F.col('price')"
+            ) from None
+        return parent._on(node)
+
+    def _through_qualifier(self, exprs: tuple[Any, ...]) -> bool:
+        """Whether ``exprs`` resolve only through the frame's qualifier (``t.price``)."""
+        parent = self._parent
+        proto = parent._builder.prototype(parent._node).alias(parent._qualifier)
+        keys = [k for k in self._keys if isinstance(k, str)]
+        try:
+            proto.groupBy(*keys).agg(*exprs).schema  # noqa: B018 - an analysis, no job
+        except Exception:
+            return False
+        return True
 
     def count(self) -> Tracked:
         """``GroupedData.count()``: a ``count`` column per group."""
