@@ -85,14 +85,11 @@ JOINS = {
     # name: the join, written the same way on tracked frames and on DataFrames
     **{
         f"condition-{how}": _on_condition(how)
-        for how in ("inner", "left", "right", "full", "left_semi", "left_anti")
+        for how in ("full", "left_semi", "left_anti")  # inner, left, right: below
     },
     "keys-list": lambda o, i: o.join(i, [o.o_id == i.l_oid, o.o_n == i.l_n], "inner"),
     "alias": lambda o, i: o.alias("a").join(
         i.alias("b"), F.col("a.o_id") == F.col("b.l_oid"), "leftouter"
-    ),
-    "names-full": lambda o, i: o.withColumnRenamed("o_id", "k").join(
-        i.withColumnRenamed("l_oid", "k"), "k", "outer"
     ),
     "names-right": lambda o, i: o.withColumnRenamed("o_id", "k").join(
         i.withColumnRenamed("l_oid", "k"), ["k"], "right"
