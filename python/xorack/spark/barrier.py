@@ -93,16 +93,47 @@ class AggregateSpec:
 
 @dataclass(frozen=True)
 class JoinSpec:
-    """``left.join(right, on, how)`` of two tracked DataFrames over their staged rows."""
+    """``left.join(right, on, how)`` of two tracked DataFrames over their staged rows: on
+    shared column names, or on a Column ``condition`` (``t1.k == t2.k2``, with or without a
+    residual non-equi part) over the two sides aliased ``qualifiers`` (what ``t1["k"]`` and
+    ``t1.alias("a")`` name them)."""
 
     on: tuple[str, ...]
     how: str
+    condition: Any = None
+    qualifiers: tuple[str, str] = ("", "")
 
     def describe(self) -> str:
+        if self.condition is not None:
+            return f"join({self.condition}, {self.how!r})"
         return f"join({list(self.on)}, {self.how!r})"
 
     def compute(self, inputs: Sequence[Any]) -> Any:
-        return inputs[0].join(inputs[1], on=list(self.on), how=self.how)
+        if self.condition is None:
+            return inputs[0].join(inputs[1], on=list(self.on), how=self.how)
+        left, right = self.qualifiers
+        return inputs[0].alias(left).join(inputs[1].alias(right), self.condition, self.how)
+
+
+@dataclass(frozen=True)
+class LimitSpec:
+    """``limit(n)``, or ``orderBy(*order).limit(n)`` (the first ``n`` rows in that order),
+    over the staged rows: Spark's own limit, once, over the complete input."""
+
+    n: int
+    order: tuple[Any, ...] = ()
+    qualifier: str = ""  # the alias the order's columns may name the input by
+
+    def describe(self) -> str:
+        if self.order:
+            return f"orderBy({', '.join(map(str, self.order))}).limit({self.n})"
+        return f"limit({self.n})"
+
+    def compute(self, inputs: Sequence[Any]) -> Any:
+        if not self.order:
+            return inputs[0].limit(self.n)
+        df = inputs[0].alias(self.qualifier) if self.qualifier else inputs[0]
+        return df.orderBy(*self.order).limit(self.n)
 
 
 @dataclass(frozen=True)
@@ -436,6 +467,7 @@ __all__ = [
     "AggregateSpec",
     "EventSender",
     "JoinSpec",
+    "LimitSpec",
     "PartialStaging",
     "Staging",
     "combining_plan",

@@ -12,13 +12,14 @@ from collections.abc import Callable
 from typing import Any
 
 from . import ops
-from .barrier import AggregateSpec, JoinSpec
+from .barrier import AggregateSpec, JoinSpec, LimitSpec
 from .context import PipelineConfig
 from .lineage import LINEAGE
 from .node import Node
 from .outputs import (
     Aggregate,
     Barrier,
+    Limit,
     NativeSinkNode,
     PythonSinkNode,
     Sink,
@@ -177,11 +178,31 @@ class PlanBuilder:
         self._add(node)
         return node
 
-    def native(self, parent: Node, kind: str, make: Callable[[str], Any]) -> Node:
+    def streaming(self, node: Node) -> bool:
+        """Whether rows of a streaming source reach ``node``."""
+        stack, seen = [node], set()
+        while stack:
+            n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            if isinstance(n, Source) and n.df is not None and n.df.isStreaming:
+                return True
+            stack.extend(n.parents)
+            if isinstance(n, Source) and n.derived is not None:
+                stack.append(n.derived)
+        return False
+
+    def native(
+        self, parent: Node, kind: str, make: Callable[[str], Any], qualifier: str | None = None
+    ) -> Node:
         """A native operation node: ``make(name)`` builds the operator; its output schema comes
-        from applying it to the parent's prototype."""
+        from applying it to the parent's prototype. An operation with expressions reads its
+        input aliased ``qualifier`` (``t["k"]``, ``t.alias("a")``)."""
         name = self.unique(None, kind)
         op = make(name)
+        if qualifier is not None and hasattr(op, "guarded"):
+            op = ops.Qualified(op, qualifier)
         given = self.prototype(parent)
         out = self.analyze(
             op.describe(), lambda: op.declare(given) if self.ft else op.apply(given, False)
@@ -404,12 +425,6 @@ class PlanBuilder:
         keys = (spec.window_name, *spec.keys)
         return self._barrier([parent], spec, WindowAggregate, keys=keys)
 
-    def streaming(self, node: Node) -> bool:
-        """Whether rows of a streaming source reach ``node``."""
-        return any(
-            s.df is not None and getattr(s.df, "isStreaming", False) for s in _sources_of(node)
-        )
-
     def stream_join(self, left: Node, right: Node, on: Any, how: str) -> Source:
         """``left.join(right, on, how)`` of two tracked streams (:mod:`.stream_join`)."""
         from pyspark.sql import Column
@@ -471,25 +486,67 @@ class PlanBuilder:
         spec = StreamJoinSpec(cond, how, spec.times, lags)
         return self._barrier([left, right], spec, StreamJoin, keys=())
 
-    def tracked_join(self, left: Node, right: Node, on: Any, how: str) -> Source:
+    def tracked_join(
+        self,
+        left: Node,
+        right: Node,
+        on: Any,
+        how: str,
+        qualifiers: tuple[str, str] = ("", ""),
+    ) -> Source:
+        """A join of two tracked frames (a barrier): on shared column names, or on a Column
+        condition over the sides aliased ``qualifiers``; any join type."""
         if right is left:
             raise StageSchemaError(
                 "join: a tracked DataFrame cannot be joined with itself; map it into two stages "
                 "first"
             )
-        if how not in ("inner", "left"):
+        if on is None:
             raise ops.TrackedOperationError(
-                f"join: how={how!r} between two tracked DataFrames is not supported; use inner "
-                "or left (or join an untracked DataFrame for semi/anti joins)"
+                "join: without `on` Spark makes a cross join, which is not supported between "
+                "tracked DataFrames; give column names or a Column condition"
             )
-        keys = tuple(ops.join_keys(on, list(left.columns), list(right.columns)))
-        clash = sorted((set(left.columns) & set(right.columns)) - set(keys))
-        if clash:
+        how = ops.tracked_join_type(how)
+        lcols, rcols = list(left.columns), list(right.columns)
+        semi = how in ("left_semi", "left_anti")
+        cond = ops.join_condition(on)
+        if cond is None:
+            keys = tuple(ops.join_keys(on, lcols, rcols))
+            clash = sorted((set(lcols) & set(rcols)) - set(keys))
+            spec = JoinSpec(keys, how)
+            out_keys = keys
+        else:
+            if qualifiers[0] == qualifiers[1]:
+                raise ops.TrackedOperationError(
+                    f"join: both sides are aliased {qualifiers[0]!r}; alias them apart "
+                    "(t1.alias('a').join(t2.alias('b'), F.col('a.k') == F.col('b.k')))"
+                )
+            clash = sorted(set(lcols) & set(rcols))
+            spec = JoinSpec((), how, cond, qualifiers)
+            pairs = ops.equi_keys(cond, (qualifiers[0], lcols), (qualifiers[1], rcols))
+            # the next phase is partitioned by the equi-keys it can name unambiguously
+            side = [lk for lk, _ in pairs] if how != "right" else [rk for _, rk in pairs]
+            out_keys = tuple(dict.fromkeys(k for k in side if semi or k not in clash))
+            if how == "full":
+                out_keys = ()
+        if clash and not semi:
+            what = "" if cond is None else " (a Column condition keeps both sides' columns)"
             raise ops.TrackedOperationError(
-                f"join: columns {clash} are on both sides (the output would have two columns of "
-                "each name); rename them on one side first"
+                f"join: columns {clash} are on both sides{what}, so the output would have two "
+                "columns of each name; rename them on one side first (withColumnRenamed)"
+                + (", or join on the shared names: join(other, 'k')" if cond is not None else "")
             )
-        return self._barrier([left, right], JoinSpec(keys, how), TrackedJoin, keys=keys)
+        return self._barrier([left, right], spec, TrackedJoin, keys=out_keys)
+
+    def limit(self, parent: Node, n: Any, order: tuple[Any, ...], qualifier: str = "") -> Source:
+        """``limit(n)`` or ``orderBy(*order).limit(n)``, a barrier."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise TypeError(f"limit: n must be an int >= 0, got {n!r}")
+        if self.streaming(parent):
+            raise ops.TrackedOperationError(
+                "limit: not supported on a tracked stream (a stream has no end to count from)"
+            )
+        return self._barrier([parent], LimitSpec(n, tuple(order), qualifier), Limit, keys=())
 
 
 def _sources_of(node: Node) -> list[Source]:

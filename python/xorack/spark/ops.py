@@ -36,6 +36,9 @@ GENERATORS = {
     "inline_outer": (True, False, True),
 }
 JOIN_TYPES = ("inner", "left", "left_semi", "left_anti")
+#: the join types between two tracked frames (a barrier: Spark's own join, once, over complete
+#: inputs, so every type is exact)
+TRACKED_JOIN_TYPES = ("inner", "left", "right", "full", "left_semi", "left_anti")
 _JOIN_ALIASES = {
     "inner": "inner",
     "left": "left",
@@ -47,6 +50,16 @@ _JOIN_ALIASES = {
     "anti": "left_anti",
     "leftanti": "left_anti",
     "left_anti": "left_anti",
+}
+_TRACKED_JOIN_ALIASES = {
+    **_JOIN_ALIASES,
+    "right": "right",
+    "rightouter": "right",
+    "right_outer": "right",
+    "full": "full",
+    "outer": "full",
+    "fullouter": "full",
+    "full_outer": "full",
 }
 
 
@@ -662,13 +675,95 @@ def join_type(how: str) -> str:
     return _JOIN_ALIASES[key]
 
 
+def tracked_join_type(how: str) -> str:
+    """``how`` of a join between two tracked frames, normalized (Spark's aliases)."""
+    key = str(how).lower()
+    if key not in _TRACKED_JOIN_ALIASES:
+        raise TrackedOperationError(
+            f"join: how={how!r} between two tracked DataFrames is not supported; use one of "
+            f"{list(TRACKED_JOIN_TYPES)}"
+        )
+    return _TRACKED_JOIN_ALIASES[key]
+
+
+def is_column(c: Any) -> bool:
+    """Whether ``c`` is a PySpark Column (classic or Connect)."""
+    return type(c).__name__ == "Column"
+
+
+def join_condition(on: Any) -> Any:
+    """A join's ``on`` as one Column condition (a list of Columns is ANDed, as Spark does), or
+    None when ``on`` names columns."""
+    if is_column(on):
+        return on
+    if isinstance(on, (list, tuple)) and on and all(is_column(c) for c in on):
+        cond = on[0]
+        for c in on[1:]:
+            cond = cond & c
+        return cond
+    if isinstance(on, (list, tuple)) and any(is_column(c) for c in on):
+        raise TrackedOperationError(
+            f"join: `on` mixes column names and Columns ({on!r}); give names or Columns"
+        )
+    return None
+
+
+def _attribute(node: Any) -> tuple[str, ...] | None:
+    """The name parts of an attribute reference (``F.col("t.k")``: ("t", "k")), else None."""
+    if node.getClass().getSimpleName() != "UnresolvedAttribute":
+        return None
+    parts = node.nameParts()
+    return tuple(str(parts.apply(i)) for i in range(parts.size()))
+
+
+def equi_keys(
+    cond: Any, left: tuple[str, Sequence[str]], right: tuple[str, Sequence[str]]
+) -> list[tuple[str, str]]:
+    """The equi-join keys of a join condition: the (left column, right column) of each
+    ``a == b`` conjunct between a column of either side (``left``/``right``: the side's
+    qualifier and columns; a name without qualifier belongs to the one side that has it).
+    Conjuncts of another shape (the residual condition) are left out; [] when the condition
+    cannot be read (Spark Connect)."""
+
+    def side(parts: tuple[str, ...]) -> tuple[int, str] | None:
+        if len(parts) == 2:
+            for i, (qual, cols) in enumerate((left, right)):
+                if parts[0] == qual and parts[1] in cols:
+                    return i, parts[1]
+            return None
+        if len(parts) == 1:
+            found = [i for i, (_, cols) in enumerate((left, right)) if parts[0] in cols]
+            return (found[0], parts[0]) if len(found) == 1 else None
+        return None
+
+    def walk(node: Any) -> list[tuple[str, str]]:
+        if node.getClass().getSimpleName() != "UnresolvedFunction":
+            return []
+        name = str(node.functionName()).lower()
+        args = [node.arguments().apply(i) for i in range(node.arguments().size())]
+        if name == "and":
+            return [k for a in args for k in walk(a)]
+        if name not in ("==", "=", "equalto") or len(args) != 2:
+            return []
+        a, b = (_attribute(x) for x in args)
+        sa, sb = (side(p) if p is not None else None for p in (a, b))
+        if sa is None or sb is None or sa[0] == sb[0]:
+            return []
+        return [(sa[1], sb[1])] if sa[0] == 0 else [(sb[1], sa[1])]
+
+    try:
+        return walk(cond._jc.node())
+    except Exception:  # not a classic Column (Spark Connect): no keys read
+        return []
+
+
 def join_keys(on: Any, left: Sequence[str], right: Sequence[str]) -> list[str]:
     keys = [on] if isinstance(on, str) else list(on) if isinstance(on, (list, tuple)) else None
     if not keys or not all(isinstance(k, str) for k in keys):
         raise TrackedOperationError(
-            "join: `on` must be a column name or a list of names on a tracked DataFrame (an "
-            f"equi-join on columns both sides have), got {on!r}; rename the key columns so "
-            "both sides share their names"
+            "join: `on` must be a column name, a list of names (an equi-join on columns both "
+            "sides have) or, between two tracked DataFrames, a Column condition "
+            f"(t1.k == t2.k2), got {on!r}"
         )
     for side, cols in (("left", left), ("right", right)):
         missing = [k for k in keys if k not in cols]
@@ -755,6 +850,128 @@ class LookupJoin:
         return out
 
 
+# --------------------------------------------------------------------------------------------
+# column access by qualifier, renames, null filling
+
+
+@dataclass(frozen=True)
+class Qualified:
+    """An operation with expressions (``Select``, ``WithColumns``, ``Filter``) whose input is
+    aliased ``qualifier`` first, so that ``t["k"]`` / ``t.k`` (``F.col("`t`.`k`")``) and
+    ``t.alias("a")``'s ``F.col("a.k")`` resolve against it; Spark removes the alias when it
+    optimizes, so it costs nothing."""
+
+    op: Any
+    qualifier: str
+
+    @property
+    def lineage(self) -> str:
+        """The wrapped operation's lineage rule."""
+        return str(self.op.lineage)
+
+    def describe(self) -> str:
+        return str(self.op.describe())
+
+    def declare(self, proto: Any) -> Any:
+        """The wrapped operation's declaration on the aliased frame."""
+        return self.op.declare(proto.alias(self.qualifier))
+
+    def apply(self, df: Any, ft: bool) -> Any:
+        return self.op.apply(df.alias(self.qualifier), ft)
+
+    def guarded(self, df: Any, guard: Any) -> Any:
+        """The wrapped operation's guarded translation on the aliased frame."""
+        return self.op.guarded(df.alias(self.qualifier), guard)
+
+
+@dataclass(frozen=True)
+class Renames:
+    """``withColumnsRenamed({old: new})``."""
+
+    #: how record ids flow through it (``explain()``)
+    lineage: ClassVar[str] = "1 → 1 (the row keeps its id)"
+
+    mapping: tuple[tuple[str, str], ...]
+
+    def describe(self) -> str:
+        return f"withColumnsRenamed({dict(self.mapping)!r})"
+
+    def declare(self, proto: Any) -> Any:
+        """The declaration-time analysis on a payload-only frame (see the module's doc)."""
+        out = self.apply(proto, ft=True)
+        check_output_names("withColumnsRenamed", out.columns)
+        return out
+
+    def apply(self, df: Any, ft: bool) -> Any:
+        bad = [k for k, v in self.mapping if not isinstance(k, str) or not isinstance(v, str)]
+        if bad:
+            raise TypeError(f"withColumnsRenamed: takes {{old name: new name}}, got {bad!r}")
+        check_output_names("withColumnsRenamed", [v for _, v in self.mapping])
+        if ft and any(k in LINEAGE for k, _ in self.mapping):
+            raise TrackedOperationError(
+                f"withColumnsRenamed: {dict(self.mapping)} renames lineage columns"
+            )
+        return df.withColumnsRenamed(dict(self.mapping))
+
+
+@dataclass(frozen=True)
+class FillNull:
+    """``fillna(value, subset)`` / ``na.fill``: Spark's own fill on the payload columns (a
+    ghost's payload stays null)."""
+
+    #: how record ids flow through it (``explain()``)
+    lineage: ClassVar[str] = "1 → 1 (the row keeps its id)"
+
+    value: Any  # a scalar or a tuple of (column, value) pairs
+    subset: tuple[str, ...] | None
+
+    def describe(self) -> str:
+        value = dict(self.value) if isinstance(self.value, tuple) else self.value
+        sub = "" if self.subset is None else f", subset={list(self.subset)}"
+        return f"fillna({value!r}{sub})"
+
+    def declare(self, proto: Any) -> Any:
+        """The declaration-time analysis on a payload-only frame (see the module's doc)."""
+        return self.apply(proto, ft=False)
+
+    def _fill(self, df: Any, payload: list[str]) -> Any:
+        if isinstance(self.value, tuple):
+            mapping = dict(self.value)
+            missing = [c for c in mapping if c not in payload]
+            if missing:
+                raise TrackedOperationError(f"fillna: columns {missing} not in {payload}")
+            return df.fillna(mapping)
+        subset = list(self.subset) if self.subset is not None else payload
+        missing = [c for c in subset if c not in payload]
+        if missing:
+            raise TrackedOperationError(f"fillna: columns {missing} not in {payload}")
+        return df.fillna(self.value, subset=subset)
+
+    def apply(self, df: Any, ft: bool) -> Any:
+        if not ft:
+            return self._fill(df, list(df.columns))
+        payload = payload_of(df)
+        out = self._fill(df, payload)
+        return out.selectExpr(*ghost_payload(payload), *LINEAGE)
+
+
+def present_count(schema: Any, cols: Sequence[str]) -> Any:
+    """How many of ``cols`` hold a value (neither null nor, in a floating-point column, NaN):
+    Spark's ``na.drop`` rule (``AtLeastNNonNulls``)."""
+    from pyspark.sql.types import DoubleType, FloatType
+
+    f = _f()
+    total = f.lit(0)
+    for c in cols:
+        col = f.col(q(c))
+        if isinstance(schema[c].dataType, (DoubleType, FloatType)):
+            there = col.isNotNull() & ~f.isnan(col)
+        else:
+            there = col.isNotNull()
+        total = total + f.when(there, 1).otherwise(0)
+    return total
+
+
 def mapping_arg(mapping: Any) -> tuple[tuple[str, Any], ...]:
     if not isinstance(mapping, Mapping):
         raise TypeError(f"withColumns: expected a dict {{name: Column}}, got {type(mapping)}")
@@ -764,14 +981,23 @@ def mapping_arg(mapping: Any) -> tuple[tuple[str, Any], ...]:
 __all__ = [
     "GENERATORS",
     "JOIN_TYPES",
+    "TRACKED_JOIN_TYPES",
     "Drop",
+    "FillNull",
     "Filter",
     "LookupJoin",
+    "Qualified",
     "Renamed",
+    "Renames",
     "Select",
     "TrackedOperationError",
     "WithColumns",
+    "equi_keys",
+    "is_column",
+    "join_condition",
     "join_keys",
     "join_type",
     "payload_of",
+    "present_count",
+    "tracked_join_type",
 ]

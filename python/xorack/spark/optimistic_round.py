@@ -18,7 +18,7 @@ from . import ops, optimistic
 from .context import RunContext
 from .guard import tally_param
 from .lineage import EVENT, KEEP, q
-from .outputs import Aggregate, Barrier, NativeSinkNode, PythonSinkNode, Sink, TrackedJoin
+from .outputs import Aggregate, Barrier, NativeSinkNode, PythonSinkNode, Sink
 from .report import PhaseNote, Reason, RunReport
 from .row_errors import RowGuard, row_error
 from .rows import PythonStage, Source, tagged_schema
@@ -189,8 +189,9 @@ class OptimisticBuilder:
         out = grouped.where(F.col(KEEP)).selectExpr(*map(q, node.columns))
         return self._barrier_output(node, out, events, counted=True)
 
-    def join_output(self, node: TrackedJoin, inputs: list[Any]) -> FastOutput:
-        """A join of two tracked frames over their live rows, each side's events observed."""
+    def join_output(self, node: Barrier, inputs: list[Any]) -> FastOutput:
+        """A barrier's Spark operator (a join of two tracked frames, a limit) over its inputs'
+        live rows, each input's events observed."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 

@@ -166,14 +166,27 @@ class StreamJoin(Barrier):
 
 @dataclass(eq=False)
 class TrackedJoin(Barrier):
-    """``left.join(right, on, how)`` of two tracked frames (inner, left): a replayed record on
-    one side meets every row of the other side that went through before it."""
+    """``left.join(right, on, how)`` of two tracked frames (any join type, on names or a Column
+    condition): a replayed record on one side meets every row of the other side that went
+    through before it."""
 
     lineage: ClassVar[str] = "2 → 1: both sides staged until the phase settles, joined once"
     label: ClassVar[str] = "join"
 
     def optimistic_output(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
         return b.join_output(self, inputs)
+
+
+@dataclass(eq=False)
+class Limit(Barrier):
+    """``limit(n)`` / ``orderBy(...).limit(n)``: n rows of the complete input (the first n in
+    that order), which no round can know before every record upstream has settled."""
+
+    lineage: ClassVar[str] = "n → at most n: staged until the phase settles, ordered and cut once"
+    label: ClassVar[str] = "limit"
+
+    def optimistic_output(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
+        return b.join_output(self, inputs)  # Spark's operator over the live rows, as a join's
 
 
 @dataclass(eq=False)
@@ -277,6 +290,7 @@ class PythonSinkNode(Sink):
 __all__ = [
     "Aggregate",
     "Barrier",
+    "Limit",
     "NativeSinkNode",
     "PythonSinkNode",
     "Sink",

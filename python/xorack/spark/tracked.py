@@ -7,6 +7,7 @@ the plan (:mod:`xorack.spark.declare`); nothing runs until ``Pipeline.run()``.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -26,15 +27,26 @@ class Tracked:
     >>> # p.source(df).map_in_pandas(fn, "word string").sink(SQLiteSink(path, "w"))
     """
 
-    def __init__(self, builder: PlanBuilder, node: Node) -> None:
+    def __init__(self, builder: PlanBuilder, node: Node, alias: str | None = None) -> None:
         self._builder = builder
         self._node = node
+        self._alias = alias
+
+    @property
+    def _qualifier(self) -> str:
+        """What ``t["k"]`` qualifies its column with: the alias (given by :meth:`alias`, or
+        kept from the frame a row operation derived this one from), else the node's own name
+        (a source's, a stage's, a barrier output's)."""
+        return self._alias if self._alias is not None else self._node.name
 
     def _on(self, node: Node) -> Tracked:
         return Tracked(self._builder, node)
 
     def _native(self, kind: str, make: Callable[[str], Any]) -> Tracked:
-        return self._on(self._builder.native(self._node, kind, make))
+        """A row operation's frame; it keeps this frame's qualifier (as Spark's attributes pass
+        through a row operation), so ``t.k`` reaches ``k`` in the frames derived from ``t``."""
+        node = self._builder.native(self._node, kind, make, self._qualifier)
+        return Tracked(self._builder, node, self._qualifier)
 
     @property
     def columns(self) -> list[str]:
@@ -45,6 +57,50 @@ class Tracked:
     def schema(self) -> Any:
         """The payload schema (a StructType)."""
         return self._node.schema
+
+    @property
+    def dtypes(self) -> list[tuple[str, str]]:
+        """``DataFrame.dtypes``: (name, type) of each payload column."""
+        return [(f.name, f.dataType.simpleString()) for f in self._node.schema.fields]
+
+    def printSchema(self, level: int | None = None) -> None:
+        """``DataFrame.printSchema()``: the payload schema as a tree."""
+        tree = self._node.schema.treeString(level) if level else self._node.schema.treeString()
+        print(tree)
+
+    def alias(self, alias: str) -> Tracked:
+        """``DataFrame.alias(name)``: the same frame, its columns reachable as
+        ``F.col("name.k")`` in its own operations and in a join's condition.
+
+        >>> # o.alias("o").join(l.alias("l"), F.col("o.id") == F.col("l.order_id"))
+        """
+        if not isinstance(alias, str) or not alias:
+            raise TypeError(f"alias: expected a non-empty string, got {alias!r}")
+        return Tracked(self._builder, self._node, alias)
+
+    def __getitem__(self, item: Any) -> Any:
+        """``t["k"]`` (or ``t[i]``): the column, for this frame's operations and join conditions
+        (``t1.join(t2, t1["k"] == t2["k2"])``); ``t[cond]`` filters, ``t[["a", "b"]]``
+        selects, as PySpark's DataFrame does."""
+        from pyspark.sql import functions as F
+
+        from .lineage import q
+
+        if isinstance(item, int) and not isinstance(item, bool):
+            if not -len(self.columns) <= item < len(self.columns):
+                raise IndexError(f"column index {item} out of range for {self.columns}")
+            item = self.columns[item]
+        if isinstance(item, str):
+            if item not in self.columns:
+                raise ops.TrackedOperationError(
+                    f"{item!r} is not a column of this tracked DataFrame: {self.columns}"
+                )
+            return F.col(f"{q(self._qualifier)}.{q(item)}")
+        if ops.is_column(item):
+            return self.filter(item)
+        if isinstance(item, (list, tuple)):
+            return self.select(*item)
+        raise TypeError(f"unexpected item type: {type(item).__name__}")
 
     # ---- native operations: PySpark's DataFrame API, run in the JVM, lineage kept ----------
 
@@ -84,41 +140,93 @@ class Tracked:
         """``DataFrame.withColumnRenamed``."""
         return self._native("withColumnRenamed", lambda name: ops.Renamed(existing, new))
 
+    def withColumnsRenamed(self, colsMap: dict[str, str]) -> Tracked:
+        """``DataFrame.withColumnsRenamed({old: new})``."""
+        if not isinstance(colsMap, dict):
+            raise TypeError(f"withColumnsRenamed: expected a dict {{old: new}}, got {colsMap!r}")
+        mapping = tuple(colsMap.items())
+        return self._native("withColumnsRenamed", lambda name: ops.Renames(mapping))
+
+    def fillna(self, value: Any, subset: Any = None) -> Tracked:
+        """``DataFrame.fillna(value, subset)`` / ``na.fill``: Spark's own rule (a value fills
+        the columns of its type; a dict gives a value per column)."""
+        if isinstance(value, dict):
+            fill: Any = tuple(value.items())
+        elif isinstance(value, (bool, int, float, str)):
+            fill = value
+        else:
+            raise TypeError(f"fillna: value must be a bool, int, float, str or dict, got {value!r}")
+        if isinstance(subset, str):
+            subset = [subset]
+        cols = tuple(subset) if subset is not None else None
+        return self._native("fillna", lambda name: ops.FillNull(fill, cols))
+
+    def dropna(self, how: str = "any", thresh: int | None = None, subset: Any = None) -> Tracked:
+        """``DataFrame.dropna(how, thresh, subset)`` / ``na.drop``: a filter (a removed row is
+        acked as dropped); NaN counts as null, as in Spark.
+
+        >>> # rated = ratings.dropna(subset=["rating"])
+        """
+        if how not in ("any", "all"):
+            raise ValueError(f"dropna: how must be 'any' or 'all', got {how!r}")
+        if isinstance(subset, str):
+            subset = [subset]
+        cols = tuple(subset) if subset is not None else tuple(self.columns)
+        check_columns("dropna", self.columns, cols, "dropna")
+        if thresh is None:
+            thresh = len(cols) if how == "any" else 1
+        if isinstance(thresh, bool) or not isinstance(thresh, int):
+            raise TypeError(f"dropna: thresh must be an int, got {thresh!r}")
+        cond = ops.present_count(self.schema, cols) >= thresh
+        return self._native("dropna", lambda name: ops.Filter(cond))
+
+    @property
+    def na(self) -> TrackedNa:
+        """``DataFrame.na``: ``fill`` and ``drop``."""
+        return TrackedNa(self)
+
     def drop(self, *cols: str) -> Tracked:
         """``DataFrame.drop`` (column names)."""
         return self._native("drop", lambda name: ops.Drop(tuple(cols)))
 
     def join(self, other: Any, on: Any = None, how: str = "inner") -> Tracked:
-        """``DataFrame.join`` on column names (an equi-join).
+        """``DataFrame.join``.
 
         * ``other`` an untracked DataFrame (a lookup or dimension table, broadcast or not),
-          ``how`` in inner, left, left_semi, left_anti: runs in the JVM; each match is a child
-          record; a row without a match under inner/left_semi (or with one under left_anti) is
-          acked as dropped.
+          ``on`` column names, ``how`` in inner, left, left_semi, left_anti: runs in the JVM;
+          each match is a child record; a row without a match under inner/left_semi (or with
+          one under left_anti) is acked as dropped.
+        * ``other`` a :class:`Tracked` of the same pipeline, ``on`` column names or a Column
+          condition (``t1.k == t2.k2``, several keys with ``&`` or in a list, a residual
+          non-equi condition too), ``how`` in inner, left, right, full, left_semi, left_anti:
+          a barrier. The rows of both sides are staged until every record upstream is
+          completed or dead-lettered, then Spark joins them once, so a record replayed on one
+          side meets every row of the other side that went through before it, and a
+          dead-lettered record joins nothing. The joined rows are the source records of the
+          next phase.
         * ``other`` a :class:`Tracked` of another stream of the same pipeline (both sources
-          with a watermark): a stream-stream join, ``on`` a condition (a Column, such as
-          ``F.expr("clickAdId = adId AND clickTime BETWEEN t AND t + interval 1 hour")``) or
-          names, ``how`` inner or left (left outer, with a time-range condition): a joined
+          with a watermark): a stream-stream join, ``on`` a condition over column names (such
+          as ``F.expr("clickAdId = adId AND clickTime BETWEEN t AND t + interval 1 hour")``)
+          or names, ``how`` inner or left (left outer, with a time-range condition): a joined
           row is written once, as soon as the records of both its rows have settled
           (:mod:`xorack.spark.stream_join`).
-        * ``other`` a :class:`Tracked` of the same pipeline, ``how`` in inner, left: a barrier.
-          The rows of both sides are staged until every record upstream is completed or
-          dead-lettered, then joined once, so a record replayed on one side meets every row of
-          the other side that went through before it, and a dead-lettered record joins
-          nothing. The joined rows are the source records of the next phase.
 
         >>> # rated = words.join(F.broadcast(sentiment), "word", "left")
+        >>> # lines = orders.join(items, orders.o_orderkey == items.l_orderkey)
         """
-        how = ops.join_type(how)
         if isinstance(other, Tracked):
             if other._builder is not self._builder:
                 raise StageSchemaError(
                     "join: the other side must be a tracked DataFrame of this Pipeline"
                 )
             b = self._builder
-            if b.streaming(self._node) and b.streaming(other._node):
-                return self._on(b.stream_join(self._node, other._node, on, how))
-            return self._on(b.tracked_join(self._node, other._node, on, how))
+            if b.streaming(self._node) and b.streaming(other._node):  # a stream-stream join
+                kind = ops.tracked_join_type(how)
+                return self._on(b.stream_join(self._node, other._node, on, kind))
+            qualifiers = (self._qualifier, other._qualifier)
+            node = b.tracked_join(self._node, other._node, on, how, qualifiers)
+            return self._on(node)
+        how = ops.join_type(how)
         if not hasattr(other, "columns") or not hasattr(other, "join"):
             raise TypeError(f"join: expected a DataFrame or a Tracked, got {type(other)}")
         if getattr(other, "isStreaming", False):
@@ -126,12 +234,19 @@ class Tracked:
                 "join: the other side is a streaming DataFrame; a lookup join takes a static one "
                 "(a stream-stream join needs both sides tracked, which is not supported yet)"
             )
+        if ops.join_condition(on) is not None:
+            raise ops.TrackedOperationError(
+                "join: with an untracked DataFrame `on` takes column names (an equi-join on "
+                "columns both sides have); rename the lookup's key columns to match "
+                "(other.withColumnRenamed('k2', 'k')), or filter after the join"
+            )
         keys = tuple(ops.join_keys(on, self.columns, list(other.columns)))
         return self._native("join", lambda name: ops.LookupJoin(other, keys, how, name))
 
     def groupBy(self, *cols: Any) -> GroupedTracked:
-        """``DataFrame.groupBy(*cols)`` (column names; none: a global aggregate, one row even
-        over no rows, as Spark's); then ``.agg(*exprs)``, ``.count()``, ``.sum(...)``,
+        """``DataFrame.groupBy(*cols)`` (column names or Columns — an expression is grouped by
+        under the name Spark gives it; none: a global aggregate, one row even over no rows, as
+        Spark's); then ``.agg(*exprs)``, ``.count()``, ``.sum(...)``,
         ``.avg(...)``/``.mean(...)``, ``.min(...)``, ``.max(...)``. One of the columns may be
         a time window, ``F.window(ts, duration[, slide])`` (tumbling or sliding), or a session
         window, ``F.session_window(ts, gap)``, over the column of :meth:`withWatermark`: in a
@@ -148,20 +263,62 @@ class Tracked:
         if len(cols) == 1 and isinstance(cols[0], (list, tuple)):
             cols = tuple(cols[0])
         windows = [i for i, c in enumerate(cols) if window_of(c) is not None]
-        bad = [c for i, c in enumerate(cols) if not isinstance(c, str) and i not in windows]
-        if bad:
-            raise TypeError(
-                f"groupBy: takes column names (and one F.window/F.session_window) on a tracked "
-                f"DataFrame, got {bad!r}; add the expression as a column first (withColumn) and "
-                "group by its name"
-            )
         if len(windows) > 1:
             raise ops.TrackedOperationError(
                 "groupBy: one time window per aggregation (Spark allows one too)"
             )
-        names = [c for c in cols if isinstance(c, str)]
-        check_columns("groupBy", self.columns, tuple(names), "groupBy")
-        return GroupedTracked(self, tuple(cols), windows[0] if windows else None)
+        bad = [c for i, c in enumerate(cols) if not isinstance(c, str) and not ops.is_column(c)]
+        if bad:
+            raise TypeError(f"groupBy: takes column names and Columns, got {bad!r}")
+        t, keys = self._grouping_columns(cols, windows)
+        names = [c for c in keys if isinstance(c, str)]
+        check_columns("groupBy", t.columns, tuple(names), "groupBy")
+        return GroupedTracked(t, tuple(keys), windows[0] if windows else None)
+
+    def _grouping_columns(self, cols: tuple[Any, ...], windows: list[int]) -> tuple[Tracked, list]:
+        """The frame to group and its grouping keys: a Column that names a column is that name;
+        any other expression is added as a column of Spark's name for it (as its output column
+        is named by Spark's ``groupBy``), then grouped by name. The time window stays."""
+        exprs: dict[str, Any] = {}
+        keys: list[Any] = []
+        for i, c in enumerate(cols):
+            if isinstance(c, str) or i in windows:
+                keys.append(c)
+                continue
+            name = self._column_name(c)
+            if name is not None:
+                keys.append(name)
+                continue
+            got = self._expression_name(c)
+            if got in self.columns or got in exprs:
+                raise ops.TrackedOperationError(
+                    f"groupBy: the expression {c} is named {got!r} like a column it would hide; "
+                    "alias it to a new name (groupBy(expr.alias('name')))"
+                )
+            exprs[got] = c
+            keys.append(got)
+        return (self.withColumns(exprs) if exprs else self), keys
+
+    def _expression_name(self, c: Any) -> str:
+        """The name Spark gives the expression ``c`` on this frame (an analysis, no job)."""
+        proto = self._builder.prototype(self._node).alias(self._qualifier)
+        return str(self._builder.analyze(f"groupBy({c})", lambda: proto.select(c).columns[0]))
+
+    def _column_name(self, c: Any) -> str | None:
+        """The column a Column merely names (``F.col("k")``, ``t.k``, ``t["k"]``), else None."""
+        try:
+            node = c._jc.node()
+            if node.getClass().getSimpleName() != "UnresolvedAttribute":
+                return None
+            parts = node.nameParts()
+            names = [str(parts.apply(i)) for i in range(parts.size())]
+        except Exception:  # not a classic Column (Spark Connect): added as an expression
+            return None
+        if len(names) == 2 and names[0] == self._qualifier and names[1] in self.columns:
+            return names[1]
+        if len(names) == 1 and names[0] in self.columns:
+            return names[0]
+        return None
 
     def withWatermark(self, eventTime: str, delayThreshold: str) -> Tracked:
         """``DataFrame.withWatermark(eventTime, delayThreshold)``: the event-time column of a
@@ -211,6 +368,7 @@ class Tracked:
         once, whatever was replayed; its rows are records of the next phase)."""
         from pyspark.sql import functions as F
 
+        self._no_stream("distinct")
         name = "_xorack_rows"
         while name in self.columns:
             name += "_"
@@ -226,6 +384,7 @@ class Tracked:
         """
         from pyspark.sql import functions as F
 
+        self._no_stream("dropDuplicates")
         if subset is None:
             return self.distinct()
         if isinstance(subset, str):
@@ -241,6 +400,48 @@ class Tracked:
         return picked.select(*self.columns)
 
     drop_duplicates = dropDuplicates
+
+    def _no_stream(self, what: str) -> None:
+        if self._builder.streaming(self._node):
+            raise ops.TrackedOperationError(
+                f"{what}: not supported on a tracked stream yet (only in a batch run); "
+                "aggregate with groupBy(F.window(...), ...).agg(...) instead"
+            )
+
+    def orderBy(self, *cols: Any, ascending: Any = None) -> OrderedTracked:
+        """``DataFrame.orderBy(*cols)`` / ``sort``, for ``.limit(n)``: the first n rows in that
+        order (a top-n, a barrier). A sink does not keep an order (its rows are written by
+        rounds, in partitions): sort when you read the sink.
+
+        >>> # top10 = revenue.orderBy(F.desc("revenue")).limit(10)
+        """
+        if len(cols) == 1 and isinstance(cols[0], (list, tuple)):
+            cols = tuple(cols[0])
+        if not cols:
+            raise TypeError("orderBy: give at least one column")
+        from pyspark.sql import functions as F
+
+        order = [F.col(c) if isinstance(c, str) else c for c in cols]
+        bad = [c for c in order if not ops.is_column(c)]
+        if bad:
+            raise TypeError(f"orderBy: takes column names and Columns, got {bad!r}")
+        if ascending is not None:
+            many = isinstance(ascending, (list, tuple))
+            ups = list(ascending) if many else [ascending] * len(order)
+            if len(ups) != len(order):
+                raise ValueError(f"orderBy: {len(ups)} ascending values for {len(order)} columns")
+            order = [c.asc() if up else c.desc() for c, up in zip(order, ups, strict=True)]
+        proto = self._builder.prototype(self._node).alias(self._qualifier)
+        self._builder.analyze("orderBy", lambda: proto.orderBy(*order).schema)
+        return OrderedTracked(self, tuple(order))
+
+    sort = orderBy
+
+    def limit(self, num: int) -> Tracked:
+        """``DataFrame.limit(n)``: n rows of the input minus dead letters (Spark's choice of
+        rows, like its own ``limit``), a barrier; after :meth:`orderBy` the first n in that
+        order."""
+        return self._on(self._builder.limit(self._node, num, (), self._qualifier))
 
     def map_in_pandas(self, fn: UserFunction, schema: Any, name: str | None = None) -> Tracked:
         """A tracked stage: ``fn(pdf) -> pdf`` (or an iterable of frames) per pandas batch.
@@ -328,35 +529,240 @@ class Tracked:
     # ---- the plan ------------------------------------------------------------------------------
 
     def explain(self) -> str:
-        """The plan that ends here, as text (its nodes, lineage rules and phases); see
-        :meth:`Pipeline.explain` for the whole pipeline with each phase's kind of round.
+        """The plan that ends here, as text: its nodes with their lineage rules, by phase, and
+        how each phase runs (an optimistic round, or tracked rounds and why) in the pipeline
+        as declared so far; see :meth:`Pipeline.explain` for the whole pipeline.
 
         >>> # print(words.explain())
         """
-        keep: set[int] = set()
-        stack = [self._node]
-        while stack:
-            node = stack.pop()
-            if id(node) in keep:
-                continue
-            keep.add(id(node))
-            stack.extend(node.parents)
-            if isinstance(node, Source) and node.derived is not None:
-                stack.append(node.derived)
-        nodes = [n for n in self._builder.nodes if id(n) in keep]
-        sources = tuple(s for s in self._builder.sources if id(s) in keep)
-        return Plan(tuple(nodes), sources).explain()
+        from .context import RunContext
+        from .optimistic_round import how_phase_runs
+        from .outputs import Aggregate
+
+        keep = _ancestors(self._node)
+        b = self._builder
+        nodes = [n for n in b.nodes if id(n) in keep]
+        sources = tuple(s for s in b.sources if id(s) in keep)
+        mine = Plan(tuple(nodes), sources)
+        if not b.ft:
+            return "xorack plan, FT off (plain Spark's plan)\n" + mine.explain()
+        ctx = RunContext(b.config, b.plan())
+        ctx.partial_phases = {
+            a.parents[0].phase
+            for a in ctx.plan.barriers()
+            if isinstance(a, Aggregate) and a.combining(ctx) is not None
+        }
+        text = mine.explain(lambda phase: how_phase_runs(ctx, phase))
+        return "xorack plan, FT on\n" + text
+
+    # ---- untracked previews ------------------------------------------------------------------
+
+    def _preview(self, what: str) -> Any:
+        """This frame as plain Spark computes it from the sources' inputs (FT off: no ids, no
+        acker, no replay), after a one-line notice on stderr saying so."""
+        import dataclasses
+
+        from .build import RoundBuilder
+        from .context import RunContext
+
+        b = self._builder
+        if b.streaming(self._node):
+            raise ops.TrackedOperationError(
+                f"{what}: a tracked stream cannot be previewed; look at its sink's output"
+            )
+        print(
+            f"xorack: {what} is an untracked preview (plain Spark over the inputs: no fault "
+            "tolerance, nothing acked); the tracked result is what Pipeline.run() writes",
+            file=sys.stderr,
+        )
+        config = dataclasses.replace(b.config, ft=False, resume=False)
+        plan = b.plan()
+        ctx = RunContext(config, plan)
+        fresh = {s.index: s.df for s in plan.sources if s.derived is None}
+        rb = RoundBuilder(ctx, fresh, replays_wanted=False)
+        wanted = _ancestors(self._node)
+        built: dict[int, Any] = {}
+        for node in plan.nodes:
+            if id(node) in wanted:
+                built[id(node)] = node.tracked(rb, [built.get(id(p)) for p in node.parents])
+        return built[id(self._node)]
+
+    def show(self, n: int = 20, truncate: bool | int = True, vertical: bool = False) -> None:
+        """``DataFrame.show``, as an untracked preview (plain Spark; a notice says so)."""
+        self._preview("show()").show(n, truncate, vertical)
+
+    def count(self) -> int:
+        """``DataFrame.count()``, as an untracked preview (plain Spark; a notice says so)."""
+        return int(self._preview("count()").count())
+
+    def collect(self) -> list[Any]:
+        """``DataFrame.collect()``, as an untracked preview (plain Spark; a notice says so)."""
+        return list(self._preview("collect()").collect())
+
+    def take(self, num: int) -> list[Any]:
+        """``DataFrame.take(n)``, as an untracked preview (plain Spark; a notice says so)."""
+        return list(self._preview("take()").take(num))
+
+    def head(self, n: int | None = None) -> Any:
+        """``DataFrame.head(n)``, as an untracked preview (plain Spark; a notice says so)."""
+        return self._preview("head()").head(n)
+
+    def first(self) -> Any:
+        """``DataFrame.first()``, as an untracked preview (plain Spark; a notice says so)."""
+        return self._preview("first()").first()
+
+    def toPandas(self) -> Any:
+        """``DataFrame.toPandas()``, as an untracked preview (plain Spark; a notice says so)."""
+        return self._preview("toPandas()").toPandas()
+
+    @property
+    def isStreaming(self) -> bool:
+        """Whether rows of a streaming source reach this frame."""
+        return self._builder.streaming(self._node)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name in self._node.columns:  # t.k: the column, as on a DataFrame
+            return self[name]
+        raise AttributeError(unsupported(name, self.columns))
+
+
+def _ancestors(node: Node) -> set[int]:
+    """The nodes ``node`` is computed from (itself included; a barrier's output: the barrier
+    and what it reads)."""
+    keep: set[int] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if id(n) in keep:
+            continue
+        keep.add(id(n))
+        stack.extend(n.parents)
+        if isinstance(n, Source) and n.derived is not None:
+            stack.append(n.derived)
+    return keep
+
+
+#: What to write instead of a PySpark DataFrame name a tracked frame does not have.
+_INSTEAD = {
+    **dict.fromkeys(
+        ("cache", "persist", "unpersist", "checkpoint", "localCheckpoint", "storageLevel"),
+        "a tracked DataFrame is built afresh for each round; there is nothing to cache "
+        "(cache the input before p.source())",
+    ),
+    **dict.fromkeys(
+        ("write", "writeStream", "writeTo", "mergeInto", "saveAsTable", "insertInto"),
+        "end the branch in a sink: t.sink(ParquetSink(path)) or t.sink(SQLiteSink(...)), then "
+        "p.run()",
+    ),
+    **dict.fromkeys(
+        ("mapInPandas", "mapInArrow", "foreach", "foreachPartition", "rdd", "toDF", "to"),
+        "use map_in_pandas(fn, schema) / map_in_arrow(fn, schema) (tracked stages), or select",
+    ),
+    **dict.fromkeys(
+        ("sample", "sampleBy", "randomSplit"),
+        "a random choice would differ for a replayed record: sample the input before p.source()",
+    ),
+    **dict.fromkeys(
+        ("intersect", "intersectAll", "subtract", "exceptAll"),
+        "use join(other, on=..., how='left_semi' / 'left_anti') between the tracked frames",
+    ),
+    **dict.fromkeys(
+        ("coalesce", "repartitionByRange", "sortWithinPartitions", "hint"),
+        "wrap it in transform(lambda df: df.<operation>(...)) (untracked: it must keep every "
+        "row), or use repartition(n, *cols)",
+    ),
+    **dict.fromkeys(
+        ("createTempView", "createOrReplaceTempView", "createGlobalTempView", "registerTempTable"),
+        "register the input DataFrame before p.source(), or the sink's output after p.run()",
+    ),
+    **dict.fromkeys(
+        ("describe", "summary", "tail", "toLocalIterator", "toArrow", "toJSON"),
+        "preview with show() / collect() / toPandas() (untracked), or aggregate with agg(...)",
+    ),
+    "crossJoin": "a cross join of tracked frames is not supported; join on a condition",
+    "unionAll": "use union(other) (by name) or unionByName(other)",
+    "replace": "use withColumn(c, F.when(...)) (a tracked row operation)",
+    "groupingSets": "group by each set with groupBy(...).agg(...) and union the results",
+    "rollup": "group by each level with groupBy(...).agg(...) and union the results",
+    "cube": "group by each level with groupBy(...).agg(...) and union the results",
+    "observe": "the run report counts rows per stage; aggregate with agg(...) for more",
+    "dropDuplicatesWithinWatermark": "not supported yet; use dropDuplicates in a batch run",
+    "withMetadata": "set the metadata on the input before p.source() or on the sink's output",
+    "isEmpty": "preview with count() (untracked)",
+}
+
+
+def unsupported(name: str, columns: list[str]) -> str:
+    """The message for a DataFrame name a tracked frame does not have (or any other name)."""
+    try:
+        from pyspark.sql import DataFrame
+
+        known = hasattr(DataFrame, name)
+    except ImportError:  # pragma: no cover - pyspark is a requirement of xorack.spark
+        known = False
+    if _INSTEAD.get(name):
+        return f"Tracked.{name} is not supported on a tracked DataFrame: {_INSTEAD[name]}"
+    if known:
+        return (
+            f"Tracked.{name}: DataFrame.{name} is not supported on a tracked DataFrame; see the "
+            "README's table of what a Tracked supports (run the job, then use {name} on the "
+            "sink's output)".replace("{name}", name)
+        )
+    return (
+        f"'Tracked' has no attribute {name!r} (nor a column of that name: {columns}): a "
+        "tracked DataFrame is declared lazily and built afresh for each round; it offers "
+        "PySpark's row operations, joins, groupBy/agg, distinct, limit, stages (map_in_pandas, "
+        "map_in_arrow, apply_in_pandas), sink and explain; show/count/collect/toPandas preview "
+        "it untracked"
+    )
+
+
+class TrackedNa:
+    """``t.na``: ``fill`` and ``drop``, as :meth:`Tracked.fillna` and :meth:`Tracked.dropna`."""
+
+    def __init__(self, parent: Tracked) -> None:
+        self._parent = parent
+
+    def fill(self, value: Any, subset: Any = None) -> Tracked:
+        """``DataFrameNaFunctions.fill``."""
+        return self._parent.fillna(value, subset)
+
+    def drop(self, how: str = "any", thresh: int | None = None, subset: Any = None) -> Tracked:
+        """``DataFrameNaFunctions.drop``."""
+        return self._parent.dropna(how, thresh, subset)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
         raise AttributeError(
-            f"'Tracked' has no attribute {name!r}: a tracked DataFrame is declared lazily and "
-            "built afresh for each round; it offers filter/where, select, selectExpr, "
-            "withColumn(s), withColumnRenamed, drop, join, groupBy, agg, distinct, withWatermark, "
-            "dropDuplicates, map_in_pandas, map_in_arrow, apply_in_pandas, transform, "
-            "repartition, union, unionByName, sink and explain (columns and schema tell its "
-            "payload). Look at results in the sink after Pipeline.run()."
+            f"Tracked.na.{name} is not supported on a tracked DataFrame: na offers fill and "
+            "drop (for replace, use withColumn(c, F.when(...)))"
+        )
+
+
+class OrderedTracked:
+    """:meth:`Tracked.orderBy`'s result, for ``limit(n)``: a tracked run writes its rows by
+    rounds and partitions, so no sink keeps an order; the first n rows in an order are exact."""
+
+    def __init__(self, parent: Tracked, order: tuple[Any, ...]) -> None:
+        self._parent = parent
+        self._order = order
+
+    def limit(self, num: int) -> Tracked:
+        """The first ``num`` rows in this order (ties broken as Spark breaks them), a barrier:
+        staged until every record upstream has settled, then Spark's own top-n, once."""
+        p = self._parent
+        return p._on(p._builder.limit(p._node, num, self._order, p._qualifier))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"orderBy(...).{name}: a sink of a tracked pipeline does not keep an order (rows "
+            "are written by rounds, in partitions); write orderBy(...).limit(n) for a top-n, "
+            "or sort when you read the sink's output"
         )
 
 
@@ -388,9 +794,31 @@ class GroupedTracked:
             raise TypeError("agg: give at least one aggregate Column")
         parent = self._parent
         b = parent._builder
-        if self._window is not None:
-            return parent._on(b.windowed_aggregate(parent._node, self._keys, self._window, exprs))
-        return parent._on(b.aggregate(parent._node, self._keys, tuple(exprs)))
+        try:
+            if self._window is not None:
+                node = b.windowed_aggregate(parent._node, self._keys, self._window, exprs)
+            else:
+                node = b.aggregate(parent._node, self._keys, tuple(exprs))
+        except ops.TrackedOperationError:
+            if not self._through_qualifier(exprs):
+                raise  # a mistake of another kind: Spark's message says it
+            raise ops.TrackedOperationError(
+                f"agg: {', '.join(map(str, exprs))} reaches columns through the frame "
+                f"({parent._qualifier}.c, as t.c or t['c'] write them); inside an aggregate "
+                "name them: F.sum('price'), F.col('price')"
+            ) from None
+        return parent._on(node)
+
+    def _through_qualifier(self, exprs: tuple[Any, ...]) -> bool:
+        """Whether ``exprs`` resolve only through the frame's qualifier (``t.price``)."""
+        parent = self._parent
+        proto = parent._builder.prototype(parent._node).alias(parent._qualifier)
+        keys = [k for k in self._keys if isinstance(k, str)]
+        try:
+            proto.groupBy(*keys).agg(*exprs).schema  # noqa: B018 - an analysis, no job
+        except Exception:
+            return False
+        return True
 
     def count(self) -> Tracked:
         """``GroupedData.count()``: a ``count`` column per group."""
@@ -444,4 +872,4 @@ class GroupedTracked:
         return self._each("max", cols)
 
 
-__all__ = ["GroupedTracked", "Tracked"]
+__all__ = ["GroupedTracked", "OrderedTracked", "Tracked", "TrackedNa"]
