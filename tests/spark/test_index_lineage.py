@@ -138,9 +138,11 @@ def _run_both(fn, columns, pdf):
 def test_a_new_frame_is_anchored_as_the_rec_carrying_form(fn, columns):
     pdf = _ratings_batch()
     (out, events, failed), (want, want_events, _) = _run_both(fn, columns, pdf)
-    assert out is not None and len(out) > 0
+    assert out is not None
+    assert len(out) > 0
     pd.testing.assert_frame_equal(out, want)  # payload, _ft_src and (deterministic) _ft_rec
-    assert events == want_events and failed == []
+    assert events == want_events
+    assert failed == []
     # and the payload is what the function computes on the plain frame (mapInPandas's)
     plain = fn(pdf[["value"]]).reset_index(drop=True)
     pd.testing.assert_frame_equal(out[list(columns)], plain[list(columns)])
@@ -160,10 +162,15 @@ def test_bisection_and_failed_rows_keep_the_index_lineage():
         return out
 
     (out, events, failed), (want, want_events, want_failed) = _run_both(poisoned, PARSED, pdf)
-    assert out is not None and 0 < len(out) < len(pdf)
+    assert out is not None
+    assert 0 < len(out) < len(pdf)
     pd.testing.assert_frame_equal(out, want)
-    assert events == want_events and failed == want_failed
-    assert {r for _, r in failed} == {"stage parse: ValueError: poison", "stage parse: movie % 7 == 1"}
+    assert events == want_events
+    assert failed == want_failed
+    assert {r for _, r in failed} == {
+        "stage parse: ValueError: poison",
+        "stage parse: movie % 7 == 1",
+    }
 
 
 def test_several_output_frames_are_each_matched_by_their_index():
@@ -256,7 +263,8 @@ def test_the_input_labels_are_never_positions():
 
     _runner(look, ("value",)).process(_ratings_batch(), _Client())
     labels = seen[0]
-    assert len(labels) == 40 and 0 not in labels
+    assert len(labels) == 40
+    assert 0 not in labels
     assert (labels == _ratings_batch()[REC].to_numpy()).all()
 
 
@@ -311,8 +319,11 @@ def test_an_arrow_batch_built_anew_with_row_positions_is_anchored_as_with_rec():
         out = ArrowStageRunner("split", fn, WORDS, location="unused").process(_lines_batch(), c)
         results.append((pa.Table.from_batches(out), c.events, c.failed))
     (got, events, failed), (want, want_events, want_failed) = results
-    assert got.equals(want) and got.num_rows > 10
-    assert events == want_events and failed == want_failed and len(failed) == 1
+    assert got.equals(want)
+    assert got.num_rows > 10
+    assert events == want_events
+    assert failed == want_failed
+    assert len(failed) == 1
 
 
 @pytest.mark.parametrize(
@@ -328,7 +339,9 @@ def test_bad_row_positions_are_a_clear_error_naming_the_stage(rows, message):
         return pa.record_batch({"id": [1, 2], "word": ["a", "b"], "_ft_row": rows})
 
     runner = ArrowStageRunner("split", bad, WORDS, location="unused")
-    with pytest.raises(LineageError, match=r"stage 'split': the function's output column " + message):
+    with pytest.raises(
+        LineageError, match=r"stage 'split': the function's output column " + message
+    ):
         runner.process(_lines_batch(), _Client())
 
 
@@ -396,8 +409,10 @@ def test_new_frame_stages_under_failures_equal_plain_spark(spark, tmp_path):
 
     dead = p.dead_letters()
     poisoned = frozenset(dead.column("value").to_pylist())
-    assert poisoned and all(_poison_movie(int(v.split("::")[1])) for v in poisoned)
-    assert report.lost == 0 and report.timed_out == 0
+    assert poisoned
+    assert all(_poison_movie(int(v.split("::")[1])) for v in poisoned)
+    assert report.lost == 0
+    assert report.timed_out == 0
     assert report.dead_lettered == len(poisoned)
     assert report.completed == N - len(poisoned)
     assert report.failed > len(poisoned)  # the transient failures were replayed

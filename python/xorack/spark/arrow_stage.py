@@ -290,9 +290,9 @@ class ArrowStageRunner:
 
 __all__ = [
     "ARROW_ROWS",
+    "ROW",
     "ArrowFunction",
     "ArrowStageRunner",
-    "ROW",
     "declared_arrow_schema",
     "rows_to_records",
     "settle_batch",
