@@ -438,3 +438,36 @@ def test_a_renumbered_output_on_spark_is_refused_naming_the_stage(spark, tmp_pat
     parsed.sink(SQLiteSink(str(tmp_path / "out.db"), "ratings"), name="out")
     with pytest.raises(Exception, match=r"stage 'parse': .* its index was renumbered"):
         p.run()
+
+
+def _flaky_words_anew(b: pa.RecordBatch) -> pa.RecordBatch:
+    """_words_anew (id 7 is poison), with a transient failure of ids 3, 13, ... on round 0."""
+    transient = pc.equal(pc.remainder(b.column("id"), 10), 3)
+    if current_round() == 0 and pc.any(transient).as_py():
+        raise xorack.FailRecord("injected", rows=transient)
+    return _words_anew(b)
+
+
+@pytest.mark.spark
+def test_an_arrow_batch_built_anew_under_failures_equals_plain_spark(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    from xorack.spark import ParquetSink, Pipeline
+
+    lines = _lines_batch(60).select(["id", "line"]).to_pandas()
+    df = spark.createDataFrame(lines).repartition(2)
+    p = Pipeline(spark, max_attempts=2)
+    words = p.source(df, name="lines").map_in_arrow(
+        _flaky_words_anew, "id long, word string", name="split"
+    )
+    words.sink(ParquetSink(str(tmp_path / "words")), name="out")
+    report = p.run()
+    assert report.lost == 0
+    assert report.dead_lettered == 1
+    assert p.dead_letters().column("id").to_pylist() == [7]
+    assert report.failed > 1  # the transient failures were replayed
+
+    plain = df.where("id != 7").select("id", F.explode(F.split("line", " ")).alias("word"))
+    want = _rows(plain)
+    assert sum(want.values()) > 60
+    assert _rows(spark.read.parquet(str(tmp_path / "words"))) == want
