@@ -201,6 +201,7 @@ def pipeline(n: int, repeat: int) -> None:
 
         return go
 
+    run("index")()  # warm-up, not measured: the first run starts the acker and Python workers
     times = _interleaved({k: run(k) for k in FORMS}, repeat, time.perf_counter)
     print(f"3. pipeline (source -> parse -> ParquetSink, FT on), {n:,} lines (wall time):")
     for k in FORMS:
