@@ -199,6 +199,15 @@ def test_a_frame_built_from_arrays_with_the_input_index_is_matched():
     assert events == want_events
 
 
+def test_empty_outputs_need_no_index():
+    def nothing(pdf):  # an empty frame whose index is of dtype object
+        return pd.DataFrame({"userId": [], "rating": []}, index=[])
+
+    c = _Client()
+    assert _runner(nothing, ("userId", "rating")).process(_ratings_batch(), c) is None
+    assert len(c.events) == 1  # every input acked as dropped
+
+
 def _renumbered_after_filter(pdf):
     out = _parse(pdf)
     return out[out["rating"] >= 2].reset_index(drop=True)  # labels 0..m-1, m < n

@@ -609,6 +609,8 @@ def output_parents(stage: str, out: pd.DataFrame, in_rec: np.ndarray) -> np.ndar
     """
     from .. import acker
 
+    if not len(out):  # nothing to match (an empty frame's index may have any dtype)
+        return np.empty(0, np.int64)
     if REC in out.columns:
         try:
             return np.asarray(acker.parent_index(in_rec, u64(out[REC])), dtype=np.int64)
