@@ -7,7 +7,8 @@ worker process) and follow the order of "A record's life" (DESIGN.md):
 
 * :class:`StageRunner` calls the user function on a pandas batch, bisects it when the function
   raises so that only failing rows fail (or fails the rows a ``FailRecord(rows=...)`` names),
-  maps each output row to its parent through ``_ft_rec``,
+  maps each output row to its parent (by the pandas index, whose labels are the input rows'
+  record ids, or by the ``_ft_rec`` column the function kept: :func:`output_parents`),
   anchors the outputs and sends one combined event per input row before yielding;
 * :class:`SinkRunner` writes a batch through a :class:`~xorack.spark.sinks.Sink`, and acks the
   rows it consumed once the write is durable.
@@ -472,7 +473,9 @@ class StageRunner:
     """``mapInPandas`` function of a tracked stage.
 
     ``columns`` are the payload columns the stage declares (its output schema without the
-    lineage columns); the output carries them followed by ``_ft_src``, ``_ft_rec``. With
+    lineage columns); the output carries them followed by ``_ft_src``, ``_ft_rec``. The
+    function's input carries the lineage columns after the payload and is labelled by its
+    rows' record ids; its output need not carry them (see :func:`output_parents`). With
     ``ft=False`` the runner only calls the function and selects the declared columns.
     """
 
