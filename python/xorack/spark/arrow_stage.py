@@ -4,8 +4,9 @@ the lineage columns stay Arrow/numpy (no pandas conversion anywhere on the way).
 :class:`ArrowStageRunner` follows :class:`~xorack.spark.stages.StageRunner` step for step:
 settle the events native operators left pending (:func:`settle_batch`), call the function
 (bisecting on an exception, failing exactly the rows a ``FailRecord(rows=...)`` names), map each
-output row to its parent through ``_ft_rec``, anchor the outputs and send one combined event per
-input row before yielding.
+output row to its parent through ``_ft_rec`` (or through ``_ft_row``, its input row's position,
+for a batch built anew: :func:`rows_to_records`), anchor the outputs and send one combined event
+per input row before yielding.
 
 >>> import pyarrow as pa
 >>> b = pa.record_batch({"x": [1, 2, 3]})
@@ -39,6 +40,11 @@ from .stages import (
 )
 
 ArrowFunction = Callable[[pa.RecordBatch], "pa.RecordBatch | Iterable[pa.RecordBatch]"]
+
+#: An output column an Arrow stage's function may return instead of ``_ft_rec``: for each output
+#: row, the position of its input row in the batch the function was called on (what
+#: ``pyarrow.compute.list_parent_indices`` or the indices given to ``take`` are).
+ROW = "_ft_row"
 
 
 def _as_batches(result: Any, stage: str) -> list[pa.RecordBatch]:
@@ -76,6 +82,38 @@ def _length(batch: pa.RecordBatch) -> int:
 
 
 ARROW_ROWS = Rows(_length, _slice, _take, _as_batches)
+
+
+def rows_to_records(stage: str, out: pa.RecordBatch, batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``out`` with its ``_ft_row`` column (positions in ``batch``) replaced by the ``_ft_rec``
+    of those rows of ``batch``; ``out`` as it is when it carries ``_ft_rec`` or no ``_ft_row``.
+
+    >>> b = pa.record_batch({"line": ["a b", "c"], "_ft_rec": [70, 90]})
+    >>> o = pa.record_batch({"word": ["a", "b", "c"], "_ft_row": [0, 0, 1]})
+    >>> rows_to_records("split", o, b).column("_ft_rec").to_pylist()
+    [70, 70, 90]
+    """
+    names = out.schema.names
+    if REC in names or ROW not in names:
+        return out
+    rows = out.column(ROW)
+    n = batch.num_rows
+    if not pa.types.is_integer(rows.type):
+        why = f"has type {rows.type}"
+    elif rows.null_count:
+        why = f"has {rows.null_count} null(s)"
+    else:
+        pos = rows.to_numpy().astype(np.int64, copy=False)
+        outside = int(((pos < 0) | (pos >= n)).sum())
+        if not outside:
+            rec = batch.column(REC).take(pa.array(pos, pa.int64()))
+            return out.set_column(names.index(ROW), REC, rec)
+        why = f"has {outside} position(s) outside [0, {n})"
+    raise LineageError(
+        f"stage {stage!r}: the function's output column {ROW!r} {why}; it must hold, for each "
+        f"output row, the position (0-based) of its input row in the batch the function was "
+        "called on (e.g. pyarrow.compute.list_parent_indices, or the indices given to take)"
+    )
 
 
 def settle_batch(batch: pa.RecordBatch, client: Any, ack_kept: bool) -> pa.RecordBatch:
@@ -209,7 +247,13 @@ class ArrowStageRunner:
         in_src = u64(batch.column(SRC))
         in_rec = u64(batch.column(REC))
         bisect = self.round_xor is None  # an optimistic round falls back on any failure
-        outs, failures = call_bisecting(self.fn, batch, self.name, bisect, ARROW_ROWS)
+
+        def traced(part: pa.RecordBatch) -> list[pa.RecordBatch]:
+            # _ft_row is a position in the part this call got (bisection calls parts)
+            outs = _as_batches(self.fn(part), self.name)
+            return [rows_to_records(self.name, o, part) for o in outs]
+
+        outs, failures = call_bisecting(traced, batch, self.name, bisect, ARROW_ROWS)
         _count(self.tally, f"stage {self.name!r}", in_src, failures)
         outs = [o for o in outs if o.num_rows]
         for o in outs:
@@ -217,7 +261,8 @@ class ArrowStageRunner:
                 raise LineageError(
                     f"stage {self.name!r}: the function's output has no {REC!r} column: output "
                     f"rows must keep the {REC} of the input row they come from (take or filter "
-                    f"the input batch's columns keep it)"
+                    f"the input batch's columns keep it), or a batch built anew must say where "
+                    f"each row comes from in a {ROW!r} column (its input row's position)"
                 )
         if not outs:  # every input acked as dropped (or failed)
             none = np.empty(0, np.int64)
@@ -247,8 +292,10 @@ class ArrowStageRunner:
 
 __all__ = [
     "ARROW_ROWS",
+    "ROW",
     "ArrowFunction",
     "ArrowStageRunner",
     "declared_arrow_schema",
+    "rows_to_records",
     "settle_batch",
 ]

@@ -7,7 +7,8 @@ worker process) and follow the order of "A record's life" (DESIGN.md):
 
 * :class:`StageRunner` calls the user function on a pandas batch, bisects it when the function
   raises so that only failing rows fail (or fails the rows a ``FailRecord(rows=...)`` names),
-  maps each output row to its parent through ``_ft_rec``,
+  maps each output row to its parent (by the pandas index, whose labels are the input rows'
+  record ids, or by the ``_ft_rec`` column the function kept: :func:`output_parents`),
   anchors the outputs and sends one combined event per input row before yielding;
 * :class:`SinkRunner` writes a batch through a :class:`~xorack.spark.sinks.Sink`, and acks the
   rows it consumed once the write is durable.
@@ -509,7 +510,9 @@ class StageRunner:
     """``mapInPandas`` function of a tracked stage.
 
     ``columns`` are the payload columns the stage declares (its output schema without the
-    lineage columns); the output carries them followed by ``_ft_src``, ``_ft_rec``. With
+    lineage columns); the output carries them followed by ``_ft_src``, ``_ft_rec``. The
+    function's input carries the lineage columns after the payload and is labelled by its
+    rows' record ids; its output need not carry them (see :func:`output_parents`). With
     ``ft=False`` the runner only calls the function and selects the declared columns.
     """
 
@@ -568,8 +571,6 @@ class StageRunner:
 
     def process(self, pdf: pd.DataFrame, client: Any) -> pd.DataFrame | None:
         """Run the function on one input batch; send the failures and events; return the output."""
-        from .. import acker
-
         for c in LINEAGE_COLUMNS:
             if c not in pdf.columns:
                 raise LineageError(
@@ -579,9 +580,12 @@ class StageRunner:
         pdf = settle_frame(pdf, client, ack_kept=False)
         if len(pdf) == 0:
             return None
-        pdf = pdf.reset_index(drop=True)
         in_src = u64(pdf[SRC])
         in_rec = u64(pdf[REC])
+        # the rows' labels are their record ids (never 0, never 0..n-1): an output that keeps
+        # the index is matched to its inputs by them; a renumbered one cannot pass for it
+        pdf = pdf.copy(deep=False)  # a new frame over the same columns
+        pdf.index = pd.Index(i64(in_rec), copy=False)
         if self.single_record_groups and count_distinct(in_src) > 1:
             raise StageSchemaError(
                 f"apply_in_pandas {self.name!r}: a group holds rows of "
@@ -595,23 +599,16 @@ class StageRunner:
         frames, failures = call_bisecting(self.fn, pdf, self.name, bisect)
         _count(self.tally, f"stage {self.name!r}", in_src, failures)
         frames = [f for f in frames if len(f.columns)]
-        # one frame (the usual case) is used as it is: rows are taken by position below
+        parents = [output_parents(self.name, f, in_rec) for f in frames]
         if len(frames) > 1:
             out = pd.concat(frames, ignore_index=True)
+            parent = np.concatenate(parents)
+        elif frames:  # one frame (the usual case) is used as it is: rows are taken by position
+            out, parent = frames[0], parents[0]
         else:
-            out = frames[0] if frames else pdf.iloc[0:0]
-        if REC not in out.columns:
-            raise LineageError(
-                f"stage {self.name!r}: the function's output has no {REC!r} column: output rows "
-                f"must keep the {REC} of the input row they come from (filter / explode / merge "
-                f"on the input frame keep it)"
-            )
+            out, parent = pdf.iloc[0:0], np.empty(0, np.int64)
         if len(out):
             self._check_columns(out)
-        try:
-            parent = np.asarray(acker.parent_index(in_rec, u64(out[REC])), dtype=np.int64)
-        except (TypeError, ValueError) as exc:  # LineageError included; TypeError: bad dtype
-            raise LineageError(f"stage {self.name!r}: {exc}") from exc
 
         if self.event_time is not None:
             check_event_time(self.name, self.event_time, pdf, out, parent)
@@ -624,6 +621,70 @@ class StageRunner:
             return None
         # an optimistic round's rows carry no attempt id out (the pipeline adds a constant)
         return with_lineage(out, self.columns, out_src if self.round_xor is None else None, out_rec)
+
+
+RENUMBERED = (
+    "reset_index, ignore_index=True, a merge, a groupby and a frame built from arrays or lists "
+    "renumber the rows"
+)
+
+
+def output_parents(stage: str, out: pd.DataFrame, in_rec: np.ndarray) -> np.ndarray:
+    """The input position (int64) of each row of one output frame of a pandas stage.
+
+    An output that carries ``_ft_rec`` is matched by it. Otherwise by its index: the input
+    frame's labels are its rows' record ids (random, never 0, so never ``0 .. n-1``), which
+    pandas keeps through a filter, an ``explode``, ``assign`` and a frame built from the input's
+    Series; a renumbered index (``0, 1, ...``) or labels of its own are refused, never taken for
+    other rows.
+
+    >>> rec = np.array([7, 9, 11], np.uint64)
+    >>> out = pd.DataFrame({"w": ["a", "b", "c"]}, index=[11, 7, 7])
+    >>> output_parents("demo", out, rec).tolist()
+    [2, 0, 0]
+    >>> try:
+    ...     output_parents("demo", out.reset_index(drop=True), rec)
+    ... except LineageError as e:
+    ...     print(str(e)[:73], "...", "its index was renumbered (0, 1, 2, ...)" in str(e))
+    stage 'demo': the function's output has no '_ft_rec' column and its index ... True
+    """
+    from .. import acker
+
+    if not len(out):  # nothing to match (an empty frame's index may have any dtype)
+        return np.empty(0, np.int64)
+    if REC in out.columns:
+        try:
+            return np.asarray(acker.parent_index(in_rec, u64(out[REC])), dtype=np.int64)
+        except (TypeError, ValueError) as exc:  # LineageError included; TypeError: bad dtype
+            raise LineageError(f"stage {stage!r}: {exc}") from exc
+    index = out.index
+    labels = np.asarray(index) if index.dtype.kind in "iu" and index.nlevels == 1 else None
+    parent = None
+    if labels is not None:
+        try:
+            parent = np.asarray(acker.parent_index(in_rec, u64(labels)), dtype=np.int64)
+        except LineageError:
+            pass  # described below
+        except ValueError as exc:  # the input's record ids repeat (a bad upstream)
+            raise LineageError(f"stage {stage!r}: {exc}") from exc
+    if parent is not None:
+        return parent
+    if labels is None:
+        what = (
+            "a MultiIndex" if index.nlevels > 1 else f"an index of dtype {index.dtype}"
+        ) + ", not the input frame's labels"
+    elif len(labels) and labels[0] == 0 and (np.diff(labels) == 1).all():
+        what = "its index was renumbered (0, 1, 2, ...)"
+    else:
+        unknown = int((~np.isin(u64(labels), in_rec)).sum())
+        what = f"{unknown} of its {len(labels)} index labels are not labels of the input frame"
+    raise LineageError(
+        f"stage {stage!r}: the function's output has no {REC!r} column and {what}, so its rows "
+        f"cannot be matched to the input rows they come from ({RENUMBERED}). Keep the input "
+        "frame's index (filter, explode without ignore_index, assign, and new frames built from "
+        "the input's Series keep it; pass index=pdf.index to a frame built from arrays), or "
+        f"keep the input's {REC!r} column on every output row"
+    )
 
 
 def check_event_time(
