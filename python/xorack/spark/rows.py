@@ -75,13 +75,20 @@ def with_partition_ids(df: Any) -> Any:
     return df.coalesce(num_partitions(df)).withColumn(PART, F.spark_partition_id())
 
 
+_LOCAL_LEAVES = ("LocalRelation", "OneRowRelation")  # plans Spark may fold on the driver
+
+
 def folded_on_driver(df: Any, column: str) -> bool:
     """Whether Spark's optimized plan of ``df`` computes ``column`` in a local relation (on the
     driver, once for all partitions) instead of in its tasks."""
     jdf = getattr(df, "_jdf", None)
     if jdf is None:  # pragma: no cover - Spark Connect (no JVM plan to look at)
         return False
-    stack = [jdf.queryExecution().optimizedPlan()]
+    execution = jdf.queryExecution()
+    # one call first: a plan read from no local data (most) needs no optimizing here
+    if not any(leaf in execution.analyzed().toString() for leaf in _LOCAL_LEAVES):
+        return False
+    stack = [execution.optimizedPlan()]
     while stack:
         plan = stack.pop()
         if plan.getClass().getSimpleName() == "LocalRelation":
