@@ -59,6 +59,47 @@ def tagged_schema(node: Node, ft: bool, without_src: bool = False) -> Any:
     return StructType(fields)
 
 
+def with_partition_ids(df: Any) -> Any:
+    """``df`` with ``spark_partition_id()`` as the column the tagger reads its partition from.
+
+    Spark's optimizer folds a projection over a local relation (``createDataFrame`` of an Arrow
+    table or a pandas frame, ``VALUES``) into the relation on the driver, where every row gets
+    partition 0; the scan then splits the rows over several tasks, whose position-derived ids
+    would collide. Such a frame is coalesced to its own partition count first (no shuffle, the
+    same partitions), which keeps the projection in the tasks."""
+    from pyspark.sql import functions as F
+
+    tagged = df.withColumn(PART, F.spark_partition_id())
+    if not folded_on_driver(tagged, PART):
+        return tagged
+    return df.coalesce(num_partitions(df)).withColumn(PART, F.spark_partition_id())
+
+
+_LOCAL_LEAVES = ("LocalRelation", "OneRowRelation")  # plans Spark may fold on the driver
+
+
+def folded_on_driver(df: Any, column: str) -> bool:
+    """Whether Spark's optimized plan of ``df`` computes ``column`` in a local relation (on the
+    driver, once for all partitions) instead of in its tasks."""
+    jdf = getattr(df, "_jdf", None)
+    if jdf is None:  # pragma: no cover - Spark Connect (no JVM plan to look at)
+        return False
+    execution = jdf.queryExecution()
+    # one call first: a plan read from no local data (most) needs no optimizing here
+    if not any(leaf in execution.analyzed().toString() for leaf in _LOCAL_LEAVES):
+        return False
+    stack = [execution.optimizedPlan()]
+    while stack:
+        plan = stack.pop()
+        if plan.getClass().getSimpleName() == "LocalRelation":
+            output = plan.output()
+            if any(output.apply(i).name() == column for i in range(output.size())):
+                return True
+        children = plan.children()
+        stack.extend(children.apply(i) for i in range(children.size()))
+    return False
+
+
 def lineage_of(cols: tuple[str, ...], ft: bool) -> list[str]:
     """A frame's columns: the payload, then the lineage columns when FT is on."""
     return [*cols, *LINEAGE] if ft else list(cols)
@@ -115,7 +156,6 @@ class Source(Node):
         executors' :class:`~xorack.spark.tagging.SourceTagger` (FT on)."""
         if not ctx.ft:
             return df
-        from pyspark.sql import functions as F
 
         cfg = ctx.config
         tagger = SourceTagger(
@@ -132,7 +172,7 @@ class Source(Node):
             event_max=ctx.event_max.get(self.name) if self.event_time(ctx) else None,
             **ctx.runner_args(),
         )
-        df = df.withColumn(PART, F.spark_partition_id())
+        df = with_partition_ids(df)
         schema = tagged_schema(self, True)
         # PySpark's mapInArrow reads its input by column name, a name with a dot as a struct
         # field: such columns cross the tagger under names of their own
