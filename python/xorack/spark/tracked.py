@@ -810,15 +810,23 @@ class GroupedTracked:
         return parent._on(node)
 
     def _through_qualifier(self, exprs: tuple[Any, ...]) -> bool:
-        """Whether ``exprs`` resolve only through the frame's qualifier (``t.price``)."""
+        """Whether ``exprs`` resolve only through the frame's qualifier (``t.price``): not
+        over the bare columns, and over them under the qualifier (any other error keeps its
+        own message)."""
+        from .schema import empty_frame
+
         parent = self._parent
-        proto = parent._builder.prototype(parent._node).alias(parent._qualifier)
+        bare = empty_frame(parent._builder.spark, parent._node.schema)
         keys = [k for k in self._keys if isinstance(k, str)]
-        try:
-            proto.groupBy(*keys).agg(*exprs).schema  # noqa: B018 - an analysis, no job
-        except Exception:
-            return False
-        return True
+
+        def resolves(df: Any) -> bool:
+            try:
+                df.groupBy(*keys).agg(*exprs).schema  # noqa: B018 - an analysis, no job
+            except Exception:
+                return False
+            return True
+
+        return not resolves(bare) and resolves(bare.alias(parent._qualifier))
 
     def count(self) -> Tracked:
         """``GroupedData.count()``: a ``count`` column per group."""
