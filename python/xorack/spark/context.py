@@ -116,22 +116,6 @@ class RunContext:
 
     # ---- per node --------------------------------------------------------------------------
 
-    def event_time_of(self, node: Any) -> str | None:
-        """The watermark column of the source whose rows reach ``node`` (a stream with
-        watermarks), else None: a stage checks per row that it keeps the column unchanged."""
-        if not self.event_times:
-            return None
-        stack, seen = [node], set()
-        while stack:
-            n = stack.pop()
-            if id(n) in seen:
-                continue
-            seen.add(id(n))
-            if not n.parents and n.name in self.event_times:
-                return self.event_times[n.name]
-            stack.extend(n.parents)
-        return None
-
     def of(self, node: Any) -> NodeRun:
         """What this run made of ``node``."""
         got = self._nodes.get(id(node))

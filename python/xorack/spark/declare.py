@@ -15,7 +15,7 @@ from . import ops
 from .barrier import AggregateSpec, JoinSpec, LimitSpec
 from .context import PipelineConfig
 from .lineage import LINEAGE
-from .node import Node
+from .node import Node, roots
 from .outputs import (
     Aggregate,
     Barrier,
@@ -550,18 +550,8 @@ class PlanBuilder:
 
 
 def _sources_of(node: Node) -> list[Source]:
-    """The input sources whose rows reach ``node`` (each once)."""
-    found: dict[int, Source] = {}
-    stack, seen = [node], set()
-    while stack:
-        n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        if isinstance(n, Source) and not n.parents:
-            found[id(n)] = n
-        stack.extend(n.parents)
-    return list(found.values())
+    """The sources whose rows reach ``node`` (each once)."""
+    return [n for n in roots(node) if isinstance(n, Source)]
 
 
 __all__ = ["PlanBuilder"]

@@ -107,4 +107,29 @@ class Node:
         return f"{self.label} {self.name!r}"
 
 
-__all__ = ["Node", "Scope"]
+def roots(node: Node) -> list[Node]:
+    """The nodes without parents whose rows reach ``node`` (sources, or a barrier's output
+    for a node after it), each once."""
+    found: dict[int, Node] = {}
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if not n.parents:
+            found[id(n)] = n
+        stack.extend(n.parents)
+    return list(found.values())
+
+
+def event_time_of(event_times: dict[str, str], node: Node) -> str | None:
+    """The watermark column (``event_times``: source name -> column) of the source whose rows
+    reach ``node``, else None: a stage checks per row that it keeps the column unchanged."""
+    for n in roots(node) if event_times else ():
+        if n.name in event_times:
+            return event_times[n.name]
+    return None
+
+
+__all__ = ["Node", "Scope", "event_time_of", "roots"]

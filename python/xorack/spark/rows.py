@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from . import optimistic
 from .arrow_stage import ArrowStageRunner, declared_arrow_schema
 from .lineage import EV, KEEP, LINEAGE, q
-from .node import Node, Scope
+from .node import Node, Scope, event_time_of
 from .report import Reason
 from .schema import num_partitions
 from .stages import (
@@ -335,7 +335,7 @@ class PandasStage(PythonStage):
             columns=self.columns,
             bisect=True,
             single_record_groups=False,
-            event_time=ctx.event_time_of(self),
+            event_time=event_time_of(ctx.event_times, self),
             **self.runner_settings(ctx, round_xor, born),
         )
         schema = tagged_schema(self, ctx.ft, round_xor is not None)
@@ -373,7 +373,7 @@ class GroupStage(PythonStage):
             columns=self.columns,
             bisect=False,
             single_record_groups=True,
-            event_time=ctx.event_time_of(self),
+            event_time=event_time_of(ctx.event_times, self),
             **self.runner_settings(ctx, round_xor, born),
         )
         grouped = self.input_frame(ctx, df).groupBy(*self.keys)

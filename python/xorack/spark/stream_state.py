@@ -13,6 +13,7 @@ import numpy as np
 
 from .barrier import ids_frame, send_staged_events
 from .context import RunContext
+from .node import roots
 from .outputs import Aggregate, Sink, StreamJoin, WindowAggregate
 from .publish import adopt_staged, close_staging, open_staging
 from .report import RunReport
@@ -49,7 +50,7 @@ def _upstream(node: Any) -> list[Any]:
 
 def watermark_of(plan: Any, node: Any) -> Any:
     """The watermark of the input source whose rows reach ``node`` (None: none has one)."""
-    names = {n.name for n in [node, *_upstream(node)] if isinstance(n, Source) and not n.parents}
+    names = {n.name for n in roots(node) if isinstance(n, Source)}
     return next((wm for wm in plan.watermarks if wm.source in names), None)
 
 
