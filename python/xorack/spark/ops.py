@@ -665,25 +665,26 @@ class Filter:
 # joins with an untracked DataFrame (a lookup or dimension table)
 
 
-def join_type(how: str) -> str:
+def _join_kind(how: str, aliases: dict[str, str], types: Any, between: str) -> str:
+    """``how`` normalized through Spark's ``aliases``, or one line naming the ``types``."""
     key = str(how).lower()
-    if key not in _JOIN_ALIASES:
+    if key not in aliases:
         raise TrackedOperationError(
-            f"join: how={how!r} is not supported on a tracked DataFrame; use one of "
-            f"{list(JOIN_TYPES)}"
+            f"join: how={how!r} {between} is not supported; use one of {list(types)}"
         )
-    return _JOIN_ALIASES[key]
+    return aliases[key]
+
+
+def join_type(how: str) -> str:
+    """``how`` of a join with an untracked DataFrame, normalized (Spark's aliases)."""
+    return _join_kind(how, _JOIN_ALIASES, JOIN_TYPES, "on a tracked DataFrame")
 
 
 def tracked_join_type(how: str) -> str:
     """``how`` of a join between two tracked frames, normalized (Spark's aliases)."""
-    key = str(how).lower()
-    if key not in _TRACKED_JOIN_ALIASES:
-        raise TrackedOperationError(
-            f"join: how={how!r} between two tracked DataFrames is not supported; use one of "
-            f"{list(TRACKED_JOIN_TYPES)}"
-        )
-    return _TRACKED_JOIN_ALIASES[key]
+    return _join_kind(
+        how, _TRACKED_JOIN_ALIASES, TRACKED_JOIN_TYPES, "between two tracked DataFrames"
+    )
 
 
 def is_column(c: Any) -> bool:
