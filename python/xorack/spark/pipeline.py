@@ -308,16 +308,18 @@ class Pipeline:
         :class:`~xorack.spark.streaming.StreamingRun` (``.query``, ``.stop() -> RunReport``,
         ``.wait() -> RunReport``). ``output_mode``: ``"append"`` (Spark's default: an
         aggregation by a time window writes each window once, when the watermark passes its
-        end) or ``"complete"`` (every aggregation's whole result replaces its sinks' content
-        whenever every record has settled). With ``checkpoint_location`` (Spark's) the FT state is
-        durable and kept inside it by default (``<checkpoint>/xorack/``: a SQLite storage and
-        the work directory; the pipeline's own ``resume=True`` settings otherwise) and checked
-        against it at every start: a restart after a driver crash is exactly once, and one
-        whose FT state does not belong to the checkpoint is refused. Records not completed
-        ``timeout`` seconds after they were
-        persisted or replayed are replayed in a later micro-batch. ``available_now=True``
-        (Spark's ``trigger(availableNow=True)``) reads what the source holds when the query
-        starts and ends; ``run.wait()`` then drains and returns the report. With ``ft=False``
+        end), ``"update"`` (each changed group's row replaces its row in the sinks, by key,
+        counting the rows of settled records) or ``"complete"`` (every aggregation's whole
+        result replaces its sinks' content whenever every record has settled). With
+        ``checkpoint_location`` (Spark's) the FT state is durable and kept inside it by
+        default (``<checkpoint>/xorack/``: a SQLite storage and the work directory; the
+        pipeline's own ``resume=True`` settings otherwise) and checked against it at every
+        start: a restart after a driver crash is exactly once, and one whose FT state does not
+        belong to the checkpoint is refused. Records not completed ``timeout`` seconds after
+        they were persisted or replayed are replayed in a later micro-batch.
+        ``available_now=True`` (Spark's ``trigger(availableNow=True)``) reads what the source
+        holds when the query starts and ends; ``run.wait()`` then drains and returns the
+        report. With ``ft=False``
         the same stages run without tracking (the report's counts are ``None``).
 
         >>> # run = p.start_stream(timeout=10.0); ...; report = run.stop()

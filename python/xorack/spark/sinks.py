@@ -269,20 +269,45 @@ class SQLiteSink:
         """Make the table hold exactly ``rows`` (a stream's result in complete mode), in one
         transaction: a reader sees the old result or the new one, never a mix. Returns the
         rows written."""
+        return self._rewrite(rows, None)
+
+    def upsert(self, rows: pd.DataFrame, keys: list[str]) -> int:
+        """Make the table's row of each key (the values of ``keys``, nulls equal) the one in
+        ``rows`` (a stream's changed groups in update mode), in one transaction. Returns the
+        rows written."""
+        missing = [k for k in keys if k not in rows.columns]
+        if missing or not keys:
+            raise ValueError(f"upsert: keys {missing or keys} are not columns of the rows")
+        return self._rewrite(rows, list(keys))
+
+    def _rewrite(self, rows: pd.DataFrame, keys: list[str] | None) -> int:
+        """Delete the whole table (``keys`` None) or the rows of ``rows``' keys, then insert
+        ``rows``, in one transaction."""
         con = self._connect()
         try:
             writer = _SQLiteWriter(self)
             writer._con = con
             kinds = writer._kinds_of(rows) if len(rows) else {}
             cols = list(rows.columns)
+            table = _quote(self.table)
             sql = (
-                f"INSERT INTO {_quote(self.table)} ({', '.join(_quote(c) for c in cols)}) "
+                f"INSERT INTO {table} ({', '.join(_quote(c) for c in cols)}) "
                 f"VALUES ({', '.join('?' * len(cols))})"
             )
-            values = [sink_types.encode_column(rows[c], kinds[c]) for c in cols]
+            values = []
+            if len(rows):
+                values = [sink_types.encode_column(rows[c], kinds[c]) for c in cols]
             con.execute("BEGIN IMMEDIATE")
             try:
-                con.execute(f"DELETE FROM {_quote(self.table)}")
+                if keys is None:
+                    con.execute(f"DELETE FROM {table}")
+                elif len(rows):
+                    where = " AND ".join(f"{_quote(k)} IS ?" for k in keys)
+                    at = [cols.index(k) for k in keys]
+                    con.executemany(
+                        f"DELETE FROM {table} WHERE {where}",
+                        ([row[i] for i in at] for row in zip(*values, strict=True)),
+                    )
                 if len(rows):
                     con.executemany(sql, zip(*values, strict=True))
                 con.execute("COMMIT")

@@ -33,6 +33,7 @@ MARK_EMIT = "stream:emitting"
 MARK_JOIN = "stream:joining:"
 MARK_PUBLISH = "stream:publishing:"
 MARK_COMPACTED = "stream:compacted:"
+MARK_SETTLED = "stream:settled:"  # update mode: the last staged directory known settled
 #: Staged directories of a windowed aggregation that make it rewrite them as one.
 COMPACT_AFTER = 16
 
@@ -144,13 +145,22 @@ class StreamState:
     ) -> None:
         self.ctx = ctx
         complete = output_mode == "complete"
-        self.windowed = [a for a in aggs if isinstance(a, WindowAggregate) and not complete]
+        append = output_mode == "append"
+        self.windowed = [a for a in aggs if isinstance(a, WindowAggregate) and append]
+        self.updated = aggs if output_mode == "update" else []
+        self._upserted: dict[str, set[int]] = {}  # per aggregation: the rows' hashes written
+        # update mode, per windowed aggregation: its staged directories written before an
+        # instant when nothing was pending (their rows' records have all settled)
+        self._settled: dict[str, str] = {}
+        self._updated_at = -1  # the watermark of the last update
+        self.upserts = 0  # writes of an update-mode aggregation's changed groups
         self.joins = [b for b in ctx.plan.barriers() if isinstance(b, StreamJoin)]
         self.join_states: list[JoinState] = []
         self.dedups = [b for b in ctx.plan.barriers() if isinstance(b, StreamDedup)]
         self.dedup_states: list[DedupState] = []
         # what moves the watermark: event-time state (windows, joins, deduplication)
-        self.timed = bool(self.windowed or self.joins or self.dedups)
+        windows = [a for a in self.updated if isinstance(a, WindowAggregate)]
+        self.timed = bool(self.windowed or self.joins or self.dedups or windows)
         self.complete = aggs if complete else []
         self.report = report
         self.replaces = 0  # results replaced in complete mode
@@ -186,7 +196,7 @@ class StreamState:
             for node in ctx.plan.native_sinks():
                 if hasattr(node.sink, "clear"):  # a stream appends: start from nothing
                     node.sink.clear(ctx.spark)
-        if not self.timed and not self.native and not self.complete:
+        if not self.timed and not self.native and not self.complete and not self.updated:
             return
         if self.timed:
             ctx.event_times = {wm.source: wm.column for wm in ctx.plan.watermarks}
@@ -212,6 +222,9 @@ class StreamState:
         self.evict_us = int(marks.get(MARK_EVICT) or 0)
         self.max_event = {
             k[len(MARK_MAX) + 1 :]: int(v) for k, v in marks.items() if k.startswith(MARK_MAX + ":")
+        }
+        self._settled = {
+            k[len(MARK_SETTLED) :]: v for k, v in marks.items() if k.startswith(MARK_SETTLED) and v
         }
         adopt_staged(ctx, np.empty(0, np.uint64))
         for key, staging in self._compacted():  # a compaction holds the rows of those before
@@ -280,7 +293,11 @@ class StreamState:
             self.ctx.workdir = None
 
     def _stagings(self) -> list[WindowStaging]:
-        return [st for _, st in self._compacted()]
+        """Every staging whose rows keep the watermark in force (late rows are dropped)."""
+        out = [st for _, st in self._compacted()]
+        for agg in self.updated:
+            out += [st for st in self.ctx.of(agg).staging if isinstance(st, WindowStaging)]
+        return out
 
     def before_round(self) -> None:
         """The rows staged by the next round are late against the watermark now."""
@@ -378,7 +395,7 @@ class StreamState:
         publish what settled, close the windows the watermark passed. A replay round is, to
         the watermark, a micro-batch without data: Spark's own, run when the watermark moved,
         closes the windows by the latest watermark."""
-        if not self.timed and not self.native and not self.complete:
+        if not self.timed and not self.native and not self.complete and not self.updated:
             return
         if not data and self.evict_us != self.spark_us:
             self.evict_us = self.spark_us
@@ -389,6 +406,7 @@ class StreamState:
         self.join(stats)
         self.dedup(stats)
         self.replace(stats)
+        self.update(stats)
 
     def replace(self, stats: dict[str, Any]) -> None:
         """Complete mode: once no record is pending, each aggregation's whole result over the
@@ -405,6 +423,61 @@ class StreamState:
                 self.report.sink_rows[node.name] = int(node.sink.replace(rows))
         self._dirty = False
         self.replaces += 1
+
+    def update(self, stats: dict[str, Any]) -> None:
+        """Update mode: the groups whose row changed since the last write replace their rows
+        in the sinks, by key. A row counts once its record has settled: an aggregation by a
+        time window counts the rows staged before the last instant when nothing was pending,
+        and the later ones below the watermark (a record still pending has an event time at or
+        above it), late rows left out as Spark drops them — so a window's row is written as
+        its records settle, and its count never falls; an aggregation without a window is
+        written whenever nothing is pending."""
+        from pyspark.sql import functions as F
+
+        from .lineage import q
+
+        ctx = self.ctx
+        pending = bool(stats.get("pending", 0))
+        moved = self.watermark_us != self._updated_at
+        if not self.updated or not (self._dirty or moved):
+            return
+        ended_df = self._ended_frame()
+        wrote = False
+        for agg in self.updated:
+            if isinstance(agg, WindowAggregate):
+                (staging,) = ctx.of(agg).staging
+                assert isinstance(staging, WindowStaging)
+                if not pending and staging.paths:
+                    self._settled[agg.name] = os.path.basename(staging.paths[-1])
+                    self._note({MARK_SETTLED + agg.name: self._settled[agg.name]})
+                cut = self._settled.get(agg.name, "")
+                old = [p for p in staging.paths if os.path.basename(p) <= cut]
+                new = [p for p in staging.paths if os.path.basename(p) > cut]
+                rows = staging.staged(ctx.spark, ended_df, paths=old)
+                if new:
+                    t = F.unix_micros(F.col(q(agg.spec.time)).cast("timestamp"))
+                    fresh = staging.staged(ctx.spark, ended_df, paths=new)
+                    rows = rows.unionByName(fresh.where(t < F.lit(self.watermark_us)))
+                out = agg.spec.emit(rows, -(1 << 62), 1 << 62)
+            elif pending:
+                continue
+            else:
+                out = agg.output(ctx, ended_df)
+            digest = F.xxhash64(*[F.col(q(c)) for c in out.columns])
+            rows = out.withColumn("_ft_digest", digest).toPandas()
+            seen = self._upserted.get(agg.name, set())
+            changed = rows[~rows["_ft_digest"].isin(seen)]
+            keys = list(ctx.plan.derived_source(agg).keys)
+            for node in ctx.plan.readers(ctx.plan.derived_source(agg)):
+                assert isinstance(node, Sink)  # checked at start_stream
+                written = int(node.sink.upsert(changed[list(node.columns)], keys))
+                self.report.sink_rows[node.name] = self.report.sink_rows.get(node.name, 0) + written
+            self._upserted[agg.name] = set(rows["_ft_digest"].tolist())
+            wrote = wrote or bool(len(changed))
+        if not pending:
+            self._dirty = False
+        self._updated_at = self.watermark_us
+        self.upserts += int(wrote)
 
     def emit(self, stats: dict[str, Any]) -> None:
         """Move the watermark as far as the records still pending allow, and write the windows

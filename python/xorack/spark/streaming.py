@@ -521,7 +521,7 @@ def split_batch(sources: list[Source], batch_df: Any) -> dict[int, Any]:
     }
 
 
-OUTPUT_MODES = ("append", "complete")
+OUTPUT_MODES = ("append", "update", "complete")
 #: The stateful operations of a stream that write rows straight into sinks once settled.
 STREAMED = (StreamJoin, StreamDedup)
 
@@ -532,11 +532,6 @@ def check_stream_plan(ctx: RunContext, output_mode: str = "append") -> list[Aggr
     watermark's column in ``append`` mode (each window once, final), any in ``complete`` mode
     (the whole result replaced whenever every record has settled). Returns the
     aggregations."""
-    if output_mode == "update":
-        raise ValueError(
-            "start_stream: output_mode='update' is not supported; 'complete' keeps the whole "
-            "current result in the sink (replaced at once), 'append' writes each closed window"
-        )
     if output_mode not in OUTPUT_MODES:
         raise ValueError(
             f"start_stream: output_mode must be one of {OUTPUT_MODES}, got {output_mode!r}"
@@ -558,8 +553,9 @@ def check_stream_plan(ctx: RunContext, output_mode: str = "append") -> list[Aggr
                 f"start_stream: Pipeline(ft=False) runs no stateful operation ({j.name!r} "
                 f"{what}); run the query in plain Structured Streaming to compare"
             )
-        if output_mode != "append":
-            raise ValueError(f"start_stream: {j.name!r} {what}: append mode only (as in Spark)")
+        if output_mode != "append" and (isinstance(j, StreamJoin) or output_mode == "complete"):
+            modes = "append mode only" if isinstance(j, StreamJoin) else "append or update mode"
+            raise ValueError(f"start_stream: {j.name!r} {what}: {modes} (as in Spark)")
         if aggs:
             raise ValueError(
                 f"start_stream: {j.name!r} {what}; with an aggregation in the same query this "
@@ -595,7 +591,8 @@ def check_stream_plan(ctx: RunContext, output_mode: str = "append") -> list[Aggr
             f"start_stream: aggregations without a time window ({plain}) write no final row "
             "in append mode; group by a time window (groupBy(F.window('ts', '1 minute'), ...) "
             "after withWatermark('ts', delay): each window is written once, final), or give "
-            "output_mode='complete' (the whole result, replaced whenever every record settled)"
+            "output_mode='complete' (the whole result, replaced whenever every record settled) "
+            "or 'update' (each changed group's row, replaced by its key)"
         )
     for agg in aggs:
         if not ctx.ft:
@@ -614,7 +611,7 @@ def check_stream_plan(ctx: RunContext, output_mode: str = "append") -> list[Aggr
                 f"start_stream: {agg.name!r} aggregates the output of another aggregation; "
                 "one aggregation per branch of a stream"
             )
-        if isinstance(agg, WindowAggregate) and output_mode == "append":
+        if isinstance(agg, WindowAggregate) and output_mode != "complete" and plan.watermark:
             check_event_time_path(agg, plan.watermark, ctx.spark)
         out = plan.derived_source(agg)
         readers = plan.readers(out)
@@ -635,6 +632,23 @@ def check_stream_plan(ctx: RunContext, output_mode: str = "append") -> list[Aggr
                     f"start_stream: in complete mode the sinks of {agg.name!r} ({bad}) must "
                     "replace their whole content at once (SQLiteSink, or your own with "
                     "replace(pdf)); file sinks do not (nor in Spark)"
+                )
+        if output_mode == "update":
+            bad = [
+                r.name
+                for r in readers
+                if not isinstance(r, Sink) or not hasattr(r.sink, "upsert") or r.caps.native
+            ]
+            if bad:
+                raise ValueError(
+                    f"start_stream: in update mode the sinks of {agg.name!r} ({bad}) must "
+                    "replace a group's row by its key (SQLiteSink, or your own with "
+                    "upsert(pdf, keys)); file sinks do not (nor in Spark)"
+                )
+            if isinstance(agg, WindowAggregate) and agg.spec.kind == "session_window":
+                raise ValueError(
+                    f"start_stream: {agg.name!r} groups by a session window: append or "
+                    "complete mode (a session's row changes its key as the session grows)"
                 )
     no_append = [n.name for n in plan.native_sinks() if not hasattr(n.sink, "append")]
     if no_append:

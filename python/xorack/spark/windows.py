@@ -306,21 +306,24 @@ class WindowStaging(Staging):
         kept.write.mode("overwrite").parquet(path)
         return path
 
-    def staged(self, spark: Any, ended: Any, ids: bool = False) -> Any:
+    def staged(
+        self, spark: Any, ended: Any, ids: bool = False, paths: list[str] | None = None
+    ) -> Any:
         """The staged rows of attempts not in ``ended`` with their ``_ft_wm`` (and their ids:
-        ``ids``), ghosts left out."""
+        ``ids``), ghosts left out; those of ``paths`` only, if given."""
         from .schema import empty_frame
 
         extra = []
         if ids:
             extra = [RID_TAG, RID_NO]
-        if not self.paths:
+        paths = self.paths if paths is None else paths
+        if not paths:
             f = _f()
             df = empty_frame(spark, self.schema).withColumn(WM, micros_literal(0))
             for c in extra:
                 df = df.withColumn(c, f.lit(0).cast("long"))
             return df.where(f.lit(False))
-        df = spark.read.parquet(*self.paths).where(_f().col(KEEP))
+        df = spark.read.parquet(*paths).where(_f().col(KEEP))
         if ended is not None:
             df = df.join(ended, SRC, "left_anti")
         return df.selectExpr(*map(q, self.payload), WM, *extra)
