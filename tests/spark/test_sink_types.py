@@ -203,3 +203,22 @@ def test_a_spark_pipeline_stores_common_types_and_reads_them_back(spark, tmp_pat
     assert back["tags"].tolist() == [list(v) for v in spark_own["tags"]]
     assert back["counts"].tolist() == spark_own["counts"].tolist()
     assert back["point"].tolist() == [dict(r) for r in spark_own["point"]]
+
+
+def test_upsert_replaces_a_row_by_its_key_nulls_and_structs_equal(tmp_path):
+    """``upsert`` (a stream's update mode): the row of each key of the given rows is replaced
+    (a null key and a struct key match themselves), the other rows stay; one transaction."""
+    sink = SQLiteSink(str(tmp_path / "u.db"), "u")
+    sink.create(["w", "k", "n"])
+    w0 = {"start": dt.datetime(2026, 1, 1), "end": dt.datetime(2026, 1, 1, 0, 0, 10)}
+    w1 = {"start": dt.datetime(2026, 1, 1, 0, 0, 10), "end": dt.datetime(2026, 1, 1, 0, 0, 20)}
+    first = pd.DataFrame({"w": [w0, w0, w1], "k": ["a", None, "a"], "n": [1, 2, 3]})
+    assert sink.upsert(first, ["w", "k"]) == 3
+    assert sink.upsert(pd.DataFrame({"w": [w0, w1], "k": [None, "b"], "n": [5, 7]}), ["w", "k"])
+    got = sorted(
+        (pd.Timestamp(r.w["start"]).second, r.k or "-", int(r.n))
+        for r in sink.read().itertuples(index=False)
+    )
+    assert got == [(0, "-", 5), (0, "a", 1), (10, "a", 3), (10, "b", 7)]
+    with pytest.raises(ValueError, match="keys"):
+        sink.upsert(first, ["nope"])
