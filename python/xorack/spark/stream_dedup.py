@@ -12,10 +12,12 @@ its own) and a key is written once, from the staged rows of records that have **
 at all when the rows carry no event time). The keys written are kept (``<dedup>/emitted/``):
 a later row of such a key is a duplicate, as in Spark.
 
-Which row of a key is written: the first staged of the settled ones (by the watermark in
-force when it was staged, then its event time). Without failures every record settles in the
-micro-batch that read it, so a key is written in the micro-batch of its first row, as Spark
-writes it; between rows of one micro-batch Spark's choice is arbitrary too.
+Which row of a key is written: of the rows that settle together, the one with the smallest
+event time (then the first staged); Spark writes the first to arrive. A replayed row is
+staged after rows that came after it, but its record holds the rows at or above its event
+time back until it settles, so a key's copies that come in event-time order are taken in
+their order of arrival; copies that come out of event-time order and settle together may be
+taken otherwise (within one micro-batch Spark's order is the partitions' anyway).
 """
 
 from __future__ import annotations
@@ -98,8 +100,8 @@ class DedupState:
         f = _f()
         rows = self._unwritten(self._settled(spark, ended, frontier_us), spark)
         order = [f.col(WM)]
-        if self.spec.time is not None:
-            order.append(f.col(q(self.spec.time)))
+        if self.spec.time is not None:  # event time first: a replay is staged late
+            order.insert(0, f.col(q(self.spec.time)))
         w = Window.partitionBy(*[f.col(q(k)) for k in self.spec.keys]).orderBy(
             *order, f.col(RID_TAG), f.col(RID_NO)
         )
