@@ -120,7 +120,13 @@ class FTStats:
     retried Spark task or a persist retried against a restarted shard — that waited for the
     same replay round as the first: completed there instead of replayed, and counted in
     ``completed`` too); ``repeats`` (rows of an ``idempotent``
-    persist whose record was already pending: a retried Spark task's rows, kept once);
+    persist whose record this job persisted before: a retried Spark task's rows, kept once),
+    of which ``repeats_settled`` had left the pending set under that id (completed,
+    dead-lettered, or replayed under a new id: a map stage Spark recomputed, a speculative
+    copy, a persist retried against a restarted shard) and count nowhere; ``known_keys``
+    (source ids kept to recognize them, 8 bytes each: see :mod:`xorack.known_keys`);
+    ``kept_at_restart`` (records found in storage at a restart that kept their ids, see
+    :class:`FTLayer`);
     ``rotations``; completion latency percentiles
     in seconds of the layer's clock (None before any completion; every record persisted or
     replayed in a call of fewer than 1024 records is timed, of bigger calls a fixed 1 in 16,
@@ -149,6 +155,9 @@ class FTStats:
     collateral: int = 0
     duplicates: int = 0
     repeats: int = 0
+    repeats_settled: int = 0
+    known_keys: int = 0
+    kept_at_restart: int = 0
     rotations: int = 0
     latency_p50: float | None = None
     latency_p90: float | None = None
@@ -350,6 +359,12 @@ def _as_event_time(x: Any, n: int) -> np.ndarray:
     return arr.astype(np.int64)  # a copy: the caller's array stays the caller's
 
 
+def _epoch_arg(epoch: Any, name: str) -> int:
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {epoch!r}")
+    return int(epoch)
+
+
 def _source_arg(source: Any) -> int:
     if isinstance(source, bool) or not isinstance(source, (int, np.integer)):
         raise TypeError(f"source must be an int (the source index), got {type(source).__name__}")
@@ -484,6 +499,7 @@ class FTLayer:
         self._held: list[np.ndarray] = []  # completions held until release()
         self._event_times = PendingEventTimes()  # of the pending records that have one
         self._failed_while_held = False  # a fail or timeout came while completions were held
+        self._kept = _EMPTY  # sorted ids of records a restart kept under their first id
         self._born: dict[int, float] = {}  # timed 1/16 sample of big calls: src id -> start
         self._born_small: dict[int, float] = {}  # every record of small calls: src id -> start
         self._latencies: deque[float] = deque(maxlen=_LATENCY_KEEP)
@@ -532,6 +548,7 @@ class FTLayer:
         progress: tuple[int, int] | None = None,
         idempotent: bool = False,
         event_time: Any = None,
+        epoch: int = 0,
     ) -> np.ndarray:
         """Persist a batch of source records; returns their new source ids (uint64, row order).
 
@@ -549,7 +566,13 @@ class FTLayer:
         ``src_ids`` derived from the records themselves, as a deterministic source tagger
         does): a row whose source id is already pending is the same record persisted again by
         a retried Spark task, and is left as it is (counted in ``stats().repeats``) instead of
-        refused; the retried task's rows then ack the one record.
+        refused; the retried task's rows then ack the one record. Every id persisted so is
+        *known* to the job (under ``epoch``, a streaming micro-batch; 0 in a batch run): a row
+        whose id is known but no longer pending under it — its record completed, was
+        dead-lettered or is replayed under a new id, and Spark ran its source task again (a
+        map stage recomputed, a speculative copy) — is not persisted and gets the id 0: the
+        caller drops it (``stats().repeats_settled``). :meth:`forget_known` drops the epochs
+        Spark will not run again.
         ``event_time``: int64 per row (or one int for all), the records' event times (an
         ordering key, e.g. microseconds since the epoch; ``NO_EVENT_TIME`` for a row without
         one); kept with each record through its replays and a restart, the smallest pending
@@ -573,20 +596,29 @@ class FTLayer:
         self._check_routable(source, partition)
         if idempotent and src_ids is None:
             raise ValueError("idempotent: give the src_ids (derived from the records)")
+        epoch = _epoch_arg(epoch, "epoch")
         if n == 0:
             return _EMPTY.copy()
         n_in = n
+        out = src_ids
         with self._lock:
             if src_ids is None:
                 src = self._new_src(n)
             else:
                 self._check_owned(src_ids)
                 taken = self._storage.lookup(src_ids).src
-                if len(taken) and idempotent:  # a retried task's copy: keep the one record
+                settled = self._settled(src_ids, taken) if idempotent else None
+                if settled is not None:  # counts nowhere: the caller drops it
+                    out = np.where(settled, _U64(0), src_ids)
+                    self._stats.repeats_settled += int(settled.sum())
+                if idempotent and (len(taken) or settled is not None):
+                    # a retried task's copy of a pending record: keep the one record
                     new = ~np.isin(src_ids, taken)
+                    if settled is not None:
+                        new &= ~settled
                     if not new.any():  # (its progress was noted with the first persist)
-                        self._stats.repeats += len(taken)
-                        return src_ids
+                        self._stats.repeats += n
+                        return out
                     batch, n = batch.filter(pa.array(new)), int(new.sum())
                     key_hash, partition, births = key_hash[new], partition[new], births[new]
                     times = None if times is None else times[new]
@@ -602,7 +634,7 @@ class FTLayer:
             meta = RecordMeta.new(
                 src, key_hash, source, partition, origin_rec=births, event_time=times
             )
-            self._store(batch, meta, note)
+            self._store(batch, meta, note, known_epoch=epoch if idempotent else None)
             if times is not None:
                 self._event_times.add(src, times)
             self._registered += n
@@ -615,7 +647,33 @@ class FTLayer:
                 self._complete(done)
             if src_ids is not None:
                 self._stats.repeats += n_in - n
-        return src if src_ids is None else src_ids
+        return src if out is None else out
+
+    def _settled(self, src_ids: np.ndarray, pending: np.ndarray) -> np.ndarray | None:
+        """Which of ``src_ids`` this job persisted before and are no longer pending under
+        that id (None: none is)."""
+        known = self._storage.known_keys
+        if not len(known):
+            return None
+        settled = known.contains(src_ids)
+        if settled.any() and len(pending):
+            settled &= ~np.isin(src_ids, pending)
+        return settled if settled.any() else None
+
+    def forget_known(self, through_epoch: int) -> int:
+        """Forget the ids persisted idempotently in the epochs ``<= through_epoch`` (a
+        stream's micro-batches that Spark's checkpoint committed: Spark runs none of their
+        tasks again); returns how many.
+
+        >>> ft = FTLayer()
+        >>> _ = ft.persist(pa.record_batch({"v": [1]}), src_ids=[6], idempotent=True, epoch=2)
+        >>> ft.forget_known(1), ft.forget_known(2)
+        (0, 1)
+        """
+        self._check_open()
+        through = _epoch_arg(through_epoch, "through_epoch")
+        with self._lock:
+            return self._storage.forget_known(through)
 
     def xor(self, src_ids: Any, values: Any, hold: bool = False, chunk_bits: int = 0) -> np.ndarray:
         """Apply XOR events ``(src_ids[i], values[i])``; returns the source ids completed by them
@@ -1112,6 +1170,7 @@ class FTLayer:
                 }
             )
             s.pending = self._registered
+            s.known_keys = len(self._storage.known_keys)
             s.held = sum(len(h) for h in self._held)
             s.quarantined = int(getattr(self._storage, "quarantined", 0))
             s.replays_waiting = self._replays_waiting()
@@ -1270,15 +1329,18 @@ class FTLayer:
         batch: pa.RecordBatch | pa.Table,
         meta: RecordMeta,
         progress: tuple[int, int, int] | None = None,
+        known_epoch: int | None = None,
     ) -> None:
         """Persist ``batch`` (chunk by chunk when it is a Table of several): all or nothing.
-        The progress note goes with the last chunk."""
+        The progress note goes with the last chunk; the known ids with their records."""
 
         def put(part: pa.RecordBatch, m: RecordMeta, last: bool) -> None:
+            extra: dict[str, Any] = {}
             if progress is not None and last:
-                self._storage.persist(part, m, progress=progress)  # type: ignore[call-arg]
-            else:
-                self._storage.persist(part, m)
+                extra["progress"] = progress
+            if known_epoch is not None:
+                extra["known_epoch"] = known_epoch
+            self._storage.persist(part, m, **extra)
 
         if isinstance(batch, pa.RecordBatch):
             put(batch, meta, True)
@@ -1316,8 +1378,19 @@ class FTLayer:
                 expired = expired[~orphan]
         try:
             meta = self._storage.lookup(expired)
+            kept = None
+            if len(self._kept) and len(meta):  # kept at a restart: the restart's replay now
+                kept = np.isin(meta.src, self._kept)
+                self._kept = np.setdiff1d(self._kept, meta.src[kept], assume_unique=True)
             if collateral:
                 new = self._retry(meta, ABANDONED, attempt=False)
+            elif kept is not None and kept.any():
+                new = np.concatenate(
+                    [
+                        self._retry(meta.take(kept), RECOVERED, attempt=False),
+                        self._retry(meta.take(~kept), TIMEOUT),
+                    ]
+                )
             else:
                 new = self._retry(meta, TIMEOUT)
         except BaseException:
@@ -1347,16 +1420,43 @@ class FTLayer:
     # ---------------------------------------------------------------- bookkeeping
 
     def _recover(self) -> None:
-        """Replay every record found in the storage (a previous FT layer did not finish it);
-        hand out the attempts the storage says ended before (``take_ended``) with theirs."""
+        """Take back every record found in the storage (a previous FT layer did not finish
+        it); hand out the attempts the storage says ended before (``take_ended``) with theirs.
+
+        A record persisted idempotently in its first attempt keeps its id, registered again
+        with its birth, until it times out: the Spark task that persisted it, retrying its
+        persist against this restarted layer, acks that one record (a replay under a new id
+        would make it two: the retried task's copy and the replay). The others are replayed
+        at once. Either way a restart uses up no attempt of the record."""
         before = self._storage.ended()
         if len(before):
             self._ended.append(before)
+        known = self._storage.known_keys
+        kept = []
         for meta in self._storage.iter_pending():
             self._registered += len(meta)
             self._stats.recovered += len(meta)
             self._stats.restarts = 1
-            self._retry(meta, RECOVERED, attempt=False)  # a restart is no attempt of the record
+            keep = (meta.attempt == 1) & (meta.origin_rec != 0) & (meta.src == meta.origin)
+            if keep.any() and len(known):
+                keep &= known.contains(meta.src)
+            else:
+                keep[:] = False
+            if keep.any():
+                kept.append(self._keep(meta.take(keep)))
+            self._retry(meta.take(~keep), RECOVERED, attempt=False)
+        if kept:
+            self._kept = np.sort(np.concatenate(kept))
+
+    def _keep(self, meta: RecordMeta) -> np.ndarray:
+        """Register recovered first attempts again under their ids (see :meth:`_recover`)."""
+        src = np.asarray(meta.src, dtype=_U64)
+        self._table.register(src, np.asarray(meta.origin_rec, dtype=_U64))
+        self._wheel.add(src)
+        self._event_times.add(src, meta.event_time)
+        self._start_timer(src)
+        self._stats.kept_at_restart += len(src)
+        return src
 
     def _new_src(self, n: int) -> np.ndarray:
         """``n`` fresh source ids (owned by this layer's shard, when it is one)."""

@@ -54,6 +54,7 @@ import pyarrow as pa
 import pyarrow.compute
 
 from .errors import StorageError
+from .known_keys import KnownKeys
 from .protocol import NO_EVENT_TIME
 
 try:
@@ -202,17 +203,28 @@ class Storage(ABC):
     quarantine_notes: list[str]
     _job_progress: dict[tuple[int, int], int]  # the job state of a storage that is not durable
     _job_marks: dict[str, str]
+    #: The source ids the job persisted idempotently (see :mod:`xorack.known_keys`), per epoch:
+    #: in memory for every storage, kept across restarts by a durable one.
+    known_keys: KnownKeys
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Storage:
         self = super().__new__(cls)
         self.quarantine_notes = []
         self._job_progress = {}
         self._job_marks = {}
+        self.known_keys = KnownKeys()
         return self
 
     @abstractmethod
     def persist(self, batch: pa.RecordBatch, meta: RecordMeta) -> None:
-        """Store ``batch`` once and one record per row (row ``i`` is ``meta`` row ``i``)."""
+        """Store ``batch`` once and one record per row (row ``i`` is ``meta`` row ``i``).
+        Concrete storages also take ``progress`` (a resume note) and ``known_epoch`` (the
+        records' ids join :attr:`known_keys` under that epoch, with the records: both or
+        neither)."""
+
+    def forget_known(self, through_epoch: int) -> int:
+        """Drop the known ids of the epochs ``<= through_epoch``; returns how many."""
+        return self.known_keys.forget(through_epoch)
 
     @abstractmethod
     def delete(self, src_ids: np.ndarray) -> int:
@@ -734,7 +746,11 @@ class MemoryStorage(Storage):
         return len(self._loc)
 
     def persist(
-        self, batch: pa.RecordBatch, meta: RecordMeta, progress: tuple[int, int, int] | None = None
+        self,
+        batch: pa.RecordBatch,
+        meta: RecordMeta,
+        progress: tuple[int, int, int] | None = None,
+        known_epoch: int | None = None,
     ) -> None:
         n = len(meta)
         _check_batch(batch, n)
@@ -747,6 +763,8 @@ class MemoryStorage(Storage):
             self._chunks[no] = _Chunk(batch, meta)
             locs = np.arange(n, dtype=np.int64) + (no << _ROW_BITS)
             self._loc.add(meta.src, locs)
+            if known_epoch is not None:
+                self.known_keys.add(known_epoch, meta.src)
 
     def _locate(self, src_ids: np.ndarray, *, pop: bool) -> tuple[np.ndarray, np.ndarray]:
         """(found mask, locations of the found ones)."""
@@ -880,6 +898,8 @@ CREATE TABLE IF NOT EXISTS progress (
     source INTEGER NOT NULL, part INTEGER NOT NULL, rows INTEGER NOT NULL,
     PRIMARY KEY (source, part)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS ended (src INTEGER PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS known (
+    id INTEGER PRIMARY KEY, epoch INTEGER NOT NULL, ids BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS dead_letter_repairs (
     origin INTEGER PRIMARY KEY, repair TEXT NOT NULL, at TEXT NOT NULL, outcome TEXT NOT NULL,
     again INTEGER);
@@ -893,6 +913,7 @@ _TABLES = {
     "quarantine": ["id", "what", "reason", "payload", "meta", "records"],
     "progress": ["source", "part", "rows"],
     "ended": ["src"],
+    "known": ["id", "epoch", "ids"],
     "dead_letter_repairs": ["origin", "repair", "at", "outcome", "again"],
 }
 _MARK = "mark:"  # the job's marks live in xorack_meta under this prefix
@@ -1140,6 +1161,7 @@ class SQLiteStorage(Storage):
             self._check_tables()
             self._drop_unreferenced()
             self._quarantine_corrupt()
+            self._load_known()
             (self._count,) = self._db.execute("SELECT count(*) FROM records").fetchone()
             (self._next_batch,) = self._db.execute(
                 "SELECT coalesce(max(id), 0) + 1 FROM batches"
@@ -1279,7 +1301,11 @@ class SQLiteStorage(Storage):
         self._con.executemany("INSERT OR IGNORE INTO temp.ids VALUES (?)", zip(ids))
 
     def persist(
-        self, batch: pa.RecordBatch, meta: RecordMeta, progress: tuple[int, int, int] | None = None
+        self,
+        batch: pa.RecordBatch,
+        meta: RecordMeta,
+        progress: tuple[int, int, int] | None = None,
+        known_epoch: int | None = None,
     ) -> None:
         n = len(meta)
         _check_batch(batch, n)
@@ -1288,6 +1314,11 @@ class SQLiteStorage(Storage):
         meta_batch = _meta_batch(meta)
 
         def run() -> int:
+            if known_epoch is not None:  # one blob of 8 bytes an id, with the records
+                self._con.execute(
+                    "INSERT INTO known (epoch, ids) VALUES (?, ?)",
+                    (int(known_epoch), np.sort(meta.src).astype("<u8").tobytes()),
+                )
             if progress is not None:  # in the persist's transaction: both or neither
                 self._con.execute(
                     "INSERT INTO progress VALUES (?, ?, ?) ON CONFLICT (source, part) "
@@ -1313,6 +1344,19 @@ class SQLiteStorage(Storage):
         self._count += n
         self._batch_rows[no] = n
         self._cache_put(no, _StoredBatch(batch, meta_batch))
+        if known_epoch is not None:
+            self.known_keys.add(known_epoch, meta.src)
+
+    def forget_known(self, through_epoch: int) -> int:
+        self._transaction(
+            "forgetting known ids",
+            lambda: self._con.execute("DELETE FROM known WHERE epoch <= ?", (int(through_epoch),)),
+        )
+        return self.known_keys.forget(through_epoch)
+
+    def _load_known(self) -> None:
+        for epoch, blob in self._con.execute("SELECT epoch, ids FROM known ORDER BY id"):
+            self.known_keys.add(epoch, np.frombuffer(blob, dtype="<u8").astype(np.uint64))
 
     def _remove(self, src_ids: np.ndarray) -> int:
         """Delete these records (in key order: B-tree pages are visited in order)."""

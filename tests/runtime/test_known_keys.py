@@ -1,0 +1,147 @@
+"""Record identity that survives re-execution: the FT layer knows every source id a job
+persisted idempotently (per epoch), so a row persisted again after its record left the pending
+set — completed, dead-lettered, replayed under a new id — is recognized and counts nowhere; a
+durable storage keeps the ids across restarts, and a restart keeps such a record's id until it
+times out (a retried persist and the recovered copy are one record)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from xorack import FTLayer, ManualClock
+from xorack.known_keys import KnownKeys
+
+IDS = np.array([11, 12, 13, 14], np.uint64)
+BIRTHS = np.array([101, 102, 103, 104], np.uint64)
+
+
+def _batch() -> pa.RecordBatch:
+    return pa.record_batch({"x": [1, 2, 3, 4]})
+
+
+def _persist(ft: FTLayer, **kw) -> np.ndarray:
+    return ft.persist(_batch(), births=BIRTHS, src_ids=IDS, idempotent=True, **kw)
+
+
+def test_a_record_persisted_again_after_it_settled_counts_nowhere():
+    ft = FTLayer(max_attempts=2)
+    _persist(ft)
+    ft.xor(IDS[:1], BIRTHS[:1])  # 11 completes
+    ft.fail(IDS[1:2])  # 12 is replayed under a new id
+    ft.fail(IDS[2:3])
+    ft.fail(ft.take_replays()[0].column("_ft_src").to_numpy()[1:])  # 13: dead-lettered
+    assert ft.stats().dead_lettered == 1
+    pending = ft.pending
+
+    again = _persist(ft)  # Spark ran the source task again
+    assert again.tolist() == [0, 0, 0, 14]  # only 14 is still pending under its id
+    stats = ft.stats()
+    assert (stats.persisted, stats.repeats, stats.repeats_settled) == (4, 4, 3)
+    assert ft.pending == pending
+    assert stats.known_keys == 4
+
+
+def test_known_ids_survive_a_restart_on_a_durable_storage(tmp_path):
+    url = f"sqlite:///{tmp_path / 'ft.db'}"
+    with FTLayer(url) as ft:
+        _persist(ft)
+        ft.xor(IDS, BIRTHS)
+        assert ft.pending == 0
+    with FTLayer(url) as ft:
+        assert ft.stats().known_keys == 4
+        assert _persist(ft).tolist() == [0, 0, 0, 0]
+        assert (ft.pending, ft.stats().persisted) == (0, 0)
+
+
+def test_forgotten_epochs_are_not_recognized_any_more(tmp_path):
+    url = f"sqlite:///{tmp_path / 'ft.db'}"
+    with FTLayer(url) as ft:
+        _persist(ft, epoch=3)
+        ft.persist(_batch(), births=BIRTHS, src_ids=IDS + 100, idempotent=True, epoch=4)
+        ft.xor(np.concatenate([IDS, IDS + 100]), np.concatenate([BIRTHS, BIRTHS]))
+        assert ft.forget_known(3) == 4
+        assert ft.stats().known_keys == 4
+    with FTLayer(url) as ft:  # the forgetting is durable too
+        assert ft.stats().known_keys == 4
+        assert _persist(ft, epoch=5).tolist() == IDS.tolist()  # a new record again
+        with pytest.raises(ValueError, match="epoch must be an int >= 0"):
+            _persist(ft, epoch=-1)
+
+
+def test_a_restart_keeps_an_idempotent_records_id_so_a_retried_persist_is_the_same_record(
+    tmp_path,
+):
+    """The acker stored a persist and died before answering: the task retries the persist
+    against the restarted acker, and its rows complete the one record — nothing is replayed,
+    nothing counted twice."""
+    url = f"sqlite:///{tmp_path / 'ft.db'}"
+    ft = FTLayer(url)
+    _persist(ft)
+    ft.storage.close()  # killed: no close() of the layer
+    with FTLayer(url) as ft:
+        stats = ft.stats()
+        assert (stats.recovered, stats.kept_at_restart, stats.replays_waiting) == (4, 4, 0)
+        again = _persist(ft)  # the retried persist
+        assert again.tolist() == IDS.tolist()
+        assert ft.xor(again, BIRTHS).tolist() == IDS.tolist()  # the retried task's rows
+        stats = ft.stats()
+        assert (stats.completed, stats.pending, stats.replayed) == (4, 0, 0)
+        assert ft.take_replays() == {}
+
+
+def test_a_kept_record_that_never_completes_is_replayed_without_using_an_attempt(tmp_path):
+    url = f"sqlite:///{tmp_path / 'ft.db'}"
+    ft = FTLayer(url, max_attempts=1)
+    _persist(ft)
+    ft.storage.close()
+    with FTLayer(url, max_attempts=1, num_buckets=1, clock=ManualClock()) as ft:
+        ft.rotate()
+        replays = ft.take_replays()[0]
+        assert sorted(replays.column("_ft_origin").to_pylist()) == IDS.tolist()
+        assert replays.column("_ft_attempt").to_pylist() == [1, 1, 1, 1]  # no attempt used
+        assert ft.stats().dead_lettered == 0
+        assert _persist(ft).tolist() == [0, 0, 0, 0]  # replayed under new ids: settled
+
+
+def test_a_persist_without_idempotent_is_not_kept_at_a_restart(tmp_path):
+    url = f"sqlite:///{tmp_path / 'ft.db'}"
+    ft = FTLayer(url)
+    ft.persist(_batch(), births=BIRTHS, src_ids=IDS)
+    ft.storage.close()
+    with FTLayer(url) as ft:
+        assert (ft.stats().kept_at_restart, ft.stats().replays_waiting) == (0, 4)
+
+
+def test_known_keys_take_8_bytes_per_id():
+    keys = KnownKeys()
+    rng = np.random.default_rng(1)
+    for epoch in range(3):
+        for _ in range(50):
+            keys.add(epoch, rng.integers(1, 2**63, 1000, dtype=np.uint64))
+    assert len(keys) == 150_000
+    assert keys.nbytes == 8 * len(keys)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(1, 60), max_size=12)), max_size=12),
+    st.integers(-1, 3),
+    st.lists(st.integers(1, 60), max_size=20),
+)
+def test_known_keys_equal_a_set_per_epoch(adds, forget, probe):
+    keys, model = KnownKeys(), {}
+    for epoch, ids in adds:
+        keys.add(epoch, np.array(ids, np.uint64))
+        model.setdefault(epoch, set()).update(ids)
+    dropped = keys.forget(forget)
+    assert dropped == sum(len(v) for e, v in model.items() if e <= forget)
+    model = {e: v for e, v in model.items() if e > forget}
+    known = set().union(*model.values()) if model else set()
+    assert keys.contains(np.array(probe, np.uint64)).tolist() == [p in known for p in probe]
+    assert len(keys) == sum(len(v) for v in model.values())
+    for e, v in model.items():
+        assert keys.keys(e).tolist() == sorted(v)
