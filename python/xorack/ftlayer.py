@@ -75,11 +75,14 @@ log = logging.getLogger(__name__)
 DEFAULT_PARTITIONS = 200
 NUM_BUCKETS = 3  # Storm's TIMEOUT_BUCKET_NUM
 MAX_ATTEMPTS = 5
+#: Restarts of the FT layer a record may be pending at before it is dead-lettered as the cause.
+MAX_RESTARTS = 3
 TIMEOUT = "timeout"
 RECOVERED = "recovered: the FT layer stopped before the record completed"
 FAILED = "failed"
 COLLATERAL = "collateral: another record of its chunk did not complete"
 ABANDONED = "collateral: its round was abandoned (another record failed the whole Spark job)"
+CRASHED = "crashed the acker: it stopped {n} times while the record was pending (max_restarts)"
 #: The widest chunk ``xor(..., chunk_bits=)`` takes (65,536 ids: a chunk's ids are enumerated).
 MAX_CHUNK_BITS = 16
 
@@ -126,7 +129,8 @@ class FTStats:
     copy, a persist retried against a restarted shard) and count nowhere; ``known_keys``
     (source ids kept to recognize them, 8 bytes each: see :mod:`xorack.known_keys`);
     ``kept_at_restart`` (records found in storage at a restart that kept their ids, see
-    :class:`FTLayer`);
+    :class:`FTLayer`); ``crashed`` (records dead-lettered for having been pending at
+    ``max_restarts`` restarts of the layer: taken for the cause of the crashes);
     ``rotations``; completion latency percentiles
     in seconds of the layer's clock (None before any completion; every record persisted or
     replayed in a call of fewer than 1024 records is timed, of bigger calls a fixed 1 in 16,
@@ -158,6 +162,7 @@ class FTStats:
     repeats_settled: int = 0
     known_keys: int = 0
     kept_at_restart: int = 0
+    crashed: int = 0
     rotations: int = 0
     latency_p50: float | None = None
     latency_p90: float | None = None
@@ -440,6 +445,9 @@ class FTLayer:
     storage that holds records (a durable one, reopened after a crash) every stored record is
     replayed at once. ``num_buckets``: rotations until a record times out (Storm's 3).
     ``max_attempts``: a record's runs (its first included) before it is dead-lettered.
+    ``max_restarts``: restarts of the layer (a crash, on a durable storage) a record may be
+    pending at; at the last one it is taken for the cause and dead-lettered (a record whose
+    processing kills the acker would otherwise be replayed, and kill it, forever).
     ``replay_partitioners``: ``{source index: ReplayPartitioner | spec}``; other sources use
     ``HashReplayPartitioner(default_partitions)`` (200 = Spark's default shuffle partitions).
     ``clock`` (latencies) defaults to monotonic time; ``backend`` picks the kernels.
@@ -468,10 +476,12 @@ class FTLayer:
         clock: Clock | None = None,
         backend: str | None = None,
         shard: Shard | tuple[int, int] | None = None,
+        max_restarts: int = MAX_RESTARTS,
     ) -> None:
         self.shard = shard if shard is None or isinstance(shard, Shard) else Shard(*shard)
         self.num_buckets = positive_int(num_buckets, "num_buckets")
         self.max_attempts = positive_int(max_attempts, "max_attempts")
+        self.max_restarts = positive_int(max_restarts, "max_restarts")
         self.default_partitions = positive_int(default_partitions, "default_partitions")
         if replay_partitioners is not None and not isinstance(replay_partitioners, Mapping):
             raise TypeError(
@@ -1437,6 +1447,7 @@ class FTLayer:
             self._registered += len(meta)
             self._stats.recovered += len(meta)
             self._stats.restarts = 1
+            meta = self._dead_letter_crashed(meta)
             keep = (meta.attempt == 1) & (meta.origin_rec != 0) & (meta.src == meta.origin)
             if keep.any() and len(known):
                 keep &= known.contains(meta.src)
@@ -1447,6 +1458,19 @@ class FTLayer:
             self._retry(meta.take(~keep), RECOVERED, attempt=False)
         if kept:
             self._kept = np.sort(np.concatenate(kept))
+
+    def _dead_letter_crashed(self, meta: RecordMeta) -> RecordMeta:
+        """Count one more restart for each recovered record (durably, by its first id);
+        dead-letter those at ``max_restarts``; returns the others."""
+        counts = self._storage.count_restarts(meta.origin)
+        crashed = counts >= self.max_restarts
+        if not crashed.any():
+            return meta
+        dead = meta.take(crashed)
+        self._ended.append(np.array(dead.src, dtype=_U64))
+        self._dead_letter(dead, CRASHED.format(n=self.max_restarts))
+        self._stats.crashed += len(dead)
+        return meta.take(~crashed)
 
     def _keep(self, meta: RecordMeta) -> np.ndarray:
         """Register recovered first attempts again under their ids (see :meth:`_recover`)."""

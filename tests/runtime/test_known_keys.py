@@ -6,6 +6,10 @@ times out (a retried persist and the recovered copy are one record)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -145,3 +149,46 @@ def test_known_keys_equal_a_set_per_epoch(adds, forget, probe):
     assert len(keys) == sum(len(v) for v in model.values())
     for e, v in model.items():
         assert keys.keys(e).tolist() == sorted(v)
+
+
+# ---- a record that kills the acker on every try ----------------------------------------------
+
+_POISONED_ACKER = """
+import json, os, sys
+import numpy as np, pyarrow as pa
+from xorack import FTLayer
+
+ft = FTLayer("sqlite:///" + sys.argv[1], default_partitions=1, max_restarts=2)
+if ft.stats().recovered == 0 and not ft.dead_letters().num_rows:  # the first run: the input
+    ft.persist(pa.record_batch({"x": np.arange(20)}), births=np.arange(1, 21, dtype=np.uint64))
+    ft.expire_all()  # every record to the replay queue: processed below
+for table in ft.take_replays().values():  # the acker's own processing of its records
+    x = table.column("x").to_numpy()
+    src, rec = table.column("_ft_src").to_numpy(), table.column("_ft_rec").to_numpy()
+    ft.xor(src[x != 7], rec[x != 7])
+    if (x == 7).any():
+        os._exit(9)  # record 7 kills the process, on every try
+dead = ft.dead_letters().to_pydict()
+print(json.dumps([ft.stats().completed, ft.pending, dead["x"], dead["_ft_reason"]]), flush=True)
+ft.close()
+"""
+
+
+def test_a_record_that_kills_the_acker_on_every_try_is_dead_lettered_after_max_restarts(
+    tmp_path,
+):
+    path = str(tmp_path / "ft.db")
+    runs = []
+    for _ in range(6):  # without per-record crash accounting it would crash forever
+        done = subprocess.run(
+            [sys.executable, "-c", _POISONED_ACKER, path], capture_output=True, text=True
+        )
+        runs.append(done.returncode)
+        if done.returncode == 0:
+            break
+    assert runs == [9, 9, 0]  # max_restarts=2: the 2nd restart takes it for the cause
+    completed, pending, dead, reasons = json.loads(done.stdout)
+    assert (completed, pending, dead) == (0, 0, [7])  # the others completed in the 1st run
+    assert reasons == [
+        "crashed the acker: it stopped 2 times while the record was pending (max_restarts)"
+    ]
