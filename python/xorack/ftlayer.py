@@ -617,7 +617,7 @@ class FTLayer:
             else:
                 self._check_owned(src_ids)
                 taken = self._storage.lookup(src_ids).src
-                settled = self._settled(src_ids, taken) if idempotent else None
+                settled = self._settled(src_ids, taken, epoch) if idempotent else None
                 if settled is not None:  # counts nowhere: the caller drops it
                     out = np.where(settled, _U64(0), src_ids)
                     self._stats.repeats_settled += int(settled.sum())
@@ -659,13 +659,14 @@ class FTLayer:
                 self._stats.repeats += n_in - n
         return src if out is None else out
 
-    def _settled(self, src_ids: np.ndarray, pending: np.ndarray) -> np.ndarray | None:
-        """Which of ``src_ids`` this job persisted before and are no longer pending under
-        that id (None: none is)."""
+    def _settled(self, src_ids: np.ndarray, pending: np.ndarray, epoch: int) -> np.ndarray | None:
+        """Which of ``src_ids`` this job persisted before in ``epoch`` (a re-run Spark task
+        re-creates its epoch with its ids) and are no longer pending under that id (None: none
+        is)."""
         known = self._storage.known_keys
         if not len(known):
             return None
-        settled = known.contains(src_ids)
+        settled = known.contains(src_ids, epoch)
         if settled.any() and len(pending):
             settled &= ~np.isin(src_ids, pending)
         return settled if settled.any() else None

@@ -46,13 +46,16 @@ class KnownKeys:
         """The epochs that hold keys, in order."""
         return sorted(self._runs)
 
-    def add(self, epoch: int, keys: np.ndarray) -> None:
-        """Add ``keys`` (uint64) to ``epoch``; keys already known are kept once."""
+    def add(self, epoch: int, keys: np.ndarray, *, fresh: bool = False) -> None:
+        """Add ``keys`` (uint64) to ``epoch``; keys already known are kept once. ``fresh``:
+        the caller knows that they are distinct and none of them is known yet (no look-up:
+        an FT layer's persist has just looked them up)."""
         if not len(keys):
             return
         runs = self._runs.setdefault(int(epoch), [])
-        run = np.unique(np.asarray(keys, dtype=np.uint64))
-        if runs:
+        keys = np.asarray(keys, dtype=np.uint64)
+        run = np.sort(keys) if fresh else np.unique(keys)  # fresh keys are distinct too
+        if runs and not fresh:
             run = run[~_in_runs(runs, run)]
             if not len(run):
                 return
@@ -61,15 +64,16 @@ class KnownKeys:
             run = np.sort(np.concatenate([runs.pop(), run]), kind="stable")
         runs.append(run)
 
-    def contains(self, keys: np.ndarray) -> np.ndarray:
-        """A bool per key: known in some epoch."""
+    def contains(self, keys: np.ndarray, epoch: int | None = None) -> np.ndarray:
+        """A bool per key: known in ``epoch`` (None: in some epoch)."""
         keys = np.asarray(keys, dtype=np.uint64)
-        if not self._runs or not len(keys):
+        epochs = self._runs if epoch is None else {epoch: self._runs.get(int(epoch), [])}
+        if not any(epochs.values()) or not len(keys):
             return np.zeros(len(keys), dtype=bool)
         order = np.argsort(keys)  # sorted probes walk each run in order (~5x fewer misses)
         ordered = keys[order]
         hit = np.zeros(len(keys), dtype=bool)
-        for runs in self._runs.values():
+        for runs in epochs.values():
             hit |= _in_runs(runs, ordered)
         found = np.empty(len(keys), dtype=bool)
         found[order] = hit

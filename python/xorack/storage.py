@@ -219,8 +219,8 @@ class Storage(ABC):
     def persist(self, batch: pa.RecordBatch, meta: RecordMeta) -> None:
         """Store ``batch`` once and one record per row (row ``i`` is ``meta`` row ``i``).
         Concrete storages also take ``progress`` (a resume note) and ``known_epoch`` (the
-        records' ids join :attr:`known_keys` under that epoch, with the records: both or
-        neither)."""
+        records' ids, which the caller checked are not known yet, join :attr:`known_keys`
+        under that epoch, with the records: both or neither)."""
 
     def forget_known(self, through_epoch: int) -> int:
         """Drop the known ids of the epochs ``<= through_epoch``; returns how many."""
@@ -774,7 +774,7 @@ class MemoryStorage(Storage):
             locs = np.arange(n, dtype=np.int64) + (no << _ROW_BITS)
             self._loc.add(meta.src, locs)
             if known_epoch is not None:
-                self.known_keys.add(known_epoch, meta.src)
+                self.known_keys.add(known_epoch, meta.src, fresh=True)
 
     def _locate(self, src_ids: np.ndarray, *, pop: bool) -> tuple[np.ndarray, np.ndarray]:
         """(found mask, locations of the found ones)."""
@@ -1357,7 +1357,7 @@ class SQLiteStorage(Storage):
         self._batch_rows[no] = n
         self._cache_put(no, _StoredBatch(batch, meta_batch))
         if known_epoch is not None:
-            self.known_keys.add(known_epoch, meta.src)
+            self.known_keys.add(known_epoch, meta.src, fresh=True)
 
     def forget_known(self, through_epoch: int) -> int:
         self._transaction(
