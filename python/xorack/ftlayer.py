@@ -445,9 +445,11 @@ class FTLayer:
     storage that holds records (a durable one, reopened after a crash) every stored record is
     replayed at once. ``num_buckets``: rotations until a record times out (Storm's 3).
     ``max_attempts``: a record's runs (its first included) before it is dead-lettered.
-    ``max_restarts``: restarts of the layer (a crash, on a durable storage) a record may be
-    pending at; at the last one it is taken for the cause and dead-lettered (a record whose
-    processing kills the acker would otherwise be replayed, and kill it, forever).
+    ``max_restarts``: crashes of the layer (on a durable storage) a record may be in
+    process at — handed out as a replay since the layer started, not completed; at the last
+    one it is taken for their cause and dead-lettered (a record whose processing kills the
+    acker would otherwise be replayed, and kill it, forever). A record that only waits, or
+    clean restarts, count nothing.
     ``replay_partitioners``: ``{source index: ReplayPartitioner | spec}``; other sources use
     ``HashReplayPartitioner(default_partitions)`` (200 = Spark's default shuffle partitions).
     ``clock`` (latencies) defaults to monotonic time; ``backend`` picks the kernels.
@@ -919,6 +921,7 @@ class FTLayer:
                 fix = first & (w.rec != meta.origin_rec)
                 rec = np.where(fix, meta.origin_rec, w.rec)
             table = _replay_table(payload.take(pa.array(pos)), w.src, rec, meta, w.partition)
+            self._storage.note_in_flight(meta.origin)  # a crash from here on may be theirs
             # handed out: from here on nothing can fail
             self._move_births(w.src[fix], w.rec[fix], rec[fix])
             if len(rest.src):
@@ -1082,6 +1085,7 @@ class FTLayer:
             if first.any():
                 seen.append(np.sort(det[first]))
         prepared.add(_replay_table(payload, src, rec, meta, parts), parts)
+        self._storage.note_in_flight(meta.origin)  # a crash from here on may be theirs
         return kept
 
     def _move_births(self, src: np.ndarray, fresh: np.ndarray, first: np.ndarray) -> None:
@@ -1247,6 +1251,7 @@ class FTLayer:
             self.release_replays()
             try:
                 self._retry_deletes()
+                self._storage.take_in_flight()  # a clean close: no record caused it
             finally:
                 self._storage.close()
 
@@ -1443,12 +1448,13 @@ class FTLayer:
         if len(before):
             self._ended.append(before)
         known = self._storage.known_keys
+        in_flight = sorted_distinct(self._storage.take_in_flight())
         kept = []
         for meta in self._storage.iter_pending():
             self._registered += len(meta)
             self._stats.recovered += len(meta)
             self._stats.restarts = 1
-            meta = self._dead_letter_crashed(meta)
+            meta = self._dead_letter_crashed(meta, in_flight)
             keep = (meta.attempt == 1) & (meta.origin_rec != 0) & (meta.src == meta.origin)
             if keep.any() and len(known):
                 keep &= known.contains(meta.src)
@@ -1460,11 +1466,19 @@ class FTLayer:
         if kept:
             self._kept = np.sort(np.concatenate(kept))
 
-    def _dead_letter_crashed(self, meta: RecordMeta) -> RecordMeta:
-        """Count one more restart for each recovered record (durably, by its first id);
-        dead-letter those at ``max_restarts``; returns the others."""
-        counts = self._storage.count_restarts(meta.origin)
-        crashed = counts >= self.max_restarts
+    def _dead_letter_crashed(self, meta: RecordMeta, in_flight: np.ndarray) -> RecordMeta:
+        """Count one more crash for each recovered record that was being processed (handed
+        out as a replay since the layer before this one started, and not closed cleanly), by
+        its first id and durably; dead-letter those at ``max_restarts``; returns the others.
+        A record that only waited (never processed, or across clean restarts) is never
+        blamed."""
+        if not len(in_flight):
+            return meta
+        hit = np.isin(meta.origin, in_flight, assume_unique=False)
+        if not hit.any():
+            return meta
+        crashed = np.zeros(len(meta), dtype=bool)
+        crashed[hit] = self._storage.count_restarts(meta.origin[hit]) >= self.max_restarts
         if not crashed.any():
             return meta
         dead = meta.take(crashed)

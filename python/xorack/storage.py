@@ -226,6 +226,17 @@ class Storage(ABC):
         """Drop the known ids of the epochs ``<= through_epoch``; returns how many."""
         return self.known_keys.forget(through_epoch)
 
+    def note_in_flight(self, origins: np.ndarray) -> None:  # noqa: B027 - optional hook
+        """These records (by first id) are handed out for processing: a crash before the
+        next :meth:`take_in_flight` may be theirs. A durable storage keeps them (one row per
+        replay handed out since the layer started); a memory storage none (its records do
+        not outlive a crash)."""
+
+    def take_in_flight(self) -> np.ndarray:
+        """The records noted in flight since the previous call (uint64 first ids); clears
+        them."""
+        return np.empty(0, dtype=np.uint64)
+
     def count_restarts(self, origins: np.ndarray) -> np.ndarray:
         """One more restart of the FT layer while the records of these first ids
         (``origin``) were pending; returns each one's count so far (int64). A durable storage
@@ -909,6 +920,7 @@ CREATE TABLE IF NOT EXISTS progress (
     PRIMARY KEY (source, part)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS ended (src INTEGER PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS restarts (origin INTEGER PRIMARY KEY, n INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS in_flight (origin INTEGER PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS known (
     id INTEGER PRIMARY KEY, epoch INTEGER NOT NULL, ids BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS dead_letter_repairs (
@@ -925,6 +937,7 @@ _TABLES = {
     "progress": ["source", "part", "rows"],
     "ended": ["src"],
     "restarts": ["origin", "n"],
+    "in_flight": ["origin"],
     "known": ["id", "epoch", "ids"],
     "dead_letter_repairs": ["origin", "repair", "at", "outcome", "again"],
 }
@@ -1365,6 +1378,24 @@ class SQLiteStorage(Storage):
             lambda: self._con.execute("DELETE FROM known WHERE epoch <= ?", (int(through_epoch),)),
         )
         return self.known_keys.forget(through_epoch)
+
+    def note_in_flight(self, origins: np.ndarray) -> None:
+        if not len(origins):
+            return
+        keys = _i64(np.asarray(origins, np.uint64))
+        self._transaction(
+            "noting records in flight",
+            lambda: self._con.executemany("INSERT OR IGNORE INTO in_flight VALUES (?)", zip(keys)),
+        )
+
+    def take_in_flight(self) -> np.ndarray:
+        def run() -> list[tuple[int]]:
+            rows = self._con.execute("SELECT origin FROM in_flight").fetchall()
+            self._con.execute("DELETE FROM in_flight")
+            return rows
+
+        rows = self._transaction("taking records in flight", run)
+        return np.array(rows, dtype=np.int64).reshape(-1).view(np.uint64)
 
     def count_restarts(self, origins: np.ndarray) -> np.ndarray:
         if not len(origins):
