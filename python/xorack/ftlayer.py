@@ -82,7 +82,7 @@ RECOVERED = "recovered: the FT layer stopped before the record completed"
 FAILED = "failed"
 COLLATERAL = "collateral: another record of its chunk did not complete"
 ABANDONED = "collateral: its round was abandoned (another record failed the whole Spark job)"
-CRASHED = "crashed the acker: it stopped {n} times while the record was pending (max_restarts)"
+CRASHED = "crashed the acker: it stopped {n} times while the record was in process (max_restarts)"
 #: The widest chunk ``xor(..., chunk_bits=)`` takes (65,536 ids: a chunk's ids are enumerated).
 MAX_CHUNK_BITS = 16
 

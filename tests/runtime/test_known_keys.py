@@ -191,5 +191,5 @@ def test_a_record_that_kills_the_acker_on_every_try_is_dead_lettered_after_max_r
     completed, pending, dead, reasons = json.loads(done.stdout)
     assert (completed, pending, dead) == (0, 0, [7])  # the others completed in the 1st run
     assert reasons == [
-        "crashed the acker: it stopped 2 times while the record was pending (max_restarts)"
+        "crashed the acker: it stopped 2 times while the record was in process (max_restarts)"
     ]
