@@ -401,6 +401,7 @@ class AckerClient:
         progress: tuple[int, int] | None = None,
         idempotent: bool = False,
         event_time: Any = None,
+        epoch: int = 0,
     ) -> np.ndarray:
         """Persist ``batch`` (payload only) in the FT layer; returns its source ids (uint64).
 
@@ -410,7 +411,9 @@ class AckerClient:
         them) are optional; so are ``progress`` (``(partition, end)``), ``idempotent``
         (rows whose ``src_ids`` are already pending are left as they are) and ``event_time``
         (int64 per row, sent as the column ``_ft_event_time``; the pending records' smallest
-        is ``stats()["min_event_time"]``): see ``FTLayer.persist``.
+        is ``stats()["min_event_time"]``) and ``epoch`` (the micro-batch the ids are known
+        under; an id 0 comes back for a row whose record already left: drop it): see
+        ``FTLayer.persist``.
         """
         a = check_persist_args(batch, key_hash, source, partition, births, src_ids, event_time)
         noted = check_progress(progress, a.batch.num_rows)
@@ -433,6 +436,8 @@ class AckerClient:
             if a.src_ids is None:
                 raise ValueError("idempotent: give the src_ids (derived from the records)")
             cmd["idempotent"] = True
+        if epoch:
+            cmd["epoch"] = int(epoch)
         return self._put("persist", cmd, wire)
 
     def job_state(
@@ -617,6 +622,12 @@ class AckerClient:
         return np.frombuffer(
             self._action("take_ended", {"req": _request_id()}), dtype="<u8"
         ).astype(np.uint64, copy=False)
+
+    def forget_known(self, through_epoch: int) -> int:
+        """Forget the ids persisted idempotently in epochs ``<= through_epoch``
+        (``FTLayer.forget_known``); returns how many."""
+        body = {"epoch": int(through_epoch)}
+        return int(json.loads(self._action("forget_known", body))["forgotten"])
 
     def ping(self) -> bool:
         """True when the service answers (after retries); ``ServiceError`` otherwise."""
@@ -833,6 +844,7 @@ class ShardedAckerClient:
         progress: tuple[int, int] | None = None,
         idempotent: bool = False,
         event_time: Any = None,
+        epoch: int = 0,
     ) -> np.ndarray:
         """Persist ``batch``: each row on the shard its source id belongs to (ids drawn here
         when not given); returns the source ids in row order (see ``AckerClient.persist``).
@@ -863,10 +875,17 @@ class ShardedAckerClient:
                 src_ids=pick(src),
                 idempotent=idempotent,
                 event_time=pick(a.event_time),
+                epoch=epoch,
             )
 
-        self._run([part(k, rows) for k, rows in self._split(src)])
-        return src
+        splits = self._split(src)
+        got = self._run([part(k, rows) for k, rows in splits])
+        if not idempotent:
+            return src
+        out = np.array(src, dtype=np.uint64)  # a 0 where a shard found the record settled
+        for (_, rows), ids in zip(splits, got, strict=True):
+            out[slice(None) if rows is None else rows] = np.asarray(ids, dtype=np.uint64)
+        return out
 
     def xor(self, src_ids: Any, values: Any, hold: bool = False, chunk_bits: int = 0) -> np.ndarray:
         """Apply XOR events, each on its source id's shard; the source ids completed (held,
@@ -1033,6 +1052,10 @@ class ShardedAckerClient:
     def take_ended(self) -> np.ndarray:
         """The ended attempts of every shard since the previous call (each id once)."""
         return self._ids(self.broadcast("take_ended"))
+
+    def forget_known(self, through_epoch: int) -> int:
+        """Forget the known ids of epochs ``<= through_epoch`` on every shard."""
+        return sum(self.broadcast("forget_known", through_epoch))
 
     def ping(self) -> bool:
         """True when every shard answers; ``ServiceError`` naming the first that does not."""

@@ -75,11 +75,14 @@ log = logging.getLogger(__name__)
 DEFAULT_PARTITIONS = 200
 NUM_BUCKETS = 3  # Storm's TIMEOUT_BUCKET_NUM
 MAX_ATTEMPTS = 5
+#: Restarts of the FT layer a record may be pending at before it is dead-lettered as the cause.
+MAX_RESTARTS = 3
 TIMEOUT = "timeout"
 RECOVERED = "recovered: the FT layer stopped before the record completed"
 FAILED = "failed"
 COLLATERAL = "collateral: another record of its chunk did not complete"
 ABANDONED = "collateral: its round was abandoned (another record failed the whole Spark job)"
+CRASHED = "crashed the acker: it stopped {n} times while the record was in process (max_restarts)"
 #: The widest chunk ``xor(..., chunk_bits=)`` takes (65,536 ids: a chunk's ids are enumerated).
 MAX_CHUNK_BITS = 16
 
@@ -120,7 +123,14 @@ class FTStats:
     retried Spark task or a persist retried against a restarted shard — that waited for the
     same replay round as the first: completed there instead of replayed, and counted in
     ``completed`` too); ``repeats`` (rows of an ``idempotent``
-    persist whose record was already pending: a retried Spark task's rows, kept once);
+    persist whose record this job persisted before: a retried Spark task's rows, kept once),
+    of which ``repeats_settled`` had left the pending set under that id (completed,
+    dead-lettered, or replayed under a new id: a map stage Spark recomputed, a speculative
+    copy, a persist retried against a restarted shard) and count nowhere; ``known_keys``
+    (source ids kept to recognize them, 8 bytes each: see :mod:`xorack.known_keys`);
+    ``kept_at_restart`` (records found in storage at a restart that kept their ids, see
+    :class:`FTLayer`); ``crashed`` (records dead-lettered for having been pending at
+    ``max_restarts`` restarts of the layer: taken for the cause of the crashes);
     ``rotations``; completion latency percentiles
     in seconds of the layer's clock (None before any completion; every record persisted or
     replayed in a call of fewer than 1024 records is timed, of bigger calls a fixed 1 in 16,
@@ -149,6 +159,10 @@ class FTStats:
     collateral: int = 0
     duplicates: int = 0
     repeats: int = 0
+    repeats_settled: int = 0
+    known_keys: int = 0
+    kept_at_restart: int = 0
+    crashed: int = 0
     rotations: int = 0
     latency_p50: float | None = None
     latency_p90: float | None = None
@@ -350,6 +364,12 @@ def _as_event_time(x: Any, n: int) -> np.ndarray:
     return arr.astype(np.int64)  # a copy: the caller's array stays the caller's
 
 
+def _epoch_arg(epoch: Any, name: str) -> int:
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {epoch!r}")
+    return int(epoch)
+
+
 def _source_arg(source: Any) -> int:
     if isinstance(source, bool) or not isinstance(source, (int, np.integer)):
         raise TypeError(f"source must be an int (the source index), got {type(source).__name__}")
@@ -425,6 +445,11 @@ class FTLayer:
     storage that holds records (a durable one, reopened after a crash) every stored record is
     replayed at once. ``num_buckets``: rotations until a record times out (Storm's 3).
     ``max_attempts``: a record's runs (its first included) before it is dead-lettered.
+    ``max_restarts``: crashes of the layer (on a durable storage) a record may be in
+    process at — handed out as a replay since the layer started, not completed; at the last
+    one it is taken for their cause and dead-lettered (a record whose processing kills the
+    acker would otherwise be replayed, and kill it, forever). A record that only waits, or
+    clean restarts, count nothing.
     ``replay_partitioners``: ``{source index: ReplayPartitioner | spec}``; other sources use
     ``HashReplayPartitioner(default_partitions)`` (200 = Spark's default shuffle partitions).
     ``clock`` (latencies) defaults to monotonic time; ``backend`` picks the kernels.
@@ -453,10 +478,12 @@ class FTLayer:
         clock: Clock | None = None,
         backend: str | None = None,
         shard: Shard | tuple[int, int] | None = None,
+        max_restarts: int = MAX_RESTARTS,
     ) -> None:
         self.shard = shard if shard is None or isinstance(shard, Shard) else Shard(*shard)
         self.num_buckets = positive_int(num_buckets, "num_buckets")
         self.max_attempts = positive_int(max_attempts, "max_attempts")
+        self.max_restarts = positive_int(max_restarts, "max_restarts")
         self.default_partitions = positive_int(default_partitions, "default_partitions")
         if replay_partitioners is not None and not isinstance(replay_partitioners, Mapping):
             raise TypeError(
@@ -484,6 +511,7 @@ class FTLayer:
         self._held: list[np.ndarray] = []  # completions held until release()
         self._event_times = PendingEventTimes()  # of the pending records that have one
         self._failed_while_held = False  # a fail or timeout came while completions were held
+        self._kept = _EMPTY  # sorted ids of records a restart kept under their first id
         self._born: dict[int, float] = {}  # timed 1/16 sample of big calls: src id -> start
         self._born_small: dict[int, float] = {}  # every record of small calls: src id -> start
         self._latencies: deque[float] = deque(maxlen=_LATENCY_KEEP)
@@ -532,6 +560,7 @@ class FTLayer:
         progress: tuple[int, int] | None = None,
         idempotent: bool = False,
         event_time: Any = None,
+        epoch: int = 0,
     ) -> np.ndarray:
         """Persist a batch of source records; returns their new source ids (uint64, row order).
 
@@ -549,7 +578,13 @@ class FTLayer:
         ``src_ids`` derived from the records themselves, as a deterministic source tagger
         does): a row whose source id is already pending is the same record persisted again by
         a retried Spark task, and is left as it is (counted in ``stats().repeats``) instead of
-        refused; the retried task's rows then ack the one record.
+        refused; the retried task's rows then ack the one record. Every id persisted so is
+        *known* to the job (under ``epoch``, a streaming micro-batch; 0 in a batch run): a row
+        whose id is known but no longer pending under it — its record completed, was
+        dead-lettered or is replayed under a new id, and Spark ran its source task again (a
+        map stage recomputed, a speculative copy) — is not persisted and gets the id 0: the
+        caller drops it (``stats().repeats_settled``). :meth:`forget_known` drops the epochs
+        Spark will not run again.
         ``event_time``: int64 per row (or one int for all), the records' event times (an
         ordering key, e.g. microseconds since the epoch; ``NO_EVENT_TIME`` for a row without
         one); kept with each record through its replays and a restart, the smallest pending
@@ -573,20 +608,29 @@ class FTLayer:
         self._check_routable(source, partition)
         if idempotent and src_ids is None:
             raise ValueError("idempotent: give the src_ids (derived from the records)")
+        epoch = _epoch_arg(epoch, "epoch")
         if n == 0:
             return _EMPTY.copy()
         n_in = n
+        out = src_ids
         with self._lock:
             if src_ids is None:
                 src = self._new_src(n)
             else:
                 self._check_owned(src_ids)
                 taken = self._storage.lookup(src_ids).src
-                if len(taken) and idempotent:  # a retried task's copy: keep the one record
+                settled = self._settled(src_ids, taken, epoch) if idempotent else None
+                if settled is not None:  # counts nowhere: the caller drops it
+                    out = np.where(settled, _U64(0), src_ids)
+                    self._stats.repeats_settled += int(settled.sum())
+                if idempotent and (len(taken) or settled is not None):
+                    # a retried task's copy of a pending record: keep the one record
                     new = ~np.isin(src_ids, taken)
+                    if settled is not None:
+                        new &= ~settled
                     if not new.any():  # (its progress was noted with the first persist)
-                        self._stats.repeats += len(taken)
-                        return src_ids
+                        self._stats.repeats += n
+                        return out
                     batch, n = batch.filter(pa.array(new)), int(new.sum())
                     key_hash, partition, births = key_hash[new], partition[new], births[new]
                     times = None if times is None else times[new]
@@ -602,7 +646,7 @@ class FTLayer:
             meta = RecordMeta.new(
                 src, key_hash, source, partition, origin_rec=births, event_time=times
             )
-            self._store(batch, meta, note)
+            self._store(batch, meta, note, known_epoch=epoch if idempotent else None)
             if times is not None:
                 self._event_times.add(src, times)
             self._registered += n
@@ -615,7 +659,34 @@ class FTLayer:
                 self._complete(done)
             if src_ids is not None:
                 self._stats.repeats += n_in - n
-        return src if src_ids is None else src_ids
+        return src if out is None else out
+
+    def _settled(self, src_ids: np.ndarray, pending: np.ndarray, epoch: int) -> np.ndarray | None:
+        """Which of ``src_ids`` this job persisted before in ``epoch`` (a re-run Spark task
+        re-creates its epoch with its ids) and are no longer pending under that id (None: none
+        is)."""
+        known = self._storage.known_keys
+        if not len(known):
+            return None
+        settled = known.contains(src_ids, epoch)
+        if settled.any() and len(pending):
+            settled &= ~np.isin(src_ids, pending)
+        return settled if settled.any() else None
+
+    def forget_known(self, through_epoch: int) -> int:
+        """Forget the ids persisted idempotently in the epochs ``<= through_epoch`` (a
+        stream's micro-batches that Spark's checkpoint committed: Spark runs none of their
+        tasks again); returns how many.
+
+        >>> ft = FTLayer()
+        >>> _ = ft.persist(pa.record_batch({"v": [1]}), src_ids=[6], idempotent=True, epoch=2)
+        >>> ft.forget_known(1), ft.forget_known(2)
+        (0, 1)
+        """
+        self._check_open()
+        through = _epoch_arg(through_epoch, "through_epoch")
+        with self._lock:
+            return self._storage.forget_known(through)
 
     def xor(self, src_ids: Any, values: Any, hold: bool = False, chunk_bits: int = 0) -> np.ndarray:
         """Apply XOR events ``(src_ids[i], values[i])``; returns the source ids completed by them
@@ -850,6 +921,7 @@ class FTLayer:
                 fix = first & (w.rec != meta.origin_rec)
                 rec = np.where(fix, meta.origin_rec, w.rec)
             table = _replay_table(payload.take(pa.array(pos)), w.src, rec, meta, w.partition)
+            self._storage.note_in_flight(meta.origin)  # a crash from here on may be theirs
             # handed out: from here on nothing can fail
             self._move_births(w.src[fix], w.rec[fix], rec[fix])
             if len(rest.src):
@@ -1013,6 +1085,7 @@ class FTLayer:
             if first.any():
                 seen.append(np.sort(det[first]))
         prepared.add(_replay_table(payload, src, rec, meta, parts), parts)
+        self._storage.note_in_flight(meta.origin)  # a crash from here on may be theirs
         return kept
 
     def _move_births(self, src: np.ndarray, fresh: np.ndarray, first: np.ndarray) -> None:
@@ -1112,6 +1185,7 @@ class FTLayer:
                 }
             )
             s.pending = self._registered
+            s.known_keys = len(self._storage.known_keys)
             s.held = sum(len(h) for h in self._held)
             s.quarantined = int(getattr(self._storage, "quarantined", 0))
             s.replays_waiting = self._replays_waiting()
@@ -1177,6 +1251,7 @@ class FTLayer:
             self.release_replays()
             try:
                 self._retry_deletes()
+                self._storage.take_in_flight()  # a clean close: no record caused it
             finally:
                 self._storage.close()
 
@@ -1270,15 +1345,18 @@ class FTLayer:
         batch: pa.RecordBatch | pa.Table,
         meta: RecordMeta,
         progress: tuple[int, int, int] | None = None,
+        known_epoch: int | None = None,
     ) -> None:
         """Persist ``batch`` (chunk by chunk when it is a Table of several): all or nothing.
-        The progress note goes with the last chunk."""
+        The progress note goes with the last chunk; the known ids with their records."""
 
         def put(part: pa.RecordBatch, m: RecordMeta, last: bool) -> None:
+            extra: dict[str, Any] = {}
             if progress is not None and last:
-                self._storage.persist(part, m, progress=progress)  # type: ignore[call-arg]
-            else:
-                self._storage.persist(part, m)
+                extra["progress"] = progress
+            if known_epoch is not None:
+                extra["known_epoch"] = known_epoch
+            self._storage.persist(part, m, **extra)
 
         if isinstance(batch, pa.RecordBatch):
             put(batch, meta, True)
@@ -1316,8 +1394,19 @@ class FTLayer:
                 expired = expired[~orphan]
         try:
             meta = self._storage.lookup(expired)
+            kept = None
+            if len(self._kept) and len(meta):  # kept at a restart: the restart's replay now
+                kept = np.isin(meta.src, self._kept)
+                self._kept = np.setdiff1d(self._kept, meta.src[kept], assume_unique=True)
             if collateral:
                 new = self._retry(meta, ABANDONED, attempt=False)
+            elif kept is not None and kept.any():
+                new = np.concatenate(
+                    [
+                        self._retry(meta.take(kept), RECOVERED, attempt=False),
+                        self._retry(meta.take(~kept), TIMEOUT),
+                    ]
+                )
             else:
                 new = self._retry(meta, TIMEOUT)
         except BaseException:
@@ -1347,16 +1436,66 @@ class FTLayer:
     # ---------------------------------------------------------------- bookkeeping
 
     def _recover(self) -> None:
-        """Replay every record found in the storage (a previous FT layer did not finish it);
-        hand out the attempts the storage says ended before (``take_ended``) with theirs."""
+        """Take back every record found in the storage (a previous FT layer did not finish
+        it); hand out the attempts the storage says ended before (``take_ended``) with theirs.
+
+        A record persisted idempotently in its first attempt keeps its id, registered again
+        with its birth, until it times out: the Spark task that persisted it, retrying its
+        persist against this restarted layer, acks that one record (a replay under a new id
+        would make it two: the retried task's copy and the replay). The others are replayed
+        at once. Either way a restart uses up no attempt of the record."""
         before = self._storage.ended()
         if len(before):
             self._ended.append(before)
+        known = self._storage.known_keys
+        in_flight = sorted_distinct(self._storage.take_in_flight())
+        kept = []
         for meta in self._storage.iter_pending():
             self._registered += len(meta)
             self._stats.recovered += len(meta)
             self._stats.restarts = 1
-            self._retry(meta, RECOVERED, attempt=False)  # a restart is no attempt of the record
+            meta = self._dead_letter_crashed(meta, in_flight)
+            keep = (meta.attempt == 1) & (meta.origin_rec != 0) & (meta.src == meta.origin)
+            if keep.any() and len(known):
+                keep &= known.contains(meta.src)
+            else:
+                keep[:] = False
+            if keep.any():
+                kept.append(self._keep(meta.take(keep)))
+            self._retry(meta.take(~keep), RECOVERED, attempt=False)
+        if kept:
+            self._kept = np.sort(np.concatenate(kept))
+
+    def _dead_letter_crashed(self, meta: RecordMeta, in_flight: np.ndarray) -> RecordMeta:
+        """Count one more crash for each recovered record that was being processed (handed
+        out as a replay since the layer before this one started, and not closed cleanly), by
+        its first id and durably; dead-letter those at ``max_restarts``; returns the others.
+        A record that only waited (never processed, or across clean restarts) is never
+        blamed."""
+        if not len(in_flight):
+            return meta
+        hit = np.isin(meta.origin, in_flight, assume_unique=False)
+        if not hit.any():
+            return meta
+        crashed = np.zeros(len(meta), dtype=bool)
+        crashed[hit] = self._storage.count_restarts(meta.origin[hit]) >= self.max_restarts
+        if not crashed.any():
+            return meta
+        dead = meta.take(crashed)
+        self._ended.append(np.array(dead.src, dtype=_U64))
+        self._dead_letter(dead, CRASHED.format(n=self.max_restarts))
+        self._stats.crashed += len(dead)
+        return meta.take(~crashed)
+
+    def _keep(self, meta: RecordMeta) -> np.ndarray:
+        """Register recovered first attempts again under their ids (see :meth:`_recover`)."""
+        src = np.asarray(meta.src, dtype=_U64)
+        self._table.register(src, np.asarray(meta.origin_rec, dtype=_U64))
+        self._wheel.add(src)
+        self._event_times.add(src, meta.event_time)
+        self._start_timer(src)
+        self._stats.kept_at_restart += len(src)
+        return src
 
     def _new_src(self, n: int) -> np.ndarray:
         """``n`` fresh source ids (owned by this layer's shard, when it is one)."""

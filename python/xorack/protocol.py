@@ -5,7 +5,7 @@ checks of header values: no Flight, no FT layer.
 
 >>> from xorack.protocol import Op, PROTOCOL_VERSION, XOR_SCHEMA
 >>> Op.XOR.value, Op("expire_all").rpc, PROTOCOL_VERSION
-('xor', 'action', 6)
+('xor', 'action', 7)
 >>> XOR_SCHEMA.names
 ['_ft_src', '_ft_xor']
 
@@ -32,6 +32,9 @@ Resume after a driver crash: a persist command may carry ``"progress": [partitio
 batch is rows ``[end - n, end)`` of that source partition, noted atomically with the batch);
 ``job_state`` (an action, body ``{"marks"?: {key: value or null}, "clear"?: [...]}``) updates
 and answers the job's durable state ``{"progress": {source: {partition: rows}}, "marks": {}}``.
+An idempotent persist may carry ``"epoch"`` (a micro-batch) and answers id 0 for a row whose
+record this job persisted before and that is no longer pending under that id;
+``forget_known`` (``{"epoch"}``) drops the ids of the epochs up to it.
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ __all__ = [
 
 #: Bumped when a change would make an older client or service misread a call. Clients send it
 #: in ``PROTOCOL_HEADER``; a service refuses a version it does not speak (absent: version 1).
-PROTOCOL_VERSION = 6  # 2: held completions, chunk events and release (an acker of version 1
+PROTOCOL_VERSION = 7  # 2: held completions, chunk events and release (an acker of version 1
 # would complete what a version-2 client asks it to hold); 3: persist's progress note and the
 # job_state action (resume after a driver crash: an older acker would drop the notes silently);
 # 4: persist's idempotent flag (an older acker would refuse a retried task's persist);
@@ -84,7 +87,9 @@ PROTOCOL_VERSION = 6  # 2: held completions, chunk events and release (an acker 
 # columns the Spark source added; prepare_replays' "first_ids" is a flag (was a payload column
 # name) and take_replays has it too (an older acker would not give replays their first ids);
 # 6: persist's _ft_event_time column and stats' min_event_time (an older acker would refuse the
-# column, and answer no minimum: a watermark held back by nothing)
+# column, and answer no minimum: a watermark held back by nothing); 7: an idempotent persist
+# answers id 0 for a row whose record already settled, persist's "epoch" and the forget_known
+# action (an older acker would persist such a row again: counted twice)
 
 
 class Op(str, Enum):
@@ -106,6 +111,7 @@ class Op(str, Enum):
     FETCH_REPLAYS = "fetch_replays"
     RELEASE_REPLAYS = "release_replays"
     JOB_STATE = "job_state"
+    FORGET_KNOWN = "forget_known"
 
     @property
     def rpc(self) -> str:
@@ -136,6 +142,7 @@ _RPC = {
     Op.FETCH_REPLAYS: "get",
     Op.RELEASE_REPLAYS: "action",
     Op.JOB_STATE: "action",
+    Op.FORGET_KNOWN: "action",
 }
 
 #: HTTP/2 header carrying the token ("authorization: Bearer <token>").

@@ -178,6 +178,8 @@ _ACTIONS = {
     '{"source", "partitioner", "tag", "first_ids": bool}; returns JSON {"counts": {partition: '
     "rows}}",
     "release_replays": 'free the replays prepared for a round {"source", "tag"}',
+    "forget_known": 'forget the source ids persisted idempotently in epochs <= {"epoch"}; '
+    'returns JSON {"forgotten": n}',
     "job_state": 'update and read the job\'s resume state {"marks"?, "clear"?}; returns JSON '
     '{"progress": {source: {partition: rows}}, "marks": {key: value}}',
 }
@@ -985,6 +987,11 @@ class AckerService(flight.FlightServerBase):
             raise _RequestError(f"persist: 'idempotent' must be true or false, got {idempotent!r}")
         if idempotent:
             extra["idempotent"] = True
+        epoch = cmd.get("epoch", 0)
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise _RequestError(f"persist: 'epoch' must be an int >= 0, got {epoch!r}")
+        if epoch:
+            extra["epoch"] = epoch
         if EVENT_TIME in names:  # absent: no event times (and an FT layer of tests may lack it)
             extra["event_time"] = table.column(EVENT_TIME).to_numpy()
         ids = ft.persist(
@@ -1093,6 +1100,12 @@ class AckerService(flight.FlightServerBase):
                     raise _RequestError(f"job_state: 'clear' must be a list, got {clear!r}")
                 state = ft.job_state(marks=marks, clear=clear)
                 return [pa.py_buffer(json.dumps(state).encode())]
+            if kind == "forget_known":  # forgetting twice forgets nothing more: no request log
+                epoch = body.get("epoch")
+                if isinstance(epoch, bool) or not isinstance(epoch, int):
+                    raise _RequestError(f"forget_known: 'epoch' must be an int, got {epoch!r}")
+                out = {"forgotten": int(ft.forget_known(epoch))}
+                return [pa.py_buffer(json.dumps(out).encode())]
             if kind == "release_replays":
                 tag = body.get("tag")
                 if tag is not None and not isinstance(tag, str):

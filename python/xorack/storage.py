@@ -54,6 +54,7 @@ import pyarrow as pa
 import pyarrow.compute
 
 from .errors import StorageError
+from .known_keys import KnownKeys
 from .protocol import NO_EVENT_TIME
 
 try:
@@ -202,17 +203,49 @@ class Storage(ABC):
     quarantine_notes: list[str]
     _job_progress: dict[tuple[int, int], int]  # the job state of a storage that is not durable
     _job_marks: dict[str, str]
+    #: The source ids the job persisted idempotently (see :mod:`xorack.known_keys`), per epoch:
+    #: in memory for every storage, kept across restarts by a durable one.
+    known_keys: KnownKeys
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Storage:
         self = super().__new__(cls)
         self.quarantine_notes = []
         self._job_progress = {}
         self._job_marks = {}
+        self.known_keys = KnownKeys()
         return self
 
     @abstractmethod
     def persist(self, batch: pa.RecordBatch, meta: RecordMeta) -> None:
-        """Store ``batch`` once and one record per row (row ``i`` is ``meta`` row ``i``)."""
+        """Store ``batch`` once and one record per row (row ``i`` is ``meta`` row ``i``).
+        Concrete storages also take ``progress`` (a resume note) and ``known_epoch`` (the
+        records' ids, which the caller checked are not known yet, join :attr:`known_keys`
+        under that epoch, with the records: both or neither)."""
+
+    def forget_known(self, through_epoch: int) -> int:
+        """Drop the known ids of the epochs ``<= through_epoch``; returns how many."""
+        return self.known_keys.forget(through_epoch)
+
+    def note_in_flight(self, origins: np.ndarray) -> None:  # noqa: B027 - optional hook
+        """These records (by first id) are handed out for processing: a crash before the
+        next :meth:`take_in_flight` may be theirs. A durable storage keeps them (one row per
+        replay handed out since the layer started); a memory storage none (its records do
+        not outlive a crash)."""
+
+    def take_in_flight(self) -> np.ndarray:
+        """The records noted in flight since the previous call (uint64 first ids); clears
+        them."""
+        return np.empty(0, dtype=np.uint64)
+
+    def count_restarts(self, origins: np.ndarray) -> np.ndarray:
+        """One more restart of the FT layer while the records of these first ids
+        (``origin``) were pending; returns each one's count so far (int64). A durable storage
+        keeps the counts across restarts; this one for the life of the object."""
+        counts = self.__dict__.setdefault("_restarts", {})
+        out = np.empty(len(origins), np.int64)
+        for i, o in enumerate(np.asarray(origins, np.uint64).tolist()):
+            out[i] = counts[o] = counts.get(o, 0) + 1
+        return out
 
     @abstractmethod
     def delete(self, src_ids: np.ndarray) -> int:
@@ -734,7 +767,11 @@ class MemoryStorage(Storage):
         return len(self._loc)
 
     def persist(
-        self, batch: pa.RecordBatch, meta: RecordMeta, progress: tuple[int, int, int] | None = None
+        self,
+        batch: pa.RecordBatch,
+        meta: RecordMeta,
+        progress: tuple[int, int, int] | None = None,
+        known_epoch: int | None = None,
     ) -> None:
         n = len(meta)
         _check_batch(batch, n)
@@ -747,6 +784,8 @@ class MemoryStorage(Storage):
             self._chunks[no] = _Chunk(batch, meta)
             locs = np.arange(n, dtype=np.int64) + (no << _ROW_BITS)
             self._loc.add(meta.src, locs)
+            if known_epoch is not None:
+                self.known_keys.add(known_epoch, meta.src, fresh=True)
 
     def _locate(self, src_ids: np.ndarray, *, pop: bool) -> tuple[np.ndarray, np.ndarray]:
         """(found mask, locations of the found ones)."""
@@ -880,6 +919,10 @@ CREATE TABLE IF NOT EXISTS progress (
     source INTEGER NOT NULL, part INTEGER NOT NULL, rows INTEGER NOT NULL,
     PRIMARY KEY (source, part)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS ended (src INTEGER PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS restarts (origin INTEGER PRIMARY KEY, n INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS in_flight (origin INTEGER PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS known (
+    id INTEGER PRIMARY KEY, epoch INTEGER NOT NULL, ids BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS dead_letter_repairs (
     origin INTEGER PRIMARY KEY, repair TEXT NOT NULL, at TEXT NOT NULL, outcome TEXT NOT NULL,
     again INTEGER);
@@ -893,6 +936,9 @@ _TABLES = {
     "quarantine": ["id", "what", "reason", "payload", "meta", "records"],
     "progress": ["source", "part", "rows"],
     "ended": ["src"],
+    "restarts": ["origin", "n"],
+    "in_flight": ["origin"],
+    "known": ["id", "epoch", "ids"],
     "dead_letter_repairs": ["origin", "repair", "at", "outcome", "again"],
 }
 _MARK = "mark:"  # the job's marks live in xorack_meta under this prefix
@@ -1140,6 +1186,7 @@ class SQLiteStorage(Storage):
             self._check_tables()
             self._drop_unreferenced()
             self._quarantine_corrupt()
+            self._load_known()
             (self._count,) = self._db.execute("SELECT count(*) FROM records").fetchone()
             (self._next_batch,) = self._db.execute(
                 "SELECT coalesce(max(id), 0) + 1 FROM batches"
@@ -1279,7 +1326,11 @@ class SQLiteStorage(Storage):
         self._con.executemany("INSERT OR IGNORE INTO temp.ids VALUES (?)", zip(ids))
 
     def persist(
-        self, batch: pa.RecordBatch, meta: RecordMeta, progress: tuple[int, int, int] | None = None
+        self,
+        batch: pa.RecordBatch,
+        meta: RecordMeta,
+        progress: tuple[int, int, int] | None = None,
+        known_epoch: int | None = None,
     ) -> None:
         n = len(meta)
         _check_batch(batch, n)
@@ -1288,6 +1339,11 @@ class SQLiteStorage(Storage):
         meta_batch = _meta_batch(meta)
 
         def run() -> int:
+            if known_epoch is not None:  # one blob of 8 bytes an id, with the records
+                self._con.execute(
+                    "INSERT INTO known (epoch, ids) VALUES (?, ?)",
+                    (int(known_epoch), np.sort(meta.src).astype("<u8").tobytes()),
+                )
             if progress is not None:  # in the persist's transaction: both or neither
                 self._con.execute(
                     "INSERT INTO progress VALUES (?, ?, ?) ON CONFLICT (source, part) "
@@ -1313,6 +1369,58 @@ class SQLiteStorage(Storage):
         self._count += n
         self._batch_rows[no] = n
         self._cache_put(no, _StoredBatch(batch, meta_batch))
+        if known_epoch is not None:
+            self.known_keys.add(known_epoch, meta.src, fresh=True)
+
+    def forget_known(self, through_epoch: int) -> int:
+        self._transaction(
+            "forgetting known ids",
+            lambda: self._con.execute("DELETE FROM known WHERE epoch <= ?", (int(through_epoch),)),
+        )
+        return self.known_keys.forget(through_epoch)
+
+    def note_in_flight(self, origins: np.ndarray) -> None:
+        if not len(origins):
+            return
+        keys = _i64(np.asarray(origins, np.uint64))
+        self._transaction(
+            "noting records in flight",
+            lambda: self._con.executemany("INSERT OR IGNORE INTO in_flight VALUES (?)", zip(keys)),
+        )
+
+    def take_in_flight(self) -> np.ndarray:
+        def run() -> list[tuple[int]]:
+            rows = self._con.execute("SELECT origin FROM in_flight").fetchall()
+            self._con.execute("DELETE FROM in_flight")
+            return rows
+
+        rows = self._transaction("taking records in flight", run)
+        return np.array(rows, dtype=np.int64).reshape(-1).view(np.uint64)
+
+    def count_restarts(self, origins: np.ndarray) -> np.ndarray:
+        if not len(origins):
+            return np.empty(0, np.int64)
+        keys = _i64(np.asarray(origins, np.uint64))
+
+        def run() -> np.ndarray:
+            self._con.executemany(
+                "INSERT INTO restarts VALUES (?, 1) ON CONFLICT (origin) DO UPDATE SET n = n + 1",
+                zip(keys),
+            )
+            self._load_ids(np.asarray(origins, np.uint64))
+            rows = dict(
+                self._con.execute(
+                    "SELECT r.origin, r.n FROM restarts r JOIN temp.ids i ON r.origin = i.src"
+                ).fetchall()
+            )
+            return np.array([rows[k] for k in keys], np.int64)
+
+        out: np.ndarray = self._transaction("counting restarts", run)
+        return out
+
+    def _load_known(self) -> None:
+        for epoch, blob in self._con.execute("SELECT epoch, ids FROM known ORDER BY id"):
+            self.known_keys.add(epoch, np.frombuffer(blob, dtype="<u8").astype(np.uint64))
 
     def _remove(self, src_ids: np.ndarray) -> int:
         """Delete these records (in key order: B-tree pages are visited in order)."""

@@ -66,6 +66,6 @@ def test_a_client_of_another_protocol_version_is_refused():
 
 
 def test_event_times_travel_as_an_int64_control_column():
-    assert PROTOCOL_VERSION == 6
+    assert PROTOCOL_VERSION >= 6
     assert (EVENT_TIME, PERSIST_CONTROL[EVENT_TIME]) == ("_ft_event_time", pa.int64())
     assert np.iinfo(np.int64).min == NO_EVENT_TIME

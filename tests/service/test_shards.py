@@ -260,6 +260,34 @@ def test_a_killed_shard_restarts_on_its_storage_and_replays_its_unfinished_recor
     assert not wait_gone(acker.pids)
 
 
+def test_a_persist_retried_against_a_restarted_shard_and_the_recovered_copy_are_one_record(
+    tmp_path,
+):
+    """A shard stores a task's persist and is killed before the task sees the answer: the
+    task's client retries the persist against the restarted shard. The restart kept the
+    records under their ids (persisted idempotently, in their first attempt), so the retried
+    persist finds them pending and the task's acks complete each once: nothing is replayed."""
+    storage = f"sqlite:///{tmp_path / 'ft.db'}"
+    with ShardedAcker(2, storage=storage, serve_args=SHARD_ARGS) as acker:
+        client = AckerClient.get(acker.location)
+        x = np.arange(300)
+        src, rec = draw_ids(len(x)), draw_ids(len(x))
+        batch = pa.record_batch({"x": x})
+        client.persist(batch, births=rec, src_ids=src, partition=0, idempotent=True)
+        _kill_and_wait_for_restart(acker, 1)
+        again = client.persist(batch, births=rec, src_ids=src, partition=0, idempotent=True)
+        assert again.tolist() == src.tolist()  # the same records: the task's rows go on
+        client.xor(again, rec)
+        stats = client.stats()
+        replays = client.take_replays(source=0)
+        client.close()
+    assert (stats["completed"], stats["pending"], stats["replayed"]) == (300, 0, 0)
+    assert sum(t.num_rows for t in replays.values()) == 0  # no second copy waits
+    on_1 = int((shard_of(src, 2) == 1).sum())
+    assert (stats["recovered"], stats["kept_at_restart"]) == (on_1, on_1)
+    assert not wait_gone(acker.pids)
+
+
 # ---- no shard process outlives its owner ---------------------------------------------------
 
 

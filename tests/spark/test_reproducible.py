@@ -137,8 +137,8 @@ def test_file_names_and_row_ids_computed_before_the_source_are_exact_under_repla
 
 
 def test_speculation_is_refused_at_the_start_of_a_run(spark, tmp_path):
-    """A speculative copy of a source task that finishes after its records completed would
-    persist them again (counted twice by an aggregate): refused, before any Spark job."""
+    """A speculative copy of a task running beside it sends the events of its rows twice
+    (and an optimistic round's checks do not cover it): refused, before any Spark job."""
     conf = spark.sparkContext._conf  # the live SparkConf the scheduler reads
     before = conf.get("spark.speculation")
     p = Pipeline(spark)

@@ -35,6 +35,7 @@ TRACKING_COUNTS = (
     "orphans",
     "collateral_replays",
     "repeats",
+    "repeats_settled",
 )
 
 
@@ -132,6 +133,9 @@ class RunReport:
     # rows a retried source task persisted again under the ids its failed attempt used: the
     # acker kept one record each (counted once in source_records)
     repeats: int | None = 0
+    # of those, rows of records that had completed, been dead-lettered or replayed under a new
+    # id when Spark ran their source task again (a recomputed map stage): they count nowhere
+    repeats_settled: int | None = 0
     derived_records: int = 0  # rows of barriers (aggregates, tracked joins) tracked as records
     derived_dead_lettered: int = 0  # of those, dead-lettered (a failure after the barrier)
     retracted_rows: int = 0  # rows of attempts that did not complete, removed from sinks
@@ -194,6 +198,7 @@ class RunReport:
         self.orphans = int(stats.get("orphans", 0))
         self.collateral_replays = int(stats.get("collateral", 0))
         self.repeats = int(stats.get("repeats", 0))
+        self.repeats_settled = int(stats.get("repeats_settled", 0))
         self.lost = int(stats.get("pending", 0))
 
     def add_summaries(self, rows: list[Any]) -> None:

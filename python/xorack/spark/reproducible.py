@@ -135,9 +135,10 @@ def check_reproducible(what: str, df: Any) -> None:
 
 def check_speculation(spark: Any) -> None:
     """A clear error when Spark runs speculative copies of tasks (``spark.speculation=true``):
-    a copy that finishes after its task's records completed persists them anew, and an
-    aggregate or a ``ParquetSink`` would count them twice (a completed record is not
-    recognized when it is persisted again)."""
+    a copy that runs beside its task sends the events of its rows a second time (a copy that
+    finishes after the records completed is recognized and counts nowhere, but one that runs
+    while they are pending makes them time out and replay, and an optimistic round's metrics
+    are not verified with it)."""
     try:
         conf = spark.sparkContext.getConf()  # the scheduler's own settings
     except Exception:  # no SparkContext here (Spark Connect): the server's settings are unseen
@@ -146,8 +147,8 @@ def check_speculation(spark: Any) -> None:
     if on:
         raise ValueError(
             "spark.speculation=true is not supported with ft=True: a speculative copy of a "
-            "source task that finishes after its records completed would persist them again, "
-            "and an aggregate or a ParquetSink would count them twice; run the pipeline in a "
+            "task running beside it sends the events of its rows twice (records time out and "
+            "replay; an optimistic round's checks do not cover it); run the pipeline in a "
             "session with spark.speculation=false (Pipeline(ft=False) runs plain Spark)"
         )
 

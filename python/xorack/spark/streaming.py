@@ -198,6 +198,10 @@ class StreamingRun:
                     self.batches += 1
                     self._last_batch = int(batch_id)
                     return
+                if batch_id > 0 and ctx.config.deterministic_ids:
+                    # Spark committed the micro-batches before this one: it runs none of their
+                    # source tasks again, so their ids need not be recognized any more
+                    ctx.client.forget_known(int(batch_id) - 1)
                 self._rotate()
                 self.windows.before_round()
                 self.windows.before_batch()

@@ -142,10 +142,16 @@ class SourceTagger:
                 births=rec,
                 src_ids=src_ids,
                 **({"progress": (key, offset)} if self.progress else {}),
-                **({"idempotent": True} if self.deterministic else {}),
+                **({"idempotent": True, "epoch": self.batch} if self.deterministic else {}),
                 **({"event_time": times} if times is not None else {}),
             )
             src = np.asarray(src, dtype=np.uint64)
+            settled = src == 0  # records that already completed or left: Spark ran the task
+            if settled.any():  # again (a recomputed map stage, a speculative copy): drop them
+                keep = ~settled
+                if not keep.any():
+                    continue
+                batch, src, rec = batch.filter(pa.array(keep)), src[keep], rec[keep]
             yield batch.append_column(SRC, pa.array(i64(src), pa.int64())).append_column(
                 REC, pa.array(i64(rec), pa.int64())
             )

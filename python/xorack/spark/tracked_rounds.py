@@ -242,6 +242,9 @@ class TrackedRounds:
         gone = ctx.client.take_ended()  # attempts the round ended (failed by a stage, a sink)
         ended.append(gone)
         if fresh:
+            # the round's outputs are thrown away: the records it completed or ended are
+            # persisted again as new ones, not recognized as already settled
+            ctx.client.forget_known(ctx.round)
             completed = int(ctx.client.stats().get("completed", 0))
             persisted_again = completed - int(before.get("completed", 0))
             persisted_again += self._persist_input(fresh, gone, error, exc)
