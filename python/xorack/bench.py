@@ -1398,6 +1398,19 @@ def render_plot(report: Report, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
+    if report.tpch and not (
+        report.tracking or report.memory or report.partitions or report.demo or report.jobs
+    ):  # part 7 alone (`--tpch`): its two panels only
+        fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
+        _plot_tpch(report.tpch, left, right)
+        machine = report.machine
+        fig.suptitle(
+            f"xorack bench --tpch - {machine.get('cpu', '')}, {machine.get('cores')} cores"
+        )
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return True
     fig, axes = plt.subplots(2, 4, figsize=(26, 10))
     ax = axes[0][0]
     rows = [r for r in report.tracking if r.events_per_s]
