@@ -11,7 +11,10 @@ fan-out, events shuffled across batches of 64 K):
    ``spark_partition_id()``, keys/s;
 4. the demo pipeline with FT ON vs OFF, wall-time ratio, at two sizes;
 5. recovery under failures: xorack's record replay vs rerunning the whole job vs plain Spark's
-   task retries (and job failure when the fault is deterministic).
+   task retries (and job failure when the fault is deterministic);
+6. Spark's wordcount written with tracked native operations, against plain Spark;
+7. TPC-H queries and PageRank as pipelines, against plain Spark (``xorack.bench_tpch``;
+   ``--tpch`` runs this part alone).
 
 Every figure is a median over ``--repeat`` runs with its min-max spread. The report (Markdown
 table + PNG plot) states the machine. A part whose dependency is missing says "not available"
@@ -19,6 +22,7 @@ instead of failing the whole report.
 
     xorack bench --quick --out /tmp/xorack-bench      # < 2 min
     xorack bench --out bench-report                   # default sizes, < ~15 min on 2 cores
+    xorack bench --tpch --scale 0.1 --out DIR         # TPC-H and PageRank only
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ class BenchConfig:
     repeat: int = 3
     out: Path = Path("bench-report")
     quick: bool = False
-    parts: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
+    parts: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7)
     slow_max: int = 1_000_000  # largest size for the fallback and the dict acker
     spark_max: int = 1_000_000  # largest size for Spark's groupBy/bit_xor (events = ~6.5x this)
     memory_size: int = 1_000_000  # pending source records for the memory comparison
@@ -76,6 +80,8 @@ class BenchConfig:
     fail_rates: list[float] = field(default_factory=lambda: [0.001, 0.01])
     run_budget_s: float = 90.0  # stop repeating a measurement once it has used this much time
     seed: int = 0
+    tpch_scale: float = 0.1  # part 7: the TPC-H scale factor (PageRank: 200,000 nodes per unit)
+    tpch_cache: str | None = None  # where the generated data is kept (None: ~/.cache/xorack/tpch)
 
     @classmethod
     def quick_config(cls, out: Path) -> BenchConfig:
@@ -93,6 +99,7 @@ class BenchConfig:
             recovery_records=10_000,
             wordcount_lines=50_000,
             run_budget_s=20.0,
+            tpch_scale=0.01,
         )
 
 
@@ -220,6 +227,7 @@ class Report:
     demo: list[DemoResult] = field(default_factory=list)
     recovery: list[RecoveryResult] = field(default_factory=list)
     jobs: dict[str, Any] = field(default_factory=dict)  # part 6: bench_jobs.run_wordcount
+    tpch: dict[str, Any] = field(default_factory=dict)  # part 7: bench_tpch.run_queries
     notes: list[str] = field(default_factory=list)
     total_seconds: float = 0.0
 
@@ -1045,9 +1053,35 @@ def part_jobs(cfg: BenchConfig, report: Report) -> None:
     report.jobs = run_wordcount(spark, cfg.wordcount_lines, repeat=cfg.repeat, fallback=True)
 
 
+def part_tpch(cfg: BenchConfig, report: Report) -> None:
+    """Part 7: TPC-H queries and PageRank written once with the DataFrame API, plain / FT off /
+    FT on, interleaved (``xorack.bench_tpch``). A result that differs from plain Spark's is
+    recorded, then raised (the report says which)."""
+    from . import bench_tpch
+
+    cache = Path(cfg.tpch_cache) if cfg.tpch_cache else None
+    _progress(f"part 7: TPC-H data at scale factor {cfg.tpch_scale:g} (generated once, cached)")
+    data = bench_tpch.tpch_data(cfg.tpch_scale, cache)
+    nodes = max(2, int(bench_tpch.PAGERANK_NODES_PER_SCALE * cfg.tpch_scale))
+    bench_tpch.pagerank_data(data, nodes)
+    _progress(f"part 7: {', '.join(bench_tpch.QUERIES)}, plain / FT off / FT on")
+    spark = get_spark()
+    r = bench_tpch.run_queries(spark, data, repeat=cfg.repeat, progress=_progress)
+    report.tpch = {"scale": cfg.tpch_scale, "data": str(data), "pagerank_nodes": nodes, **r}
+    if r["mismatches"]:
+        raise bench_tpch.ResultMismatch("; ".join(r["mismatches"].values()))
+
+
 def check_targets(report: Report) -> list[tuple[str, str, bool]]:
     """The DESIGN.md targets this report can judge: (target, measured, met)."""
     out: list[tuple[str, str, bool]] = []
+    if report.tpch:
+        scale = f"SF {report.tpch['scale']:g}"
+        for q, d in report.tpch["queries"].items():
+            on, off = d["ft_on_over_plain"], d["ft_off_over_plain"]
+            limit = 1.3 if q == "pagerank" else 1.15
+            out.append((f"{q} ({scale}), FT ON ÷ plain Spark ≤ {limit}", f"{on:.2f}", on <= limit))
+            out.append((f"{q} ({scale}), FT OFF ÷ plain Spark ≤ 1.03", f"{off:.2f}", off <= 1.03))
     if report.jobs:
         j = report.jobs
         lines = f"{j['lines']:,} lines"
@@ -1298,6 +1332,8 @@ def render_markdown(report: Report) -> str:
                 f"| {v['median'] / plain:.2f} |"
             )
         lines.append("")
+    if report.tpch:
+        lines += _tpch_markdown(report.tpch)
     targets = check_targets(report)
     if targets:
         lines += [
@@ -1313,9 +1349,48 @@ def render_markdown(report: Report) -> str:
     return "\n".join(lines)
 
 
+def _tpch_markdown(t: dict[str, Any]) -> list[str]:
+    """Part 7's section: one row per query."""
+    mismatches = t["mismatches"]
+    lines = [
+        f"## 7. TPC-H (scale factor {t['scale']:g}) and PageRank vs plain Spark",
+        "",
+        "Each query written once with the DataFrame API (`xorack.bench_tpch`): plain Spark, "
+        "`Pipeline(ft=False)` and `Pipeline(ft=True)` (tracked sources `lineitem`, and `orders` "
+        "where the query joins it; the dimensions as lookup joins) into Parquet, interleaved "
+        f"after {t['warmup']} warm-up round(s), median of {t['repeat']}; ratios from this run. "
+        f"PageRank: {t['pagerank_nodes']:,} nodes, 5 iterations (a lookup join of the tracked "
+        "ranks with the links and a sum per node each). Targets (issue 27): FT on ÷ plain ≤ 1.15 "
+        "on this 2-core machine (≤ 1.3 for PageRank), FT off ÷ plain ≤ 1.03. "
+        + (
+            "Every result equals plain Spark's."
+            if not mismatches
+            else f"**RESULTS DIFFER: {'; '.join(mismatches.values())}**"
+        ),
+        "",
+        "| query | plain s | FT off s | FT on s | FT off ÷ plain | FT on ÷ plain | equal | "
+        "phases not optimistic |",
+        "| --- | --- | --- | --- | ---: | ---: | --- | --- |",
+    ]
+
+    def spread(values: list[float]) -> str:
+        return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+    for q, d in t["queries"].items():
+        s = d["seconds"]
+        lines.append(
+            f"| {q} | {spread(s['plain'])} | {spread(s['ft off'])} | {spread(s['ft on'])} | "
+            f"{d['ft_off_over_plain']:.2f} | **{d['ft_on_over_plain']:.2f}** | "
+            f"{'yes' if d['matches'] else 'NO'} | {'; '.join(d['not_optimistic']) or '—'} |"
+        )
+    lines.append("")
+    return lines
+
+
 def render_plot(report: Report, path: Path) -> bool:
-    """A 2x3 PNG: events/s, bytes/record, partition keys/s, demo and recovery wall times, the
-    demo's FT ON ÷ OFF per size, and the wordcount's variants ÷ plain Spark (with targets)."""
+    """A 2x4 PNG: events/s, bytes/record, partition keys/s, demo and recovery wall times, the
+    demo's FT ON ÷ OFF per size, the wordcount's variants ÷ plain Spark (with targets), and
+    the TPC-H queries' and PageRank's FT off / FT on ÷ plain Spark and wall times."""
     try:
         import matplotlib
 
@@ -1323,7 +1398,20 @@ def render_plot(report: Report, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, axes = plt.subplots(2, 3, figsize=(20, 10))
+    if report.tpch and not (
+        report.tracking or report.memory or report.partitions or report.demo or report.jobs
+    ):  # part 7 alone (`--tpch`): its two panels only
+        fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
+        _plot_tpch(report.tpch, left, right)
+        machine = report.machine
+        fig.suptitle(
+            f"xorack bench --tpch - {machine.get('cpu', '')}, {machine.get('cores')} cores"
+        )
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return True
+    fig, axes = plt.subplots(2, 4, figsize=(26, 10))
     ax = axes[0][0]
     rows = [r for r in report.tracking if r.events_per_s]
     if rows:
@@ -1421,12 +1509,40 @@ def render_plot(report: Report, path: Path) -> bool:
     else:
         ax.text(0.5, 0.5, "part 6 not run", ha="center", va="center")
     ax.set_title("6. A job with native operations vs plain Spark")
+    _plot_tpch(report.tpch, axes[0][3], axes[1][3])
     machine = report.machine
     fig.suptitle(f"xorack bench - {machine.get('cpu', '')}, {machine.get('cores')} cores")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def _plot_tpch(t: dict[str, Any], ratios: Any, walls: Any) -> None:
+    """Part 7's two panels: FT off and FT on ÷ plain per query, and the three wall times."""
+    ratios.set_title("7. TPC-H and PageRank: ÷ plain Spark")
+    walls.set_title("7. TPC-H and PageRank: wall time")
+    if not t:
+        for ax in (ratios, walls):
+            ax.text(0.5, 0.5, "part 7 not run", ha="center", va="center")
+        return
+    names = list(t["queries"])
+    x = np.arange(len(names))
+    off = [t["queries"][q]["ft_off_over_plain"] for q in names]
+    on = [t["queries"][q]["ft_on_over_plain"] for q in names]
+    ratios.bar(x - 0.2, off, 0.4, label="FT off ÷ plain", color="tab:gray")
+    ratios.bar(x + 0.2, on, 0.4, label="FT on ÷ plain", color="tab:red")
+    ratios.axhline(1.15, color="k", ls="--", lw=1, label="FT on target ≤ 1.15 (2 cores)")
+    ratios.axhline(1.0, color="gray", lw=0.5)
+    ratios.set_xticks(x, names)
+    ratios.set_ylabel(f"wall time ÷ plain Spark (SF {t['scale']:g}, median of {t['repeat']})")
+    ratios.legend(fontsize=8)
+    for i, v in enumerate(("plain", "ft off", "ft on")):
+        med = [t["queries"][q]["median"][v] for q in names]
+        walls.bar(x + (i - 1) * 0.27, med, 0.27, label=v)
+    walls.set_xticks(x, names)
+    walls.set_ylabel("wall seconds (median)")
+    walls.legend(fontsize=8)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1444,7 +1560,8 @@ def _parse_sizes(text: str) -> list[int]:
     return sizes
 
 
-ALL_PARTS = (1, 2, 3, 4, 5, 6)
+ALL_PARTS = (1, 2, 3, 4, 5, 6, 7)
+TPCH_PART = 7
 
 
 def _parse_parts(text: str) -> tuple[int, ...]:
@@ -1481,13 +1598,14 @@ def build_parser() -> argparse.ArgumentParser:
     >>> build_parser().parse_args(["--parts", "3,1"]).parts
     (1, 3)
     """
-    from .cli import CommandParser, non_negative_int, positive_int
+    from .cli import CommandParser, non_negative_int, positive_float, positive_int
 
     p = CommandParser(
         prog="xorack bench",
         description="Compare xorack with the alternatives; writes DIR/report.md and report.png. "
         "Parts: 1 completion tracking, 2 memory per pending record, 3 partition assignment, "
-        "4 the demo with FT on and off, 5 recovery under failures. Unset sizes take the "
+        "4 the demo with FT on and off, 5 recovery under failures, 6 wordcount against plain "
+        "Spark, 7 TPC-H queries and PageRank against plain Spark. Unset sizes take the "
         "defaults of the full report (or of --quick).",
     )
     p.add_argument("--quick", action="store_true", help="tiny sizes, < 2 min")
@@ -1508,8 +1626,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--parts",
         type=_parse_parts,
-        default=ALL_PARTS,
-        help="which parts to run, e.g. 1,2,3 (default: all, 1-5)",
+        help="which parts to run, e.g. 1,2,3 (default: all, 1-7)",
+    )
+    p.add_argument(
+        "--tpch",
+        action="store_true",
+        help="run part 7 alone (with --parts: add it): TPC-H Q1, Q3, Q5, Q6, Q10, Q12, Q14 and "
+        "PageRank, plain Spark / FT off / FT on; needs tpchgen-cli (pip install xorack[bench])",
+    )
+    p.add_argument(
+        "--scale",
+        type=positive_float,
+        help="TPC-H scale factor for part 7 (default 0.1; --quick 0.01)",
+    )
+    p.add_argument(
+        "--tpch-cache",
+        type=Path,
+        help="where the generated TPC-H data is kept, one directory per scale factor "
+        "(default: ~/.cache/xorack/tpch)",
     )
     p.add_argument(
         "--demo-sizes",
@@ -1549,7 +1683,14 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         cfg.spark_max = args.spark_max
     if not args.quick and args.recovery_records is None and cfg.demo_sizes:
         cfg.recovery_records = min(cfg.demo_sizes[-1], cfg.recovery_records)
-    cfg.parts = tuple(args.parts)
+    parts = set(args.parts or ())
+    if args.tpch:
+        parts.add(TPCH_PART)
+    cfg.parts = tuple(sorted(parts)) if parts else ALL_PARTS
+    if args.scale is not None:
+        cfg.tpch_scale = args.scale
+    if args.tpch_cache is not None:
+        cfg.tpch_cache = str(args.tpch_cache)
     cfg.seed = args.seed
     return cfg
 
@@ -1586,6 +1727,8 @@ def run(cfg: BenchConfig, argv_text: str = "") -> Report:
         _safely(report, "recovery", lambda: part_recovery(cfg, report, walls))
     if 6 in cfg.parts:
         _safely(report, "wordcount job", lambda: part_jobs(cfg, report))
+    if TPCH_PART in cfg.parts:
+        _safely(report, "TPC-H and PageRank", lambda: part_tpch(cfg, report))
     report.total_seconds = time.perf_counter() - start
     with contextlib.suppress(OSError):
         report.machine["load average (end)"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -1636,6 +1779,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     md, png = write_report(report, cfg.out)
     print(render_markdown(report))
     print(f"wrote {md}" + (f" and {png}" if png else " (no plot: matplotlib missing)"))
+    if report.tpch.get("mismatches"):
+        print("xorack bench: a TPC-H/PageRank result differs from plain Spark's", file=sys.stderr)
+        return 1
     return 0
 
 

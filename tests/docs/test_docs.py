@@ -38,6 +38,7 @@ MODULES = [
     "xorack.spark.ids",
     "xorack.spark.sinks",
     "xorack.spark.guard",
+    "xorack.bench_tpch",
 ]
 
 
