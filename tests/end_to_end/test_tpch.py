@@ -4,6 +4,7 @@ equals plain Spark's (the same query function over plain DataFrames)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -63,8 +64,18 @@ def _failing(column: str, modulus: int):
     return wrap
 
 
+#: In CI, three shapes under failures (a tracked join and a top-n, a global aggregate over a
+#: lookup join, an iterative join + aggregate); XORACK_TPCH_QUERIES=all runs every query (the
+#: bench compares every query's result with plain Spark's on each run too).
+CHECKED = (
+    bench_tpch.QUERIES
+    if os.environ.get("XORACK_TPCH_QUERIES") == "all"
+    else ("q3", "q14", "pagerank")
+)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("query", bench_tpch.QUERIES)
+@pytest.mark.parametrize("query", CHECKED)
 def test_query_under_failures_equals_plain_spark(spark, data, tmp_path, query) -> None:
     plain, tracked = str(tmp_path / "plain"), str(tmp_path / "ft-on")
     bench_tpch.run_plain(spark, data, query, plain)
