@@ -35,9 +35,7 @@ INCLUDE = re.compile(r"^<!-- include: (examples/[\w./-]+\.py) -->$", re.MULTILIN
 def on_files(files: Files, config: Any) -> Files:
     """Add the benchmark results (kept in benchmarks/results, not in docs/) to the site."""
     for name, dest in GENERATED:
-        files.append(
-            File.generated(config, dest, abs_src_path=str(ROOT / RESULTS / name))
-        )
+        files.append(File.generated(config, dest, abs_src_path=str(ROOT / RESULTS / name)))
     return files
 
 
