@@ -95,6 +95,8 @@ def test_stream_static_join(spark, tmp_path, how):
     assert _rows(spark.read.parquet(out)) == expected
 
 
+@pytest.mark.spark
+@pytest.mark.slow
 def test_an_example_runs_as_a_script(tmp_path):
     """``python examples/wordcount.py``: its own Spark, its own sample, exit status 0."""
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
