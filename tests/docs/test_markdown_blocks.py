@@ -142,3 +142,13 @@ def test_markdown_block(name, line, kind, code, tmp_path):
     )
     assert proc.returncode == 0, f"{name}:{line} failed:\n{proc.stdout}\n{proc.stderr}"
     assert sorted(p.name for p in tmp_path.iterdir()) == [], f"a block of {name} wrote into its cwd"
+
+
+def test_the_site_shows_the_readme_commands():
+    """The two commands (install + demo, install + tests) read the same on both front pages."""
+    commands = re.findall(r"```bash\n(.*?)```", README.read_text(), re.DOTALL)[:2]
+    assert len(commands) == 2
+    assert all("pip install" in c for c in commands)
+    index = (ROOT / "docs" / "index.md").read_text()
+    for command in commands:
+        assert f"```bash\n{command}```" in index
