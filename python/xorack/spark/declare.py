@@ -23,6 +23,7 @@ from .outputs import (
     NativeSinkNode,
     PythonSinkNode,
     Sink,
+    StreamDedup,
     StreamJoin,
     TrackedJoin,
     WindowAggregate,
@@ -40,6 +41,7 @@ from .rows import (
 from .schema import empty_frame
 from .sinks import capabilities_of
 from .stages import StageSchemaError, check_columns
+from .stream_dedup import StreamDedupSpec
 from .stream_join import StreamJoinSpec, state_lags
 from .windows import Watermark, WindowSpec, delay_micros, window_of
 
@@ -485,6 +487,22 @@ class PlanBuilder:
             )
         spec = StreamJoinSpec(cond, how, spec.times, lags)
         return self._barrier([left, right], spec, StreamJoin, keys=())
+
+    def stream_dedup(self, parent: Node, keys: tuple[str, ...]) -> Source:
+        """``dropDuplicates(keys)`` of a tracked stream (:mod:`.stream_dedup`): the rows keep
+        their source's event-time column when it is still there (late rows are dropped, and
+        the keys' state is bounded when it is among ``keys``)."""
+        sources = _sources_of(parent)
+        wms = [self._watermarks.get(s.name) for s in sources]
+        if len(sources) > 1 and any(wm is not None for wm in wms):
+            raise ops.TrackedOperationError(
+                f"dropDuplicates: the stream reads {len(sources)} sources with watermarks; "
+                "drop the duplicates of each source before the union"
+            )
+        wm = wms[0] if len(sources) == 1 else None
+        time = wm.column if wm is not None and wm.column in parent.columns else None
+        spec = StreamDedupSpec(keys, time)
+        return self._barrier([parent], spec, StreamDedup, keys=())
 
     def tracked_join(
         self,

@@ -165,6 +165,24 @@ class StreamJoin(Barrier):
 
 
 @dataclass(eq=False)
+class StreamDedup(Barrier):
+    """``dropDuplicates(keys)`` (or ``distinct()``) of a tracked stream: its rows are staged,
+    and each key is written once, from the rows of records that have settled
+    (:mod:`xorack.spark.stream_dedup`)."""
+
+    lineage: ClassVar[str] = "n → 1 per key: staged, written once its rows' records settled"
+    label: ClassVar[str] = "drop_duplicates"
+
+    def open_staging(self, ctx: RunContext, workdir: str) -> list[Staging]:
+        (parent,) = self.parents
+        root = os.path.join(workdir, self.name, "0")
+        return [WindowStaging(root, parent.schema, time=self.spec.time or "", ids=True)]
+
+    def blocker(self, scope: Scope) -> tuple[Reason, str] | None:
+        return Reason.STREAMING, f"{self.name!r} drops duplicates of a stream"
+
+
+@dataclass(eq=False)
 class TrackedJoin(Barrier):
     """``left.join(right, on, how)`` of two tracked frames (any join type, on names or a Column
     condition): a replayed record on one side meets every row of the other side that went
@@ -294,6 +312,8 @@ __all__ = [
     "NativeSinkNode",
     "PythonSinkNode",
     "Sink",
+    "StreamDedup",
+    "StreamJoin",
     "TrackedJoin",
     "WindowAggregate",
 ]

@@ -14,10 +14,11 @@ import numpy as np
 from .barrier import ids_frame, send_staged_events
 from .context import RunContext
 from .node import roots
-from .outputs import Aggregate, Sink, StreamJoin, WindowAggregate
+from .outputs import Aggregate, Sink, StreamDedup, StreamJoin, WindowAggregate
 from .publish import adopt_staged, close_staging, open_staging
 from .report import RunReport
 from .rows import Source
+from .stream_dedup import DedupState
 from .stream_join import JoinState
 from .windows import WindowStaging, horizon_of, write_emitted
 
@@ -117,6 +118,15 @@ def check_event_time_path(agg: Any, wm: Any, spark: Any, via: Any = None) -> Non
             )
 
 
+def _frontier(stats: dict[str, Any]) -> tuple[bool, int | None]:
+    """Whether the acker can tell which records have settled, and the event time at or above
+    which records are pending (None: nothing is pending)."""
+    if stats.get("pending", 0):
+        frontier = stats.get("min_event_time")
+        return frontier is not None, frontier
+    return True, None
+
+
 class StreamState:
     """What a stream keeps between micro-batches: the staged rows of its native sinks (such as
     ``ParquetSink``) and windowed aggregations, and the watermark
@@ -137,6 +147,10 @@ class StreamState:
         self.windowed = [a for a in aggs if isinstance(a, WindowAggregate) and not complete]
         self.joins = [b for b in ctx.plan.barriers() if isinstance(b, StreamJoin)]
         self.join_states: list[JoinState] = []
+        self.dedups = [b for b in ctx.plan.barriers() if isinstance(b, StreamDedup)]
+        self.dedup_states: list[DedupState] = []
+        # what moves the watermark: event-time state (windows, joins, deduplication)
+        self.timed = bool(self.windowed or self.joins or self.dedups)
         self.complete = aggs if complete else []
         self.report = report
         self.replaces = 0  # results replaced in complete mode
@@ -151,6 +165,7 @@ class StreamState:
         self.watermark_us = 0  # the watermark the windows close by (held back)
         self.emits = 0  # writes of closed windows
         self.joined = 0  # writes of a stream-stream join's new rows
+        self.deduped = 0  # writes of a dropDuplicates' new keys
         self._workdir: str | None = None
         self._tags = 0
         self.native = [n for n in ctx.plan.native_sinks() if n.phase == 0] if ctx.ft else []
@@ -171,13 +186,18 @@ class StreamState:
             for node in ctx.plan.native_sinks():
                 if hasattr(node.sink, "clear"):  # a stream appends: start from nothing
                     node.sink.clear(ctx.spark)
-        if not self.windowed and not self.native and not self.complete and not self.joins:
+        if not self.timed and not self.native and not self.complete:
             return
-        if self.windowed or self.joins:
+        if self.timed:
             ctx.event_times = {wm.source: wm.column for wm in ctx.plan.watermarks}
         self._workdir = open_staging(ctx)
         ctx.workdir = self._workdir
         self.join_states = [JoinState(j, list(ctx.of(j).staging)) for j in self.joins]
+        self.dedup_states = []
+        for d in self.dedups:
+            (staging,) = ctx.of(d).staging
+            assert isinstance(staging, WindowStaging)
+            self.dedup_states.append(DedupState(d, staging))
         if self.resume:
             self._restore()
 
@@ -209,7 +229,8 @@ class StreamState:
                 if node.caps.native:
                     node.sink.remove_named(ctx.spark, f"w{cut}")
             undone[MARK_EMIT] = None
-        for js in self.join_states:
+        states: list[JoinState | DedupState] = [*self.join_states, *self.dedup_states]
+        for js in states:
             cut = marks.get(MARK_JOIN + js.node.name)
             js.restore(cut)
             if cut:  # a join's emission cut short: its files go, its rows are written again
@@ -239,6 +260,7 @@ class StreamState:
             out.append((agg.name, staging))
         for js in self.join_states:
             out += [(f"{js.node.name}:0", js.left), (f"{js.node.name}:1", js.right)]
+        out += [(ds.node.name, ds.staging) for ds in self.dedup_states]
         return out
 
     def _window_sinks(self) -> list[Any]:
@@ -283,7 +305,7 @@ class StreamState:
     def before_batch(self) -> None:
         """A micro-batch's sources count the largest event time they read (an accumulator:
         no second pass over the micro-batch)."""
-        if self.windowed or self.joins:
+        if self.timed:
             from .tagging import NO_EVENT_TIME, max_param
 
             sc = self.ctx.spark.sparkContext
@@ -302,7 +324,7 @@ class StreamState:
 
         wms = self.ctx.plan.watermarks
         accs, self.ctx.event_max = self.ctx.event_max, {}
-        if not (self.windowed or self.joins) or not wms or not accs:
+        if not self.timed or not wms or not accs:
             return
         self.evict_us = self.spark_us
         marks: dict[str, str | None] = {MARK_EVICT: str(self.evict_us)}
@@ -356,7 +378,7 @@ class StreamState:
         publish what settled, close the windows the watermark passed. A replay round is, to
         the watermark, a micro-batch without data: Spark's own, run when the watermark moved,
         closes the windows by the latest watermark."""
-        if not self.windowed and not self.native and not self.complete and not self.joins:
+        if not self.timed and not self.native and not self.complete:
             return
         if not data and self.evict_us != self.spark_us:
             self.evict_us = self.spark_us
@@ -365,6 +387,7 @@ class StreamState:
         self.publish(stats)
         self.emit(stats)
         self.join(stats)
+        self.dedup(stats)
         self.replace(stats)
 
     def replace(self, stats: dict[str, Any]) -> None:
@@ -387,7 +410,7 @@ class StreamState:
         """Move the watermark as far as the records still pending allow, and write the windows
         it passed."""
         ctx = self.ctx
-        if not self.windowed and not self.joins:
+        if not self.timed:
             return
         hold = self.evict_us
         if stats.get("pending", 0):
@@ -399,7 +422,7 @@ class StreamState:
         new = max(self.watermark_us, hold)
         if new <= self.watermark_us:
             return
-        if not self.windowed:  # a stream-stream join's: its late rows and outer rows
+        if not self.windowed:  # a join's or deduplication's: late rows, outer rows, state
             self.watermark_us = new
             self._note({MARK_WATERMARK: str(new)})
             return
@@ -435,11 +458,9 @@ class StreamState:
         ctx = self.ctx
         if not self.join_states:
             return
-        frontier: int | None = None  # records with an event time at or above are pending
-        if stats.get("pending", 0):
-            frontier = stats.get("min_event_time")
-            if frontier is None:  # an acker that cannot tell: wait
-                return
+        told, frontier = _frontier(stats)
+        if not told:  # an acker that cannot tell: wait
+            return
         w = self.watermark_us
         if frontier is not None and frontier <= w:
             w -= 1  # a pending row at the watermark may still match: Spark's rows at it are late
@@ -469,6 +490,46 @@ class StreamState:
                 if hidden:
                     js.compact_ids(ctx.spark, name)
                     self.compactions += 1
+
+    def dedup(self, stats: dict[str, Any]) -> None:
+        """Write the keys of each ``dropDuplicates`` that its settled rows now give and no
+        emission wrote (:mod:`xorack.spark.stream_dedup`); compact its state now and then."""
+        from pyspark.sql import functions as F
+
+        from .windows import RID_NO, RID_TAG, ROW_ID
+
+        ctx = self.ctx
+        if not self.dedup_states:
+            return
+        told, frontier = _frontier(stats)
+        if not told:
+            return
+        ended_df = self._ended_frame()
+        for ds in self.dedup_states:
+            if ds.spec.time is None and frontier is not None:
+                continue  # rows without an event time settle when nothing is pending
+            new = ds.new_rows(ctx.spark, ended_df, frontier).localCheckpoint(eager=True)
+            if not new.isEmpty():
+                self._tags += 1
+                name = f"d{ctx.run_tag}{self._tags:07d}"
+                self._note({MARK_JOIN + ds.node.name: name})
+                new = new.withColumn(ROW_ID, F.xxhash64(F.col(RID_TAG), F.col(RID_NO)))
+                for node in ctx.plan.readers(ctx.plan.derived_source(ds.node)):
+                    written = write_emitted(node, new, name=name)
+                    self.report.sink_rows[node.name] = (
+                        self.report.sink_rows.get(node.name, 0) + written
+                    )
+                ds.record(new, name)
+                self._note({MARK_JOIN + ds.node.name: None})
+                self.deduped += 1
+            if len(ds.staging.paths) >= COMPACT_AFTER:
+                self._tags += 1
+                name = f"{ctx.run_tag}{self._tags:07d}-compacted"
+                hidden = ds.compact_rows(ctx.spark, ended_df, name)
+                self._note({MARK_COMPACTED + ds.node.name: name})  # then a restart commits it
+                ds.staging.drop_before(ds.staging.commit(hidden))
+                ds.compact_keys(ctx.spark, self.watermark_us, name)
+                self.compactions += 1
 
     def _compact(self, ended_df: Any, evicted: dict[str, Any]) -> None:
         """Keep the state of a long stream bounded: once an aggregation by a time window has

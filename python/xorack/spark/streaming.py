@@ -35,7 +35,7 @@ import numpy as np
 from .batch import fill_job
 from .build import RoundBuilder
 from .context import PipelineConfig, RunContext
-from .outputs import Aggregate, Sink, StreamJoin, WindowAggregate
+from .outputs import Aggregate, Sink, StreamDedup, StreamJoin, WindowAggregate
 from .publish import retract
 from .report import RunReport
 from .rows import Source
@@ -522,6 +522,8 @@ def split_batch(sources: list[Source], batch_df: Any) -> dict[int, Any]:
 
 
 OUTPUT_MODES = ("append", "complete")
+#: The stateful operations of a stream that write rows straight into sinks once settled.
+STREAMED = (StreamJoin, StreamDedup)
 
 
 def check_stream_plan(ctx: RunContext, output_mode: str = "append") -> list[Aggregate]:
@@ -541,8 +543,8 @@ def check_stream_plan(ctx: RunContext, output_mode: str = "append") -> list[Aggr
         )
     plan = ctx.plan
     aggs = [b for b in plan.barriers() if isinstance(b, Aggregate)]
-    streams = [b for b in plan.barriers() if isinstance(b, StreamJoin)]
-    joins = [b.name for b in plan.barriers() if not isinstance(b, (Aggregate, StreamJoin))]
+    streams = [b for b in plan.barriers() if isinstance(b, STREAMED)]
+    joins = [b.name for b in plan.barriers() if not isinstance(b, (Aggregate, *STREAMED))]
     if joins:
         raise ValueError(
             f"start_stream: joins of two tracked DataFrames ({joins}) need both sides to be "
@@ -550,30 +552,42 @@ def check_stream_plan(ctx: RunContext, output_mode: str = "append") -> list[Aggr
             "lookup, or run the pipeline in batch"
         )
     for j in streams:
+        what = "joins two streams" if isinstance(j, StreamJoin) else "drops duplicates"
         if not ctx.ft:
             raise ValueError(
-                "start_stream: Pipeline(ft=False) runs no stream-stream join; run the query in "
-                "plain Structured Streaming to compare"
+                f"start_stream: Pipeline(ft=False) runs no stateful operation ({j.name!r} "
+                f"{what}); run the query in plain Structured Streaming to compare"
             )
         if output_mode != "append":
-            raise ValueError(
-                f"start_stream: {j.name!r} joins two streams: append mode only (as in Spark)"
-            )
+            raise ValueError(f"start_stream: {j.name!r} {what}: append mode only (as in Spark)")
         if aggs:
             raise ValueError(
-                "start_stream: a stream-stream join and an aggregation in one query are not "
-                "supported yet; run them as two queries"
+                f"start_stream: {j.name!r} {what}; with an aggregation in the same query this "
+                "is not supported yet: run them as two queries"
             )
-        for par in j.parents:
+        if isinstance(j, StreamJoin):
+            for par in j.parents:
+                wm = watermark_of(plan, par)
+                assert wm is not None  # checked at declaration
+                check_event_time_path(j, wm, ctx.spark, via=par)
+        else:
+            (par,) = j.parents
             wm = watermark_of(plan, par)
-            assert wm is not None  # checked at declaration
-            check_event_time_path(j, wm, ctx.spark, via=par)
+            time = wm.column if wm is not None and wm.column in par.columns else None
+            if time != j.spec.time:
+                raise ValueError(
+                    f"start_stream: {j.name!r} was declared before the source's withWatermark; "
+                    "declare the watermark first (p.source(df).withWatermark(...)), then "
+                    "dropDuplicates"
+                )
+            if wm is not None and time is not None:
+                check_event_time_path(j, wm, ctx.spark, via=par)
         readers = plan.readers(plan.derived_source(j))
         if not readers or not all(isinstance(r, Sink) for r in readers):
             raise ValueError(
                 f"start_stream: write the rows of {j.name!r} straight into sinks (.sink(...) "
-                "on the join's output); operations after a stream-stream join are not "
-                "supported yet (do them on each side before the join)"
+                f"on its output); operations after it ({what}) are not supported in a stream "
+                "yet (do them before)"
             )
     plain = [b.name for b in aggs if not isinstance(b, WindowAggregate)]
     if plain and output_mode == "append":

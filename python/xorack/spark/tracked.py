@@ -365,10 +365,12 @@ class Tracked:
 
     def distinct(self) -> Tracked:
         """``DataFrame.distinct()``: one row per distinct payload row (an aggregate: exactly
-        once, whatever was replayed; its rows are records of the next phase)."""
+        once, whatever was replayed; its rows are records of the next phase). In a stream,
+        ``dropDuplicates()`` (:mod:`xorack.spark.stream_dedup`)."""
         from pyspark.sql import functions as F
 
-        self._no_stream("distinct")
+        if self._builder.streaming(self._node):
+            return self._on(self._builder.stream_dedup(self._node, tuple(self.columns)))
         name = "_xorack_rows"
         while name in self.columns:
             name += "_"
@@ -379,12 +381,13 @@ class Tracked:
         """``DataFrame.dropDuplicates(subset)``: one row per distinct ``subset`` (all columns
         when None), the other columns from one of its rows — the aggregate Spark itself runs
         for it (``first`` of each other column); exactly once, a barrier like ``distinct``.
+        In a stream, Spark's streaming deduplication: each key written once, from the rows of
+        records that settled, written straight into sinks (:mod:`xorack.spark.stream_dedup`).
 
         >>> # latest = events.dropDuplicates(["user"])
         """
         from pyspark.sql import functions as F
 
-        self._no_stream("dropDuplicates")
         if subset is None:
             return self.distinct()
         if isinstance(subset, str):
@@ -393,6 +396,9 @@ class Tracked:
         if not keys:
             return self.distinct()
         check_columns("dropDuplicates", self.columns, keys, "dropDuplicates")
+        if self._builder.streaming(self._node):
+            keys = tuple(dict.fromkeys(keys))
+            return self._on(self._builder.stream_dedup(self._node, keys))
         others = [c for c in self.columns if c not in keys]
         if not others:
             return self.distinct()
@@ -400,13 +406,6 @@ class Tracked:
         return picked.select(*self.columns)
 
     drop_duplicates = dropDuplicates
-
-    def _no_stream(self, what: str) -> None:
-        if self._builder.streaming(self._node):
-            raise ops.TrackedOperationError(
-                f"{what}: not supported on a tracked stream yet (only in a batch run); "
-                "aggregate with groupBy(F.window(...), ...).agg(...) instead"
-            )
 
     def orderBy(self, *cols: Any, ascending: Any = None) -> OrderedTracked:
         """``DataFrame.orderBy(*cols)`` / ``sort``, for ``.limit(n)``: the first n rows in that
@@ -688,7 +687,9 @@ _INSTEAD = {
     "rollup": "group by each level with groupBy(...).agg(...) and union the results",
     "cube": "group by each level with groupBy(...).agg(...) and union the results",
     "observe": "the run report counts rows per stage; aggregate with agg(...) for more",
-    "dropDuplicatesWithinWatermark": "not supported yet; use dropDuplicates in a batch run",
+    "dropDuplicatesWithinWatermark": (
+        "not supported yet; use dropDuplicates(cols) with the event-time column among cols"
+    ),
     "withMetadata": "set the metadata on the input before p.source() or on the sink's output",
     "isEmpty": "preview with count() (untracked)",
 }
