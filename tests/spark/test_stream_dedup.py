@@ -246,3 +246,66 @@ def test_stream_drop_duplicates_declarations_refused_in_one_line(spark, tmp_path
         events.dropDuplicatesWithinWatermark(["guid"])
     with pytest.raises(StageSchemaError, match=r"missing column\(s\) \['nope'\]"):
         events.dropDuplicates(["nope"])
+
+
+def test_drop_duplicates_restarted_after_a_crash_mid_emission_writes_each_key_once(
+    spark, tmp_path, monkeypatch
+):
+    """A driver crash after an emission wrote its rows into the sink and before it kept their
+    keys: the restarted query (same checkpoint, more files since) takes the write back and
+    does it again; the keys written before stay written, each key once."""
+    from xorack.spark import stream_state
+
+    _write_input(tmp_path)
+    events = tmp_path / "events"
+    later = tmp_path / "later"
+    later.mkdir()
+    for f in range(3, FILES):  # the last files come after the restart
+        name = f"part-{f:02d}.json"
+        os.replace(events / name, later / name)
+    keys = ["guid", "eventTime"]
+    checkpoint = str(tmp_path / "checkpoint")
+    out = str(tmp_path / "unique.parquet")
+
+    def start():
+        p = Pipeline(spark, max_attempts=3)
+        src = p.source(_read(spark, tmp_path), name="events", partitions=2)
+        src = src.withWatermark("eventTime", "10 seconds")
+        checked = src.map_in_pandas(_flaky, SCHEMA, name="stage").drop("seq")
+        checked.dropDuplicates(keys).sink(ParquetSink(out), name="unique")
+        run = p.start_stream(timeout=60.0, available_now=True, checkpoint_location=checkpoint)
+        return run.wait(timeout=WAIT)
+
+    from xorack.spark import stream_dedup
+
+    real_note, real_record = stream_state.StreamState._note, stream_dedup.DedupState.record
+    records: list = []
+
+    def note(self, marks):
+        if len(records) >= 2:  # dead from the crash on: nothing noted
+            raise RuntimeError("simulated driver crash (dead)")
+        return real_note(self, marks)
+
+    def record(self, new, name):  # called once the emission's rows are in the sink
+        records.append(name)
+        if len(records) >= 2:
+            raise RuntimeError("simulated driver crash after a write, before its keys were kept")
+        return real_record(self, new, name)
+
+    monkeypatch.setattr(stream_state.StreamState, "_note", note)
+    monkeypatch.setattr(stream_dedup.DedupState, "record", record)
+    with pytest.raises(Exception, match="simulated"):
+        start()
+    monkeypatch.setattr(stream_state.StreamState, "_note", real_note)
+    monkeypatch.setattr(stream_dedup.DedupState, "record", real_record)
+    assert len(records) >= 2
+    for f in range(3, FILES):
+        name = f"part-{f:02d}.json"
+        os.replace(later / name, events / name)
+    report = start()
+
+    want = _plain(spark, tmp_path, keys, True, "plain_dedup_restart")
+    rows = spark.read.parquet(out).collect()
+    got = sorted((int(r.guid), r.eventTime, int(r.value)) for r in rows)
+    assert got == want
+    assert report.lost == 0
