@@ -1337,7 +1337,7 @@ def render_markdown(report: Report) -> str:
     targets = check_targets(report)
     if targets:
         lines += [
-            "## Targets (DESIGN.md) measured here",
+            "## Design targets measured here",
             "",
             "| target | measured | met |",
             "| --- | --- | --- |",
