@@ -302,10 +302,11 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
             and counts == reference_counts(cfg, exclude=dead)
             and poison <= dead
         )
-        if bar is not None:  # every record has settled
+        if bar is not None:  # the source records: every one settled but the lost ones
             if cfg.ft:
-                bar.set_description_str("xorack demo: done", refresh=False)
-            bar.n = bar.total or 0
+                bar.set_description_str("xorack demo: done, source records", refresh=False)
+            bar.total = cfg.records
+            bar.n = cfg.records - (report.lost or 0)
             bar.refresh()
         out = report.as_dict()
         out["records_generated"] = cfg.records
@@ -399,6 +400,8 @@ class PhaseProgress:
     ('phase 1/2, round 2', 99, 100)
     >>> pp.update(0, 2, 2, {"completed": 99, "dead_lettered": 1, "pending": 0, "persisted": 100})
     ('phase 1/2, round 3', 100, 100)
+    >>> pp.update(1, 2, 0, {"completed": 99, "dead_lettered": 1, "pending": 0, "persisted": 100})
+    ('phase 2/2, round 1', 0, None)
     >>> pp.update(1, 2, 0, {"completed": 109, "dead_lettered": 1, "pending": 10, "persisted": 120})
     ('phase 2/2, round 1', 10, 20)
     >>> pp.update(1, 2, 1, {"completed": 118, "dead_lettered": 1, "pending": 1, "persisted": 120})
@@ -410,30 +413,40 @@ class PhaseProgress:
     records: int  # the source records (phase 1's total)
     phase: int = -1
     base_settled: int = 0  # records settled before the phase began
-    last: int = 0  # records settled, as last seen
+    last: int = 0  # records persisted, as last seen
 
     def update(
         self, phase: int, phases: int, round_no: int, stats: dict[str, Any], share: float = -1
-    ) -> tuple[str, int, int]:
+    ) -> tuple[str, int, int | None]:
         """(description, settled, total) from the acker's counts ``stats`` in ``phase`` (or the
-        ``share`` of the Spark tasks done in an optimistic round, when one runs)."""
+        ``share`` of the Spark tasks done in an optimistic round, when one runs); the total is
+        None while none of a later phase's records has been seen."""
         settled = int(stats.get("completed", 0)) + int(stats.get("dead_lettered", 0))
-        if phase != self.phase:  # a new phase: its records are counted from the last count
-            if self.phase >= 0:  # of the phase before (every record of it had settled)
+        if phase != self.phase:  # a new phase: every record persisted before it had settled
+            if self.phase >= 0:  # (a phase begins when the one before has nothing pending)
                 self.base_settled = self.last
             self.phase = phase
-        self.last = settled
+        if share < 0:
+            self.last = int(stats.get("persisted", 0)) + int(stats.get("recovered", 0))
         done = settled - self.base_settled
         pending = int(stats.get("pending", 0))  # the records of this phase not settled yet
-        total = self.records if phase == 0 else max(done + pending, 1)
-        what = f"phase {phase + 1}/{phases}, round {round_no + 1}"
+        total = self.records if phase == 0 else done + pending
+        if not total:  # none of the phase's records seen yet: how many is unknown
+            return what_of(phase, phases, round_no, share), 0, None
+        what = what_of(phase, phases, round_no, share)
         if share >= 0:  # an optimistic round completes its records all at once, at its end
-            what = f"phase {phase + 1}/{phases}, optimistic round"
             done = int(share * total)
             return what, min(done, total - 1), total
         if pending > 0:
             done = min(done, total - 1)
         return what, max(0, min(done, total)), total
+
+
+def what_of(phase: int, phases: int, round_no: int, share: float = -1) -> str:
+    """The phase and round, as the progress bar names them."""
+    if share >= 0:
+        return f"phase {phase + 1}/{phases}, optimistic round"
+    return f"phase {phase + 1}/{phases}, round {round_no + 1}"
 
 
 def _poll(p: Any, bar: Any, stop: threading.Event, progress: PhaseProgress) -> None:
