@@ -528,15 +528,19 @@ def format_report(r: dict[str, Any]) -> str:
         _wall_line(r),
         *_rss_lines(r),
     ]
+
+    def after(label: str) -> int:  # the index after the line of ``label``
+        return 1 + next(i for i, line in enumerate(lines) if line.startswith(f"  {label} "))
+
     for name, rows in (r.get("vanished_rows") or {}).items():
         lines.insert(
-            6,
+            after("timed out"),
             f"                         ({rows} rows vanished in the untracked transform "
             f"{name!r}: their records timed out or failed their chunk)",
         )
     if r.get("dead_lettered_not_poisoned"):
         lines.insert(
-            8,
+            after("dead-lettered"),
             f"                         ({r['dead_lettered_not_poisoned']} not poisoned: out of "
             "attempts)",
         )
