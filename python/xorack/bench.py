@@ -82,6 +82,7 @@ class BenchConfig:
     seed: int = 0
     tpch_scale: float = 0.1  # part 7: the TPC-H scale factor (PageRank: 200,000 nodes per unit)
     tpch_cache: str | None = None  # where the generated data is kept (None: ~/.cache/xorack/tpch)
+    verbose: bool = False  # Spark's logs of the task failures part 5 causes on purpose, left on
 
     @classmethod
     def quick_config(cls, out: Path) -> BenchConfig:
@@ -682,7 +683,9 @@ class DemoUnavailable(RuntimeError):
     """The demo job cannot be run from here (not written yet, or it failed)."""
 
 
-def run_demo(records: int, ft: bool, fail_rate: float = 0.0, seed: int = 0) -> dict[str, Any]:
+def run_demo(
+    records: int, ft: bool, fail_rate: float = 0.0, seed: int = 0, verbose: bool = False
+) -> dict[str, Any]:
     """Runs the demo pipeline once in this process; returns its ``--json`` report.
 
     Adapter: ``xorack.demo.run_demo(DemoConfig(...), spark, progress=False)`` on the bench's
@@ -700,6 +703,7 @@ def run_demo(records: int, ft: bool, fail_rate: float = 0.0, seed: int = 0) -> d
         wanted = {
             "records": records, "ft": ft, "fail_rate": fail_rate, "seed": seed,
             "poison_rate": 0.0, "drop_rate": 0.0,  # only the failures this part injects
+            "verbose": verbose,
         }  # fmt: skip
         known = {f.name for f in dataclasses.fields(config)}
         cfg = config(**{k: v for k, v in wanted.items() if k in known})
@@ -907,7 +911,9 @@ def _xorack_replay_rows(
 ) -> list[RecoveryResult]:
     """xorack's replay vs plain Spark with the same faulty function (job failure, rerun)."""
     _progress(f"part 5: xorack replay, {n:,} records, fail rate {rate:.2%}")
-    runs = [run_demo(n, True, rate, seed=cfg.seed + i) for i in range(cfg.repeat)]
+    runs = [
+        run_demo(n, True, rate, seed=cfg.seed + i, verbose=cfg.verbose) for i in range(cfg.repeat)
+    ]
     on_med = statistics.median(base_on)
     walls = [float(r["wall_seconds"]) for r in runs]
     lost = sum(int(r["lost"] or 0) for r in runs)
@@ -929,7 +935,7 @@ def _xorack_replay_rows(
 
     def failing_run() -> str:
         try:
-            run_demo(n, False, rate, seed=cfg.seed)
+            run_demo(n, False, rate, seed=cfg.seed, verbose=cfg.verbose)
         except DemoUnavailable:
             raise
         except Exception as exc:
@@ -1665,6 +1671,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--seed", type=non_negative_int, default=0, help="seed of the workload (default 0)"
     )
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show Spark's own logs of the task failures part 5 causes on purpose (the "
+        "ERROR lines and stack traces of the job that fails; off by default)",
+    )
     return p
 
 
@@ -1692,6 +1704,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     if args.tpch_cache is not None:
         cfg.tpch_cache = str(args.tpch_cache)
     cfg.seed = args.seed
+    cfg.verbose = args.verbose
     return cfg
 
 
@@ -1723,8 +1736,11 @@ def run(cfg: BenchConfig, argv_text: str = "") -> Report:
     workloads.clear()
     if 4 in cfg.parts:
         _safely(report, "demo", lambda: walls.update(part_demo(cfg, report)))
-    if 5 in cfg.parts:
-        _safely(report, "recovery", lambda: part_recovery(cfg, report, walls))
+    if 5 in cfg.parts:  # its failing jobs fail Spark tasks on purpose: their logs are noise
+        from xorack.spark.quiet import quiet_spark_logs
+
+        with quiet_spark_logs(get_spark(), cfg.verbose):
+            _safely(report, "recovery", lambda: part_recovery(cfg, report, walls))
     if 6 in cfg.parts:
         _safely(report, "wordcount job", lambda: part_jobs(cfg, report))
     if TPCH_PART in cfg.parts:

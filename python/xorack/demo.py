@@ -76,6 +76,7 @@ class DemoConfig:
     combine: str = "auto"  # the count's partial aggregates per chunk: "on", "off", "auto"
     optimistic: str = "auto"  # each phase first in an optimistic round: "on", "off", "auto"
     workdir: str | None = None  # a resumable job's directory (sink, FT storage, staged rows)
+    verbose: bool = False  # Spark's own logs of the task failures a run expects, left on
 
     @property
     def combines(self) -> bool:
@@ -219,6 +220,8 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
             app_name="xorack-demo",
             shuffle_partitions=cfg.partitions,
         )
+        if cfg.verbose:  # Spark's default level (the session's is ERROR)
+            spark.sparkContext.setLogLevel("WARN")
     resumable = cfg.workdir is not None and cfg.ft
     if cfg.workdir is not None:  # kept: a second run with the same arguments resumes the job
         workdir = os.path.abspath(cfg.workdir)
@@ -249,6 +252,7 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
             optimistic=cfg.optimistic_rounds,
             resume=resumable,
             workdir=os.path.join(workdir, "work") if resumable else None,
+            verbose=cfg.verbose,
         )
         declare_job(p, sentences, sink, cfg)
 
@@ -258,19 +262,25 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
             bar = tqdm(
                 total=cfg.records,
                 unit="rec",
-                desc="xorack demo",
+                desc="xorack demo: starting",
+                # counts, no percentage: a rounded 99.9 % reads as 100 % with records pending
+                bar_format="{desc} |{bar}| {n_fmt}/{total_fmt} settled [{elapsed}{postfix}]",
                 file=sys.stderr,
                 dynamic_ncols=True,
             )
         stop = threading.Event()
         poller = None
         if bar is not None and cfg.ft:
-            poller = threading.Thread(target=_poll, args=(p, bar, stop), daemon=True)
+            poller = threading.Thread(
+                target=_poll, args=(p, bar, stop, PhaseProgress(cfg.records)), daemon=True
+            )
             poller.start()
+        elif bar is not None:
+            bar.set_description_str("xorack demo: plain Spark (FT off), one job")
 
         def on_round(info: Any) -> None:
             if bar is not None:
-                bar.set_postfix(round=info.round + 1, replays=info.replays, refresh=False)
+                bar.set_postfix(replays=info.replays, refresh=False)
 
         report = p.run(on_round=on_round)
         peak = peak_rss_mb()  # before the reference below (its sentences are the driver's)
@@ -292,8 +302,11 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
             and counts == reference_counts(cfg, exclude=dead)
             and poison <= dead
         )
-        if bar is not None:
-            bar.n = cfg.records
+        if bar is not None:  # the source records: every one settled but the lost ones
+            if cfg.ft:
+                bar.set_description_str("xorack demo: done, source records", refresh=False)
+            bar.total = cfg.records
+            bar.n = cfg.records - (report.lost or 0)
             bar.refresh()
         out = report.as_dict()
         out["records_generated"] = cfg.records
@@ -314,6 +327,31 @@ def run_demo(cfg: DemoConfig, spark: Any = None, progress: bool = True) -> dict[
             bar.close()
         if cfg.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+#: When this process started, as a perf_counter() value (see :func:`command_seconds`).
+_STARTED = time.perf_counter()
+
+
+def command_seconds() -> float:
+    """Seconds since this process started (the command's own wall time: Python's and
+    Spark's start included), from /proc where there is one, else since xorack.demo was
+    imported.
+
+    >>> command_seconds() > 0
+    True
+    """
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        age = uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
+        if age > 0:
+            return age
+    except (OSError, ValueError, IndexError):
+        pass
+    return time.perf_counter() - _STARTED
 
 
 def peak_rss_mb(pid: int | str = "self") -> float | None:
@@ -348,19 +386,84 @@ def _jvm_peak_rss_mb(spark: Any) -> float | None:
     return peak_rss_mb(pid)
 
 
-def _poll(p: Any, bar: Any, stop: threading.Event) -> None:
+@dataclass
+class PhaseProgress:
+    """What the demo's progress bar shows: the records of the running phase (the sentences in
+    phase 1; the rows of the count's barrier in phase 2) settled — completed or dead-lettered —
+    out of the phase's records, with the phase and its round named. While a record of the
+    phase is pending the bar stays below 100 %.
+
+    >>> pp = PhaseProgress(100)
+    >>> pp.update(0, 2, 0, {"completed": 99, "dead_lettered": 0, "pending": 1, "persisted": 100})
+    ('phase 1/2, round 1', 99, 100)
+    >>> pp.update(0, 2, 1, {"completed": 100, "dead_lettered": 0, "pending": 1, "persisted": 100})
+    ('phase 1/2, round 2', 99, 100)
+    >>> pp.update(0, 2, 2, {"completed": 99, "dead_lettered": 1, "pending": 0, "persisted": 100})
+    ('phase 1/2, round 3', 100, 100)
+    >>> pp.update(1, 2, 0, {"completed": 99, "dead_lettered": 1, "pending": 0, "persisted": 100})
+    ('phase 2/2, round 1', 0, None)
+    >>> pp.update(1, 2, 0, {"completed": 109, "dead_lettered": 1, "pending": 10, "persisted": 120})
+    ('phase 2/2, round 1', 10, 20)
+    >>> pp.update(1, 2, 1, {"completed": 118, "dead_lettered": 1, "pending": 1, "persisted": 120})
+    ('phase 2/2, round 2', 19, 20)
+    >>> pp.update(1, 2, 0, {"completed": 119, "dead_lettered": 1, "pending": 0, "persisted": 120})
+    ('phase 2/2, round 1', 20, 20)
+    """
+
+    records: int  # the source records (phase 1's total)
+    phase: int = -1
+    base_settled: int = 0  # records settled before the phase began
+    last: int = 0  # records persisted, as last seen
+
+    def update(
+        self, phase: int, phases: int, round_no: int, stats: dict[str, Any], share: float = -1
+    ) -> tuple[str, int, int | None]:
+        """(description, settled, total) from the acker's counts ``stats`` in ``phase`` (or the
+        ``share`` of the Spark tasks done in an optimistic round, when one runs); the total is
+        None while none of a later phase's records has been seen."""
+        settled = int(stats.get("completed", 0)) + int(stats.get("dead_lettered", 0))
+        if phase != self.phase:  # a new phase: every record persisted before it had settled
+            if self.phase >= 0:  # (a phase begins when the one before has nothing pending)
+                self.base_settled = self.last
+            self.phase = phase
+        if share < 0:
+            self.last = int(stats.get("persisted", 0)) + int(stats.get("recovered", 0))
+        done = settled - self.base_settled
+        pending = int(stats.get("pending", 0))  # the records of this phase not settled yet
+        total = self.records if phase == 0 else done + pending
+        if not total:  # none of the phase's records seen yet: how many is unknown
+            return what_of(phase, phases, round_no, share), 0, None
+        what = what_of(phase, phases, round_no, share)
+        if share >= 0:  # an optimistic round completes its records all at once, at its end
+            done = int(share * total)
+            return what, min(done, total - 1), total
+        if pending > 0:
+            done = min(done, total - 1)
+        return what, max(0, min(done, total)), total
+
+
+def what_of(phase: int, phases: int, round_no: int, share: float = -1) -> str:
+    """The phase and round, as the progress bar names them."""
+    if share >= 0:
+        return f"phase {phase + 1}/{phases}, optimistic round"
+    return f"phase {phase + 1}/{phases}, round {round_no + 1}"
+
+
+def _poll(p: Any, bar: Any, stop: threading.Event, progress: PhaseProgress) -> None:
     while not stop.wait(0.5):
-        share = p.optimistic_progress()  # an optimistic round: its Spark tasks done
-        if share is not None:
-            bar.n = max(bar.n, min(bar.total, int(share * bar.total)))
-            bar.refresh()
+        ctx = p.run_context
+        if ctx is None:
             continue
+        share = p.optimistic_progress()  # an optimistic round: its Spark tasks done
         try:
-            s = p.client.stats()
+            stats = p.client.stats() if share is None else {}
         except Exception:  # the service is not up yet or already down
             continue
-        done = int(s.get("completed", 0)) + int(s.get("dead_lettered", 0))
-        bar.n = max(bar.n, min(bar.total, done))
+        what, done, total = progress.update(
+            ctx.phase, ctx.plan.phase_count(), ctx.round, stats, -1 if share is None else share
+        )
+        bar.set_description_str(f"xorack demo: {what}", refresh=False)
+        bar.total, bar.n = total, done
         bar.refresh()
 
 
@@ -380,7 +483,7 @@ def format_report(r: dict[str, Any]) -> str:
                 "  (word counts == a reference computed without Spark or xorack)",
                 f"  words                  {r['distinct_words']} distinct, "
                 f"{r['word_occurrences']} occurrences",
-                f"  wall time              {r['wall_seconds']:.2f} s",
+                _wall_line(r),
                 *_rss_lines(r),
             ]
         )
@@ -403,6 +506,7 @@ def format_report(r: dict[str, Any]) -> str:
         f"({r['rounds']} round(s){ackers}{optimistic})",
         f"  source records         {show(r['source_records'])}"
         + ("  (a resumed job: counts over all of its runs)" if r.get("resumed") else ""),
+        *_resumed_lines(r),
         f"  completed              {show(r['completed'])}",
         f"  failed (explicit)      {show(r['failed'])}",
         f"  timed out              {show(r['timed_out'])}",
@@ -421,22 +525,59 @@ def format_report(r: dict[str, Any]) -> str:
         f"                         dead-lettered, none counted: {r['poisoned']} poisoned)",
         f"  words                  {r['distinct_words']} distinct, "
         f"{r['word_occurrences']} occurrences",
-        f"  wall time              {r['wall_seconds']:.2f} s",
+        _wall_line(r),
         *_rss_lines(r),
     ]
+
+    def after(label: str) -> int:  # the index after the line of ``label``
+        return 1 + next(i for i, line in enumerate(lines) if line.startswith(f"  {label} "))
+
     for name, rows in (r.get("vanished_rows") or {}).items():
         lines.insert(
-            6,
+            after("timed out"),
             f"                         ({rows} rows vanished in the untracked transform "
             f"{name!r}: their records timed out or failed their chunk)",
         )
     if r.get("dead_lettered_not_poisoned"):
         lines.insert(
-            8,
+            after("dead-lettered"),
             f"                         ({r['dead_lettered_not_poisoned']} not poisoned: out of "
             "attempts)",
         )
     return "\n".join(lines)
+
+
+def _wall_line(r: dict[str, Any]) -> str:
+    """The command's wall time (from its start to the report), with the pipeline's run."""
+    run = f"{r['wall_seconds']:.2f} s"
+    if r.get("total_seconds") is None:
+        return f"  wall time              {run}  (the pipeline's run)"
+    return (
+        f"  wall time              {r['total_seconds']:.2f} s  (the command, from its start to "
+        f"this report; the pipeline's run {run})"
+    )
+
+
+def _resumed_lines(r: dict[str, Any]) -> list[str]:
+    """What the earlier runs of a resumed job had done (the counts below are the job's, the
+    failures and replays this run's)."""
+    if not r.get("resumed"):
+        return []
+    if r.get("finished_before"):
+        return [
+            "                         (the job had finished in an earlier run: its report "
+            "again, nothing run now)"
+        ]
+    e = r.get("earlier") or {}
+    if not e:
+        return []
+    return [
+        f"  resumed                the earlier run(s) had read {e.get('source_records', 0)} "
+        f"source records: completed {e.get('completed', 0)}, dead-lettered "
+        f"{e.get('dead_lettered', 0)},",
+        f"                         {e.get('pending', 0)} left pending (replayed by this run); "
+        "failed, timed out and replayed below count this run's",
+    ]
 
 
 def _rss_lines(r: dict[str, Any]) -> list[str]:
@@ -634,6 +775,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a record not completed this long after its attempt began is replayed "
         f"(default: {sd.timeout:g})",
     )
+    ap.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show Spark's own logs (WARN and up) with the ERROR lines and stack traces of "
+        "the task failures a run expects (off by default: the report says what failed)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument(
         "--no-progress", action="store_true", help="no progress bar (--stream: no progress lines)"
@@ -679,9 +826,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             spec = shard_storage(args.storage, Shard(k, args.ackers))
             check_storage_opens(parser, "--storage", spec)
     cfg = _config(args)
-    t0 = time.perf_counter()
     report = run_demo(cfg, progress=not args.no_progress)
-    report["total_seconds"] = round(time.perf_counter() - t0, 3)
+    report["total_seconds"] = round(command_seconds(), 3)
     if args.json:
         print(json.dumps(report))
     else:
@@ -717,6 +863,7 @@ def _config(args: argparse.Namespace) -> DemoConfig:
         combine=args.combine,
         optimistic=args.optimistic,
         workdir=args.workdir,
+        verbose=args.verbose,
     )
 
 

@@ -92,9 +92,12 @@ class BatchRun:
         state = ctx.client.job_state()
         marks = state["marks"]
         if "report" in marks:
-            return RunReport.from_dict({**json.loads(marks["report"]), "resumed": True})
+            stored = json.loads(marks["report"])
+            return RunReport.from_dict({**stored, "resumed": True, "finished_before": True})
         report.resumed = bool(state["progress"] or marks)
         ctx.resume_skip = state["progress"]
+        if report.resumed:
+            report.earlier = self._earlier(state["progress"])
         before = ctx.client.take_ended()  # earlier runs' ended attempts, and the attempts
         self.ended.append(before)  # the crash left pending (replayed now)
         if report.resumed:
@@ -102,6 +105,27 @@ class BatchRun:
         else:
             remove_staged(ctx)
         return None
+
+    def _earlier(self, progress: dict[int, dict[int, int]]) -> dict[str, int]:
+        """What the earlier runs of a resumed job had done: the input records they read, of
+        which dead-lettered and completed, and the records they left pending (replayed now).
+        Phases run in order: once a barrier's rows were persisted, every input record had
+        settled, so the pending records are the input's only while no barrier row exists."""
+        ctx = self.ctx
+        derived = ctx.plan.derived_indexes()
+        rows = {True: 0, False: 0}
+        for source, parts in progress.items():
+            rows[source in derived] += sum(parts.values())
+        dead = dead_by_kind(ctx.fetch_dead_letters(), derived)
+        stats = ctx.client.stats()
+        pending = int(stats.get("pending", 0))
+        pending_input = pending if not rows[True] else 0
+        return {
+            "source_records": rows[False],
+            "completed": rows[False] - dead[False] - pending_input,
+            "dead_lettered": dead[False],
+            "pending": pending,
+        }
 
     def _done_phases(self) -> set[int]:
         marks = self.ctx.client.job_state()["marks"]
@@ -115,7 +139,7 @@ class BatchRun:
         on_round: Callable[[RoundInfo], None] | None,
     ) -> None:
         ctx = self.ctx
-        ctx.phase = phase
+        ctx.phase, ctx.round = phase, 0
         if phase > 0:
             persisted_before = int(ctx.client.stats().get("persisted", 0))
             open_phase(ctx, phase, np.concatenate(self.ended) if self.ended else None)

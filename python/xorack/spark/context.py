@@ -49,6 +49,7 @@ class PipelineConfig:
     ackers: int = 1
     resume: bool = False
     optimistic: bool = True
+    verbose: bool = False  # Spark's logs of expected task failures left on during runs
 
     @property
     def chunk_bits(self) -> int:

@@ -33,12 +33,14 @@ from typing import Any
 
 from ..protocol import CHUNK_BITS
 from .batch import BatchRun
+from .conf import default, name_the_key, resolve
 from .context import PipelineConfig, RunContext
 from .declare import PlanBuilder
 from .guard import FailureTally
 from .optimistic_round import how_phase_runs
 from .outputs import Aggregate
 from .plan import Plan
+from .quiet import quiet_spark_logs
 from .report import REPORT_KEYS, RoundInfo, RunReport
 from .reproducible import check_speculation
 from .tracked import GroupedTracked, Tracked
@@ -65,6 +67,90 @@ def _check_resumable(ft: bool, storage: Any, service: Any, ackers: int, workdir:
         why = "give workdir= (staged rows of barriers and native sinks must outlive the driver)"
     if why is not None:
         raise ValueError(f"resume=True: {why}")
+
+
+def _checked_config(
+    spark: Any,
+    ft: bool,
+    storage: str,
+    max_attempts: int,
+    deterministic_ids: bool,
+    service: str | None,
+    token: str | None,
+    id_salt: int,
+    workdir: str | None,
+    runaway_share: float | None,
+    job: str | None,
+    acker_host: str,
+    acker_advertise: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    combine: bool,
+    chunk_records: int,
+    ackers: int,
+    resume: bool,
+    optimistic: bool,
+    verbose: bool,
+) -> PipelineConfig:
+    """The pipeline's settings, each option checked (a ``ValueError`` says what is wrong)."""
+    from pyspark.sql.types import StructType  # noqa: F401 - fail early without pyspark
+
+    from ..sharding import MAX_SHARDS
+
+    if max_attempts < 1:
+        raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+    if isinstance(ackers, bool) or not isinstance(ackers, int) or not 1 <= ackers <= MAX_SHARDS:
+        raise ValueError(f"ackers must be an int in [1, {MAX_SHARDS}], got {ackers!r}")
+    if ackers > 1 and service is not None:
+        raise ValueError(
+            "ackers=N starts an embedded sharded acker; with service=... the standalone "
+            "acker's own shards apply (xorack serve --shards N): give one or the other"
+        )
+    if ackers > 1 and not isinstance(storage, (str, os.PathLike)):
+        raise ValueError(
+            "ackers=N runs N acker processes, each opening its own storage: give a storage "
+            f"spec ('memory' or a SQLite path), not a {type(storage).__name__} object"
+        )
+    if resume:
+        _check_resumable(ft, storage, service, ackers, workdir)
+    if job is not None:
+        from ..service import check_job
+
+        job = check_job(job)
+    FailureTally(runaway_share)  # checks the value now
+    if (
+        isinstance(chunk_records, bool)
+        or not isinstance(chunk_records, int)
+        or not 1 <= chunk_records <= 1 << CHUNK_BITS
+        or chunk_records & (chunk_records - 1)
+    ):
+        raise ValueError(
+            f"chunk_records must be a power of two from 1 to {1 << CHUNK_BITS}, got "
+            f"{chunk_records!r}"
+        )
+    return PipelineConfig(
+        spark=spark,
+        ft=bool(ft),
+        storage=storage,
+        max_attempts=int(max_attempts),
+        deterministic_ids=bool(deterministic_ids),
+        service=service,
+        token=token,
+        id_salt=int(id_salt),
+        workdir=workdir,
+        runaway_share=runaway_share,
+        job=job,
+        acker_host=acker_host,
+        acker_advertise=acker_advertise,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        combine=bool(combine),
+        chunk_records=chunk_records,
+        ackers=ackers,
+        resume=bool(resume),
+        optimistic=bool(optimistic),
+        verbose=bool(verbose),
+    )
 
 
 class Pipeline:
@@ -114,89 +200,72 @@ class Pipeline:
     again; start a new job with a new storage and workdir. Needs the embedded acker with
     ``ackers=1``.
 
+    ``verbose`` (default False): Spark's own logs of the task failures a run expects (a
+    failed record's task, a native row error narrowed, a cancelled optimistic round: the
+    ERROR lines and Java stack traces of ``Executor``, ``TaskSetManager`` and the Python
+    runners) are turned off while ``run()`` or ``repair()`` runs, and back as they were after
+    (:mod:`xorack.spark.quiet`); ``True`` leaves them on.
+
+    Every option but ``spark`` can also be set in the session's Spark configuration as
+    ``spark.xorack.<option in camelCase>`` (``spark-submit --conf spark.xorack.maxAttempts=3``;
+    :mod:`xorack.spark.conf`); an argument given here wins.
+
     >>> # p = Pipeline(spark, ft=True, storage="memory", max_attempts=5)
     """
 
     def __init__(
         self,
         spark: Any,
-        ft: bool = True,
-        storage: str = "memory",
-        max_attempts: int = 5,
-        deterministic_ids: bool = True,
-        service: str | None = None,
-        token: str | None = None,
-        id_salt: int = 0,
-        workdir: str | None = None,
-        runaway_share: float | None = 0.5,
-        job: str | None = None,
-        acker_host: str = "127.0.0.1",
-        acker_advertise: str | None = None,
-        tls_cert: str | None = None,
-        tls_key: str | None = None,
-        combine: bool = True,
-        chunk_records: int = 1 << CHUNK_BITS,
-        ackers: int = 1,
-        resume: bool = False,
-        optimistic: bool = True,
+        ft: bool = default(True),
+        storage: str = default("memory"),
+        max_attempts: int = default(5),
+        deterministic_ids: bool = default(True),
+        service: str | None = default(None),
+        token: str | None = default(None),
+        id_salt: int = default(0),
+        workdir: str | None = default(None),
+        runaway_share: float | None = default(0.5),
+        job: str | None = default(None),
+        acker_host: str = default("127.0.0.1"),
+        acker_advertise: str | None = default(None),
+        tls_cert: str | None = default(None),
+        tls_key: str | None = default(None),
+        combine: bool = default(True),
+        chunk_records: int = default(1 << CHUNK_BITS),
+        ackers: int = default(1),
+        resume: bool = default(False),
+        optimistic: bool = default(True),
+        verbose: bool = default(False),
     ) -> None:
-        from pyspark.sql.types import StructType  # noqa: F401 - fail early without pyspark
-
-        from ..sharding import MAX_SHARDS
-
-        if max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
-        if isinstance(ackers, bool) or not isinstance(ackers, int) or not 1 <= ackers <= MAX_SHARDS:
-            raise ValueError(f"ackers must be an int in [1, {MAX_SHARDS}], got {ackers!r}")
-        if ackers > 1 and service is not None:
-            raise ValueError(
-                "ackers=N starts an embedded sharded acker; with service=... the standalone "
-                "acker's own shards apply (xorack serve --shards N): give one or the other"
-            )
-        if ackers > 1 and not isinstance(storage, (str, os.PathLike)):
-            raise ValueError(
-                "ackers=N runs N acker processes, each opening its own storage: give a storage "
-                f"spec ('memory' or a SQLite path), not a {type(storage).__name__} object"
-            )
-        if resume:
-            _check_resumable(ft, storage, service, ackers, workdir)
-        if job is not None:
-            from ..service import check_job
-
-            job = check_job(job)
-        FailureTally(runaway_share)  # checks the value now
-        if (
-            isinstance(chunk_records, bool)
-            or not isinstance(chunk_records, int)
-            or not 1 <= chunk_records <= 1 << CHUNK_BITS
-            or chunk_records & (chunk_records - 1)
-        ):
-            raise ValueError(
-                f"chunk_records must be a power of two from 1 to {1 << CHUNK_BITS}, got "
-                f"{chunk_records!r}"
-            )
-        self.config = PipelineConfig(
-            spark=spark,
-            ft=bool(ft),
-            storage=storage,
-            max_attempts=int(max_attempts),
-            deterministic_ids=bool(deterministic_ids),
-            service=service,
-            token=token,
-            id_salt=int(id_salt),
-            workdir=workdir,
-            runaway_share=runaway_share,
-            job=job,
-            acker_host=acker_host,
-            acker_advertise=acker_advertise,
-            tls_cert=tls_cert,
-            tls_key=tls_key,
-            combine=bool(combine),
-            chunk_records=chunk_records,
-            ackers=ackers,
-            resume=bool(resume),
-            optimistic=bool(optimistic),
+        options, from_conf = resolve(
+            spark,
+            {
+                "ft": ft,
+                "storage": storage,
+                "max_attempts": max_attempts,
+                "deterministic_ids": deterministic_ids,
+                "service": service,
+                "token": token,
+                "id_salt": id_salt,
+                "workdir": workdir,
+                "runaway_share": runaway_share,
+                "job": job,
+                "acker_host": acker_host,
+                "acker_advertise": acker_advertise,
+                "tls_cert": tls_cert,
+                "tls_key": tls_key,
+                "combine": combine,
+                "chunk_records": chunk_records,
+                "ackers": ackers,
+                "resume": resume,
+                "optimistic": optimistic,
+                "verbose": verbose,
+            },
         )
+        try:
+            self.config = _checked_config(spark, **options)
+        except ValueError as exc:  # a value Spark configuration set is named by its key
+            raise ValueError(name_the_key(str(exc), from_conf)) from None
         self._builder = PlanBuilder(self.config)
         self._run: RunContext | None = None  # the running (or last) run
         self._before: RunContext | None = None  # the run before it
@@ -238,6 +307,10 @@ class Pipeline:
     @property
     def optimistic(self) -> bool:
         return self.config.optimistic
+
+    @property
+    def verbose(self) -> bool:
+        return self.config.verbose
 
     # ---- declaration --------------------------------------------------------------------------
 
@@ -294,7 +367,8 @@ class Pipeline:
         if self.ft:
             check_speculation(self.spark)
         self._before, self._run = self._run, ctx
-        return BatchRun(ctx).run(on_round)
+        with quiet_spark_logs(self.spark, self.config.verbose):
+            return BatchRun(ctx).run(on_round)
 
     def start_stream(
         self,
@@ -389,7 +463,8 @@ class Pipeline:
         """
         from .repair import Repair
 
-        return Repair(self.config, self._builder.plan()).run()
+        with quiet_spark_logs(self.spark, self.config.verbose):
+            return Repair(self.config, self._builder.plan()).run()
 
     def dead_letters(self, view: bool = False) -> Any:
         """The dead-letter table of the last run (payload, origin id, attempts, last reason), a

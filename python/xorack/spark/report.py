@@ -145,6 +145,11 @@ class RunReport:
     # the run continued a job an earlier driver left unfinished (Pipeline(resume=True)): the
     # record counts are the whole job's; failed/timed_out/replayed/orphans this run's
     resumed: bool = False
+    # a resumed job: what its earlier runs had done when this one began (source_records,
+    # completed, dead_lettered of the input; pending records of any kind, replayed now)
+    earlier: dict[str, int] = field(default_factory=dict)
+    # a resumed job that had finished: its stored report, returned again (nothing ran)
+    finished_before: bool = False
     # phases completed by an optimistic round (acked as one tree: nothing persisted), why
     # the optimistic rounds that fell back to tracked rounds did, and why a phase did not try
     # one (Pipeline(optimistic=); with optimistic=False, this stays empty)
