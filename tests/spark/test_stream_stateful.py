@@ -467,3 +467,35 @@ def test_update_mode_windows_equal_plain_structured_streaming(spark, tmp_path):
         assert all(after.get(w, 0) >= n for w, n in before.items())  # never falls
     assert all(n <= final[w] for snap in snapshots for w, n in snap.items())
     assert len(set(final)) == len(got)  # one row per window and word
+
+
+def test_update_mode_global_aggregate_equals_plain_structured_streaming(spark, tmp_path):
+    """``agg(...)`` without groupBy in update mode: the sink holds the one row plain
+    Structured Streaming last wrote (a reviewer found it failing mid-stream: no key)."""
+    from pyspark.sql import functions as F
+
+    directory = tmp_path / "in"
+    _write_input(directory)
+    last: dict = {}
+
+    def keep(batch, _epoch) -> None:
+        for r in batch.collect():
+            last["row"] = (int(r.n), int(r.top))
+
+    q = (
+        _read(spark, directory)
+        .agg(F.count("*").alias("n"), F.max("id").alias("top"))
+        .writeStream.outputMode("update")
+        .foreachBatch(keep)
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination(WAIT)
+    p = Pipeline(spark)
+    sink = SQLiteSink(str(tmp_path / "g.db"), "g")
+    lines = p.source(_read(spark, directory), name="lines")
+    lines.agg(F.count("*").alias("n"), F.max("id").alias("top")).sink(sink, name="total")
+    report = p.start_stream(available_now=True, output_mode="update").wait(timeout=WAIT)
+    got = [(int(r.n), int(r.top)) for r in sink.read().itertuples(index=False)]
+    assert got == [last["row"]]
+    assert report.lost == 0

@@ -495,9 +495,10 @@ class PlanBuilder:
         sources = _sources_of(parent)
         wms = [self._watermarks.get(s.name) for s in sources]
         if len(sources) > 1 and any(wm is not None for wm in wms):
+            marked = sum(wm is not None for wm in wms)
             raise ops.TrackedOperationError(
-                f"dropDuplicates: the stream reads {len(sources)} sources with watermarks; "
-                "drop the duplicates of each source before the union"
+                f"dropDuplicates: the stream reads {len(sources)} sources, {marked} with a "
+                "watermark; drop the duplicates of each source before the union"
             )
         wm = wms[0] if len(sources) == 1 else None
         time = wm.column if wm is not None and wm.column in parent.columns else None

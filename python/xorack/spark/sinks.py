@@ -273,12 +273,12 @@ class SQLiteSink:
 
     def upsert(self, rows: pd.DataFrame, keys: list[str]) -> int:
         """Make the table's row of each key (the values of ``keys``, nulls equal) the one in
-        ``rows`` (a stream's changed groups in update mode), in one transaction. Returns the
-        rows written."""
+        ``rows`` (a stream's changed groups in update mode), in one transaction; no ``keys``
+        (a global aggregate): the table holds ``rows``. Returns the rows written."""
         missing = [k for k in keys if k not in rows.columns]
-        if missing or not keys:
-            raise ValueError(f"upsert: keys {missing or keys} are not columns of the rows")
-        return self._rewrite(rows, list(keys))
+        if missing:
+            raise ValueError(f"upsert: keys {missing} are not columns of the rows")
+        return self._rewrite(rows, list(keys) if keys else None)
 
     def _rewrite(self, rows: pd.DataFrame, keys: list[str] | None) -> int:
         """Delete the whole table (``keys`` None) or the rows of ``rows``' keys, then insert

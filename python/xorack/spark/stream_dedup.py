@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .lineage import q
-from .windows import RID_NO, RID_TAG, WM, WindowStaging
+from .windows import RID_NO, RID_TAG, WM, WindowStaging, kept_dirs, write_dir
 
 
 def _f() -> Any:
@@ -112,24 +112,13 @@ class DedupState:
 
     def record(self, new: Any, name: str) -> None:
         """Keep the keys of the rows ``new`` just written (hidden until complete)."""
-        hidden = os.path.join(self.emitted_root, "_" + name)
-        new.select(*map(q, self.spec.keys)).write.mode("overwrite").parquet(hidden)
-        path = os.path.join(self.emitted_root, name)
-        os.replace(hidden, path)
-        self.emitted.append(path)
+        keys = new.select(*map(q, self.spec.keys))
+        self.emitted.append(write_dir(keys, self.emitted_root, name))
 
     def restore(self, cut: str | None) -> None:
         """A restarted query: the keys its runs recorded (an emission ``cut`` short is undone:
         it is written again)."""
-        self.emitted = []
-        if not os.path.isdir(self.emitted_root):
-            return
-        for name in sorted(os.listdir(self.emitted_root)):
-            path = os.path.join(self.emitted_root, name)
-            if name.startswith("_") or name == cut:
-                shutil.rmtree(path, ignore_errors=True)
-            elif os.path.isdir(path):
-                self.emitted.append(path)
+        self.emitted = kept_dirs(self.emitted_root, cut)
 
     def compact_rows(self, spark: Any, ended: Any, name: str) -> str:
         """Write the staged rows as one hidden directory ``name`` without those whose key was
@@ -160,10 +149,7 @@ class DedupState:
             if self.spec.time is not None and self.spec.time in self.spec.keys:
                 t = f.unix_micros(f.col(q(self.spec.time)))
                 keys = keys.where(f.col(q(self.spec.time)).isNull() | (t >= f.lit(watermark_us)))
-            kept = os.path.join(self.emitted_root, "_" + name)
-            keys.write.mode("overwrite").parquet(kept)
-            path = os.path.join(self.emitted_root, name)
-            os.replace(kept, path)
+            path = write_dir(keys, self.emitted_root, name)
             old, self.emitted = [p for p in self.emitted if p != path], [path]
             for p in old:
                 shutil.rmtree(p, ignore_errors=True)

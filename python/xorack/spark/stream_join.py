@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .lineage import q
-from .windows import RID_NO, RID_TAG, WM, WindowStaging
+from .windows import RID_NO, RID_TAG, WM, WindowStaging, kept_dirs, write_dir
 
 #: The id columns of a pair written: the left row's and the right row's (an unmatched left
 #: row of a left outer join has right id (0, -1)).
@@ -194,24 +194,12 @@ class JoinState:
 
     def record(self, new: Any, name: str) -> None:
         """Keep the ids of the rows ``new`` just written (hidden until complete)."""
-        hidden = os.path.join(self.emitted_root, "_" + name)
-        new.select(*PAIR).write.mode("overwrite").parquet(hidden)
-        path = os.path.join(self.emitted_root, name)
-        os.replace(hidden, path)
-        self.emitted.append(path)
+        self.emitted.append(write_dir(new.select(*PAIR), self.emitted_root, name))
 
     def restore(self, cut: str | None) -> None:
         """A restarted query: the ids its runs recorded (an emission ``cut`` short is undone:
         it is emitted again)."""
-        self.emitted = []
-        if not os.path.isdir(self.emitted_root):
-            return
-        for name in sorted(os.listdir(self.emitted_root)):
-            path = os.path.join(self.emitted_root, name)
-            if name.startswith("_") or name == cut:
-                shutil.rmtree(path, ignore_errors=True)
-            elif os.path.isdir(path):
-                self.emitted.append(path)
+        self.emitted = kept_dirs(self.emitted_root, cut)
 
     def compact_sides(
         self, spark: Any, ended: Any, frontier_us: int | None, watermark_us: int, name: str
@@ -244,10 +232,7 @@ class JoinState:
             _f().col(RID_TAG).alias(PAIR[0]), _f().col(RID_NO).alias(PAIR[1])
         )
         ids = self.written(spark).join(kept, [PAIR[0], PAIR[1]], "left_semi")
-        hidden = os.path.join(self.emitted_root, "_" + name)
-        ids.write.mode("overwrite").parquet(hidden)
-        path = os.path.join(self.emitted_root, name)
-        os.replace(hidden, path)
+        path = write_dir(ids, self.emitted_root, name)
         old, self.emitted = [p for p in self.emitted if p != path], [path]
         for p in old:
             shutil.rmtree(p, ignore_errors=True)

@@ -569,7 +569,8 @@ class StreamState:
         emission wrote (:mod:`xorack.spark.stream_dedup`); compact its state now and then."""
         from pyspark.sql import functions as F
 
-        from .windows import RID_NO, RID_TAG, ROW_ID
+        from .lineage import q
+        from .windows import ROW_ID
 
         ctx = self.ctx
         if not self.dedup_states:
@@ -586,7 +587,10 @@ class StreamState:
                 self._tags += 1
                 name = f"d{ctx.run_tag}{self._tags:07d}"
                 self._note({MARK_JOIN + ds.node.name: name})
-                new = new.withColumn(ROW_ID, F.xxhash64(F.col(RID_TAG), F.col(RID_NO)))
+                # the row's id is its key's (written once): a write done again after a crash
+                # that picks another row of the key is absorbed by an idempotent sink
+                key = F.struct(*[F.col(q(k)) for k in ds.spec.keys])
+                new = new.withColumn(ROW_ID, F.xxhash64(F.to_json(key)))
                 for node in ctx.plan.readers(ctx.plan.derived_source(ds.node)):
                     written = write_emitted(node, new, name=name)
                     self.report.sink_rows[node.name] = (

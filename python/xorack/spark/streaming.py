@@ -625,35 +625,29 @@ def check_stream_plan(ctx: RunContext, output_mode: str = "append") -> list[Aggr
                 "(.sink(...) on the aggregation's output); operations after an aggregation "
                 "are not supported in a stream yet"
             )
-        if output_mode == "complete":
+        how = {
+            "complete": ("replace", "replace their whole content at once", "replace(pdf)"),
+            "update": ("upsert", "replace a group's row by its key", "upsert(pdf, keys)"),
+        }
+        if output_mode in how:
+            method, what, call = how[output_mode]
             bad = [
                 r.name
                 for r in readers
-                if not isinstance(r, Sink) or not hasattr(r.sink, "replace") or r.caps.native
+                if not isinstance(r, Sink) or not hasattr(r.sink, method) or r.caps.native
             ]
             if bad:
                 raise ValueError(
-                    f"start_stream: in complete mode the sinks of {agg.name!r} ({bad}) must "
-                    "replace their whole content at once (SQLiteSink, or your own with "
-                    "replace(pdf)); file sinks do not (nor in Spark)"
+                    f"start_stream: in {output_mode} mode the sinks of {agg.name!r} ({bad}) must "
+                    f"{what} (SQLiteSink, or your own with {call}); file sinks do not (nor in "
+                    "Spark)"
                 )
-        if output_mode == "update":
-            bad = [
-                r.name
-                for r in readers
-                if not isinstance(r, Sink) or not hasattr(r.sink, "upsert") or r.caps.native
-            ]
-            if bad:
-                raise ValueError(
-                    f"start_stream: in update mode the sinks of {agg.name!r} ({bad}) must "
-                    "replace a group's row by its key (SQLiteSink, or your own with "
-                    "upsert(pdf, keys)); file sinks do not (nor in Spark)"
-                )
-            if isinstance(agg, WindowAggregate) and agg.spec.kind == "session_window":
-                raise ValueError(
-                    f"start_stream: {agg.name!r} groups by a session window: append or "
-                    "complete mode (a session's row changes its key as the session grows)"
-                )
+        session = isinstance(agg, WindowAggregate) and agg.spec.kind == "session_window"
+        if output_mode == "update" and session:
+            raise ValueError(
+                f"start_stream: {agg.name!r} groups by a session window: append or "
+                "complete mode (a session's row changes its key as the session grows)"
+            )
     no_append = [n.name for n in plan.native_sinks() if not hasattr(n.sink, "append")]
     if no_append:
         raise ValueError(

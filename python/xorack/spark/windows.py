@@ -385,6 +385,32 @@ class EmitWriter:
         yield pd.DataFrame({"rows": [rows], "dups": [dups]})
 
 
+def write_dir(df: Any, root: str, name: str) -> str:
+    """Write ``df`` as the Parquet directory ``root/name``, hidden (``_name``) until complete:
+    a restart never reads a directory cut short. Returns its path."""
+    hidden = os.path.join(root, "_" + name)
+    df.write.mode("overwrite").parquet(hidden)
+    path = os.path.join(root, name)
+    os.replace(hidden, path)
+    return path
+
+
+def kept_dirs(root: str, cut: str | None) -> list[str]:
+    """The directories under ``root`` a restarted query keeps (in name order): all but the
+    hidden ones (cut short while written) and ``cut`` (a write a crash cut short after it:
+    done again), which go."""
+    kept: list[str] = []
+    if not os.path.isdir(root):
+        return kept
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name)
+        if name.startswith("_") or name == cut:
+            shutil.rmtree(path, ignore_errors=True)
+        elif os.path.isdir(path):
+            kept.append(path)
+    return kept
+
+
 def write_emitted(node: Any, out: Any, name: str) -> int:
     """Write the emitted window rows ``out`` into the sink ``node`` (a sink node after a
     windowed aggregation; a native one gets files named after the write, ``name``); returns
@@ -424,8 +450,10 @@ __all__ = [
     "WindowStaging",
     "delay_micros",
     "horizon_of",
+    "kept_dirs",
     "micros_literal",
     "window_of",
     "window_of_repr",
+    "write_dir",
     "write_emitted",
 ]
