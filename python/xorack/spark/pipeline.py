@@ -294,7 +294,13 @@ class Pipeline:
         if self.ft:
             check_speculation(self.spark)
         self._before, self._run = self._run, ctx
-        return BatchRun(ctx).run(on_round)
+        run = BatchRun(ctx)
+        report = run.run(on_round)
+        while run.cascade is not None:  # voided: again without the records behind the row
+            run = run.next_pass()
+            self._run = run.ctx
+            report = run.run(on_round)
+        return report
 
     def start_stream(
         self,
