@@ -52,7 +52,6 @@ log = logging.getLogger(__name__)
 MAX_PASSES = 8
 #: The prefix of a cascaded record's dead-letter reason.
 CASCADE = "cascade from "
-_HASH = "_ft_content"
 _META = ("_ft_origin", "_ft_source", "_ft_attempts", "_ft_reason")
 
 
@@ -156,6 +155,7 @@ def find(ctx: RunContext) -> Cascade | None:
         for s in plan.sources
         if s.derived is None and s.index in found.excluded
     }
+    seen: set[tuple[int, str]] = set()  # rows behind an earlier dead row: cascaded once
     for source in derived:
         rows = dead.get(source.index)
         if rows is None:
@@ -165,11 +165,23 @@ def find(ctx: RunContext) -> Cascade | None:
         found.causes += rows.num_rows
         for origin, letter in _reasons(rows):
             traced = trace(ctx, source.derived, letter, CASCADE + origin, inputs)
-            for index, roots in traced.items():
+            for index, behind in traced.items():
+                roots = _unseen(index, behind, seen)
+                if not roots.num_rows:
+                    continue
                 found.cascaded.append(roots)
                 found.exclude(index, _payload(roots))
                 found.traced += roots.num_rows
     return found
+
+
+def _unseen(index: int, roots: pa.Table, seen: set[tuple[int, str]]) -> pa.Table:
+    """The rows of ``roots`` whose content no earlier trace found (equal rows are found
+    together: the records of one trace all stay), ``seen`` updated."""
+    keys = [(index, repr(sorted(r.items()))) for r in _payload(roots).to_pylist()]
+    fresh = [k not in seen for k in keys]
+    seen.update(keys)
+    return roots if all(fresh) else roots.filter(pa.array(fresh))
 
 
 def _payload(letters: pa.Table) -> pa.Table:
@@ -190,12 +202,7 @@ def _check(ctx: RunContext, barrier: Barrier, rows: pa.Table) -> None:
     """Refuse what the cascade cannot make exact, naming the row and the reason."""
     first = rows.column("_ft_reason")[0].as_py()
     where = f"{rows.num_rows} dead-lettered row(s) of {barrier.name!r}'s output ({first})"
-    if not isinstance(barrier, Aggregate) or isinstance(barrier, WindowAggregate):
-        raise CascadeRefused(
-            f"{where}: the input records behind a row of a {barrier.label} cannot be failed "
-            "exactly (only an aggregate's can): make the stage after it not fail the row, or "
-            "filter the bad input out before p.source()"
-        )
+    _traceable(barrier, where)
     if ctx.config.resume:
         raise CascadeRefused(
             f"{where}: failing the input records behind it runs the job again from its start, "
@@ -210,6 +217,16 @@ def _check(ctx: RunContext, barrier: Barrier, rows: pa.Table) -> None:
             )
 
 
+def _traceable(barrier: Barrier, where: str) -> None:
+    """Refuse a barrier whose rows' input records cannot be traced (but an aggregate's)."""
+    if not isinstance(barrier, Aggregate) or isinstance(barrier, WindowAggregate):
+        raise CascadeRefused(
+            f"{where}: the input records behind a row of a {barrier.label} cannot be failed "
+            "exactly (only an aggregate's can): make the stage after it not fail the row, or "
+            "filter the bad input out before p.source()"
+        )
+
+
 # ---- tracing the input records behind barrier rows -------------------------------------------
 
 
@@ -222,6 +239,7 @@ def trace(
     storage, one attempt) over the run's inputs of that phase (``inputs``: those replaced,
     the records the run dead-lettered left out): the records whose rows reach the barrier
     with the dead rows' group keys are the ones behind them."""
+    _traceable(barrier, f"{rows.num_rows} row(s) of {barrier.name!r}'s output behind {reason!r}")
     assert isinstance(barrier, Aggregate)
     phase = barrier.parents[0].phase
     scratch = _scratch(ctx)
@@ -320,21 +338,24 @@ def _behind(ctx: RunContext, frame: Any, barrier: Aggregate, rows: pa.Table) -> 
 
 
 def exclude(ctx: RunContext, source: Source, df: Any, tables: list[pa.Table]) -> Any:
-    """``df`` (a source's input) without the rows equal to those of ``tables`` (payloads of
-    records dead-lettered by an earlier pass): a content hash, anti-joined."""
+    """``df`` (a source's input) without the rows equal to one of ``tables`` (payloads of
+    records dead-lettered by an earlier pass): a broadcast anti-join, null-safe on every
+    column (a map compared as its entries sorted by key)."""
     from pyspark.sql import functions as F
 
     cols = list(source.columns)
     fields = {f.name: f.dataType for f in source.schema.fields}
-
-    def hashed(frame: Any) -> Any:
-        h = F.xxhash64(*[content_of(F.col(q(c)), fields[c]) for c in cols])
-        return frame.withColumn(_HASH, h)
-
     table = pa.concat_tables([t.select(cols) for t in tables], promote_options="permissive")
     gone = ctx.spark.createDataFrame(table, schema=source.schema)
-    gone = hashed(gone).select(_HASH).distinct()
-    return hashed(df).join(F.broadcast(gone), _HASH, "left_anti").drop(_HASH)
+    named = [f"_ft_x{i}" for i in range(len(cols))]
+    gone = gone.select(
+        *[content_of(F.col(q(c)), fields[c]).alias(n) for c, n in zip(cols, named, strict=True)]
+    ).distinct()
+    cond = None
+    for c, n in zip(cols, named, strict=True):
+        same = content_of(F.col(q(c)), fields[c]).eqNullSafe(F.col(n))
+        cond = same if cond is None else cond & same
+    return df.join(F.broadcast(gone), cond, "left_anti")
 
 
 def void(ctx: RunContext, written: np.ndarray) -> int:
