@@ -3,8 +3,10 @@
 1. open the staging places and start the acker (FT on);
 2. a resumed job: adopt what its earlier runs staged;
 3. per phase: open it on its barriers' outputs, try an optimistic round, else tracked rounds;
-4. publish the sinks, fill the report from the acker, keep the dead letters;
-5. stop the acker, remove the staging (unless a resumable job is unfinished).
+4. a dead-lettered row of an aggregate's output: trace the input records behind it, void the
+   pass and run the next one without them (:mod:`xorack.spark.cascade`, :meth:`next_pass`);
+5. publish the sinks, fill the report from the acker, keep the dead letters;
+6. stop the acker, remove the staging (unless a resumable job is unfinished).
 
 >>> # report = BatchRun(ctx).run(on_round)
 """
@@ -20,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from . import cascade
+from .cascade import Cascade, CascadeRefused
 from .context import RunContext
 from .optimistic_round import OptimisticRound
 from .publish import (
@@ -41,10 +45,34 @@ log = logging.getLogger(__name__)
 class BatchRun:
     """One ``Pipeline.run()`` over the run context ``ctx``."""
 
-    def __init__(self, ctx: RunContext) -> None:
+    def __init__(self, ctx: RunContext, earlier: Cascade | None = None) -> None:
         self.ctx = ctx
         self.ended: list[np.ndarray] = []  # attempts that ended without completing
         self.derived_persisted = 0  # records the barrier outputs persisted
+        self.earlier = earlier  # what the voided passes before this one dead-lettered
+        self.cascade: Cascade | None = None  # this pass was voided: what the next leaves out
+
+    def next_pass(self) -> BatchRun:
+        """The run's next pass, after this one was voided by a cascade: a run of its own over
+        the inputs without every record dead-lettered so far."""
+        assert self.cascade is not None
+        found = self.cascade
+        if self.earlier is not None:
+            self.earlier.merge(found)
+            found = self.earlier
+        found.passes += 1
+        if found.passes >= cascade.MAX_PASSES:
+            raise CascadeRefused(
+                f"{found.passes} passes each dead-lettered rows of an aggregate's output "
+                f"({found.causes} rows, {found.traced} input records behind them): stopped"
+            )
+        old = self.ctx
+        ctx = RunContext(old.config, old.plan)
+        for source in old.plan.sources:
+            tables = found.excluded.get(source.index)
+            if source.derived is None and tables:
+                ctx.inputs[source.index] = cascade.exclude(ctx, source, source.df, tables)
+        return BatchRun(ctx, earlier=found)
 
     def run(self, on_round: Callable[[RoundInfo], None] | None = None) -> RunReport:
         ctx = self.ctx
@@ -55,6 +83,9 @@ class BatchRun:
         workdir = open_staging(ctx) if ctx.ft else None
         ctx.workdir = workdir
         finished = not ctx.config.resume  # a resumable job keeps its staged rows until done
+        if ctx.ft and cascade.writes_python_sinks(ctx):
+            sc = ctx.spark.sparkContext
+            ctx.written = sc.accumulator([], cascade.ids_param())
         try:
             if ctx.ft:
                 ctx.start_service()
@@ -68,6 +99,10 @@ class BatchRun:
             for phase in range(ctx.plan.phase_count() if ctx.ft else 1):
                 self._phase(phase, phase in done_phases, report, on_round)
             if ctx.ft:
+                self.cascade = cascade.find(ctx)
+            if self.cascade is not None:
+                self._void(report, start)
+            elif ctx.ft:
                 finished = self._finish(report, start) or finished
             else:
                 report.untracked()
@@ -83,7 +118,29 @@ class BatchRun:
                 close_staging(ctx, workdir)
             ctx.release()
         report.wall_seconds = round(time.perf_counter() - start, 3)
+        if self.earlier is not None and self.cascade is None:
+            report.add_cascade(self.earlier)
+            ctx.dead_letters = self.earlier.dead_letters(ctx.dead_letters)
         return report
+
+    def _void(self, report: RunReport, start: float) -> None:
+        """A pass whose dead-lettered aggregate rows call for a cascade: nothing it did is
+        kept — the rows it wrote from Python are retracted, its native sinks not published
+        (their staging is removed with the run's)."""
+        ctx = self.ctx
+        assert self.cascade is not None
+        written = cascade.gathered(ctx.written.value if ctx.written is not None else None)
+        removed = cascade.void(ctx, written)
+        self.cascade.rounds += report.rounds
+        self.cascade.seconds += time.perf_counter() - start
+        log.warning(
+            "a pass of the run dead-lettered %d row(s) of an aggregate's output: the %d input "
+            "record(s) behind them are dead-lettered too (cascade) and the run goes again "
+            "without them (%d rows retracted from sinks written from Python)",
+            self.cascade.causes,
+            self.cascade.traced,
+            removed,
+        )
 
     def _resume(self, report: RunReport) -> RunReport | None:
         """A resumable job's state on the acker: the report of a finished job, else None

@@ -113,6 +113,12 @@ class RunContext:
         self.guarded: dict[int, RowGuard] = {}
         self.reread: dict[int, int] = {}
         self.ended = False  # the run is over (its dead letters are final)
+        # input sources' DataFrames replaced for this run (a cascade's later pass leaves the
+        # records dead-lettered so far out: xorack.spark.cascade), by source index
+        self.inputs: dict[int, Any] = {}
+        # the attempts that wrote rows into sinks written from Python (an accumulator, when a
+        # cascade may have to retract them), or None
+        self.written: Any = None
         self._nodes: dict[int, NodeRun] = {}
 
     # ---- per node --------------------------------------------------------------------------
@@ -135,8 +141,11 @@ class RunContext:
         return self.of(source).partitions or source.partitions
 
     def source_input(self, source: Source) -> Any:
-        """A source's input DataFrame in this run: the declared one, or a barrier output's."""
-        return source.df if source.derived is None else self.of(source).df
+        """A source's input DataFrame in this run: the declared one (or the one this run
+        replaced it with), or a barrier output's."""
+        if source.derived is None:
+            return self.inputs.get(source.index, source.df)
+        return self.of(source).df
 
     def arrow_large_types(self) -> bool:
         """Whether PySpark hands Arrow batches with large string/binary types."""

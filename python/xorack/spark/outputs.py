@@ -287,6 +287,7 @@ class PythonSinkNode(Sink):
             ft=ctx.ft,
             tally=ctx.tally,
             round_xor=round_xor,
+            written=ctx.written,
             **ctx.runner_args(),
         )
         return df.mapInPandas(runner, SUMMARY_SCHEMA)

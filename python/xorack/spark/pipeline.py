@@ -368,7 +368,13 @@ class Pipeline:
             check_speculation(self.spark)
         self._before, self._run = self._run, ctx
         with quiet_spark_logs(self.spark, self.config.verbose):
-            return BatchRun(ctx).run(on_round)
+            run = BatchRun(ctx)
+            report = run.run(on_round)
+            while run.cascade is not None:  # voided: again without the records behind the row
+                run = run.next_pass()
+                self._run = run.ctx
+                report = run.run(on_round)
+        return report
 
     def start_stream(
         self,

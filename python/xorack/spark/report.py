@@ -161,6 +161,10 @@ class RunReport:
     # tracked rounds that a native expression raising on a row failed as a whole: their
     # records were replayed (no attempt used up), the raising rows' records failed alone
     abandoned_rounds: int = 0
+    # input records dead-lettered because a row of an aggregate's output they reached was
+    # (the cascade: counted in dead_lettered too), and the passes of the run voided for it
+    cascaded: int = 0
+    cascade_passes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The report as a dict whose first keys are :data:`REPORT_KEYS`, in that order."""
@@ -239,6 +243,23 @@ class RunReport:
         self.source_records -= persisted
         self.completed -= persisted - dead
         self.dead_lettered -= dead
+
+    def add_cascade(self, cascade: Any) -> None:
+        """What the voided passes before the last one dead-lettered (``cascade``: a
+        :class:`~xorack.spark.cascade.Cascade`): the input records left out of the last pass
+        (the cascaded ones and those an earlier pass dead-lettered itself) count as source
+        records dead-lettered; the aggregate rows that started it as barrier rows
+        dead-lettered."""
+        left_out = cascade.records + cascade.traced
+        if self.source_records is not None and self.dead_lettered is not None:
+            self.source_records += left_out
+            self.dead_lettered += left_out
+        self.derived_records += cascade.causes
+        self.derived_dead_lettered += cascade.causes
+        self.cascaded = cascade.traced
+        self.cascade_passes = cascade.passes
+        self.rounds += cascade.rounds
+        self.wall_seconds = round(self.wall_seconds + cascade.seconds, 3)
 
     def discount_reread(self, records: int) -> None:
         """Records that an abandoned first round had completed (or ended) were persisted again

@@ -781,6 +781,9 @@ class SinkRunner:
     # rows already in the sink keep their attempt (the round's rows alone can be retracted),
     # and nothing more is written once a task of the round failed a row
     round_xor: Any = None
+    # an accumulator of the attempt ids whose rows were written (a cascade retracts them all
+    # should the run be voided: xorack.spark.cascade), or None
+    written: Any = None
 
     def __call__(self, pdfs: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         from pyspark import TaskContext
@@ -863,6 +866,8 @@ class SinkRunner:
                 client.xor(ev_src, ev_val)
             return 0, 0
         _count(self.tally, f"sink {self.name!r}", src[keep], [])
+        if self.written is not None:
+            self.written.add(np.unique(src[keep]))
         ev_src, ev_val = settle(src, rec, ev, keep, ack_kept=True)
         if len(ev_src):
             client.xor(ev_src, ev_val)
