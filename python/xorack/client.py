@@ -577,12 +577,23 @@ class AckerClient:
         out = json.loads(self._action("prepare_replays", body))
         return {int(p): int(n) for p, n in out.get("counts", {}).items()}
 
-    def fetch_replays(self, source: int, tag: str, partition: int) -> pa.Table:
+    def fetch_replays(
+        self, source: int, tag: str, partition: int, columns: Sequence[str] | None = None
+    ) -> pa.Table:
         """The replays :meth:`prepare_replays` routed to ``partition`` under ``tag`` (the same
         rows on every call of the round; an empty table when none): payload columns plus
-        ``protocol.REPLAY_COLUMNS``. A sharded client concatenates every shard's."""
-        ticket = {"source": int(source), "tag": str(tag), "partition": int(partition)}
-        return self._get("fetch_replays", ticket)
+        ``protocol.REPLAY_COLUMNS``, or only ``columns`` (e.g. a round's source ids and
+        attempts, without the payload). A sharded client concatenates every shard's."""
+        ticket: dict[str, Any] = {
+            "source": int(source),
+            "tag": str(tag),
+            "partition": int(partition),
+        }
+        if columns is not None:
+            ticket["columns"] = [str(c) for c in columns]
+        table = self._get("fetch_replays", ticket)
+        # an acker of an earlier version sends every column: the projection is made here then
+        return table if columns is None else table.select(list(columns))
 
     def release_replays(self, source: int | None = None, tag: str | None = None) -> None:
         """Free the replays prepared for ``source`` (every source when None; with ``tag``
@@ -1009,9 +1020,12 @@ class ShardedAckerClient:
                 counts[int(p)] = counts.get(int(p), 0) + int(n)
         return dict(sorted(counts.items()))
 
-    def fetch_replays(self, source: int, tag: str, partition: int) -> pa.Table:
-        """Every shard's replays of ``partition`` for the round ``tag``, concatenated."""
-        return self.broadcast_tables("fetch_replays", source, tag, partition)
+    def fetch_replays(
+        self, source: int, tag: str, partition: int, columns: Sequence[str] | None = None
+    ) -> pa.Table:
+        """Every shard's replays of ``partition`` for the round ``tag`` (only ``columns`` when
+        given), concatenated."""
+        return self.broadcast_tables("fetch_replays", source, tag, partition, columns)
 
     def release_replays(self, source: int | None = None, tag: str | None = None) -> None:
         """Free the prepared replays on every shard."""

@@ -1041,6 +1041,17 @@ class AckerService(flight.FlightServerBase):
         tag = cmd.get("tag")
         if not isinstance(tag, str):
             raise _RequestError(f"fetch_replays: 'tag' must be a string, got {tag!r}")
+        columns = cmd.get("columns")
+        if columns is not None:  # a projection (the driver's look at a round's attempts)
+            if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns):
+                raise _RequestError(
+                    f"fetch_replays: 'columns' must be a list of names, got {columns!r}"
+                )
+            table = ft.fetch_replays(source, tag, partition)
+            missing = [c for c in columns if c not in table.column_names]
+            if missing:
+                raise _RequestError(f"fetch_replays: no column {missing[0]!r} in the replays")
+            return flight.RecordBatchStream(table.select(columns))
         if hasattr(ft, "replay_reader"):  # streamed a piece at a time
             return flight.RecordBatchStream(ft.replay_reader(source, tag, partition))
         return flight.RecordBatchStream(ft.fetch_replays(source, tag, partition))

@@ -206,11 +206,16 @@ def test_the_client_prepares_fetches_and_releases_through_the_service(ft):
         for p, n in counts.items():
             t = client.fetch_replays(0, "p0-r1", p)
             assert t.num_rows == n
+            ids = client.fetch_replays(0, "p0-r1", p, columns=["_ft_src", "_ft_attempt"])
+            assert ids.column_names == ["_ft_src", "_ft_attempt"]  # no payload
+            assert ids.column("_ft_src").equals(t.column("_ft_src"))
             assert set(t.column("_ft_partition").to_pylist()) == {p}
             rows += n
             client.xor(t.column("_ft_src").to_numpy(), t.column("_ft_rec").to_numpy())
         assert rows == 40
         assert ft.pending == 0
+        with pytest.raises(xorack.ServiceError, match="no column 'nope'"):
+            client.fetch_replays(0, "p0-r1", 0, columns=["nope"])
         client.release_replays(0, "p0-r1")
         with pytest.raises(xorack.ServiceError, match="prepared now: none"):
             client.fetch_replays(0, "p0-r1", 0)

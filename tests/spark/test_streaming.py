@@ -82,7 +82,29 @@ def _pipeline(spark, tmp_path, fn, ft=True, name="out", schema=OUT):
     return p, sink
 
 
-def test_available_now_runs_to_the_end_of_the_input(spark, tmp_path):
+def _payload_never_on_the_driver(monkeypatch):
+    """The driver's acker client (executors are other processes) may route replays and read
+    their source ids and attempts, never take or fetch their rows."""
+    from xorack.client import AckerClient
+
+    fetch = AckerClient.fetch_replays
+
+    def take_on_driver(self, *args, **kwargs):
+        raise AssertionError("the driver took the replays (collect + createDataFrame)")
+
+    def fetch_ids_only(self, source, tag, partition, columns=None):
+        assert columns is not None, "the driver fetched replay rows"
+        assert set(columns) <= {"_ft_src", "_ft_attempt"}
+        return fetch(self, source, tag, partition, columns)
+
+    monkeypatch.setattr(AckerClient, "take_replays", take_on_driver)
+    monkeypatch.setattr(AckerClient, "fetch_replays", fetch_ids_only)
+
+
+def test_available_now_runs_to_the_end_of_the_input(spark, tmp_path, monkeypatch):
+    """``available_now`` runs to the end of the input, failures included; the replays are
+    served in the executors: no replay row passes through the driver."""
+    _payload_never_on_the_driver(monkeypatch)
     p, sink = _pipeline(spark, tmp_path, _poison_and_flaky, schema=FLAKY_OUT)
     # a timeout far beyond a micro-batch's duration: only the injected failures replay
     run = p.start_stream(timeout=300.0, available_now=True)

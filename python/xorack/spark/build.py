@@ -12,18 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pyarrow as pa
-
-from ..errors import ServiceError
-from ..protocol import ORIGIN_PARTITION
+from ..protocol import ATTEMPT
 from .arrow_stage import declared_arrow_schema
 from .context import RunContext
 from .lineage import KEEP, LINEAGE, q
 from .node import Node
 from .outputs import NativeSinkNode
 from .rows import Source, Transform, tagged_schema, with_pending
-from .stages import BRANCH, REC, SRC, StageRunner, Tee, i64, u64
+from .stages import BRANCH, REC, SRC, StageRunner, Tee
 
 if TYPE_CHECKING:
     from .row_errors import RowGuard
@@ -175,21 +171,24 @@ class RoundBuilder:
             tagged = node.tagged(ctx, prepared)
         if not (ctx.ft and self.replays_wanted):
             return (with_pending(tagged) if ctx.ft and tagged is not None else tagged), 0
-        if tagged is None and ctx.on_replays is None:
-            replayed, k = self._fetched_replays(node)  # placed by the acker: no shuffle
-            return (None if replayed is None else with_pending(replayed)), k
-        replayed, k = self._taken_replays(node)
-        if replayed is None:
-            return (with_pending(tagged) if tagged is not None else None), 0
-        cols = [q(c) for c in (*node.columns, SRC, REC)]
-        n = ctx.partitions(node)
-        if tagged is not None:
-            import xorack.hashing as hashing
+        # the acker routes the replays to the partition the source's partitioning picks, and
+        # the executors fetch them there: no replay row passes through the driver
+        replayed, k = self._fetched_replays(node)
+        if tagged is None or replayed is None:  # one of them alone is placed already
+            one = replayed if tagged is None else tagged
+            return (None if one is None else with_pending(one)), k
+        # a micro-batch with fresh rows and replays (streaming): partition i of each goes to
+        # partition i of the round, by its route key (Spark's hash of it picks i)
+        import xorack.hashing as hashing
 
-            route = F.array(*[F.lit(int(r)) for r in hashing.route_keys(n)])
-            tagged = tagged.withColumn("_ft_route", F.element_at(route, F.spark_partition_id() + 1))
-            replayed = tagged.unionByName(replayed)
-        df = replayed.repartition(n, "_ft_route").selectExpr(*cols)
+        n = ctx.partitions(node)
+        route = F.array(*[F.lit(int(r)) for r in hashing.route_keys(n)])
+        routed = [
+            d.withColumn("_ft_route", F.element_at(route, F.spark_partition_id() + 1))
+            for d in (tagged, replayed)
+        ]
+        cols = [q(c) for c in (*node.columns, SRC, REC)]
+        df = routed[0].unionByName(routed[1]).repartition(n, "_ft_route").selectExpr(*cols)
         return with_pending(df), k
 
     def _fetched_replays(self, node: Source) -> tuple[Any, int]:
@@ -211,6 +210,14 @@ class RoundBuilder:
         spec = replay_partitioning(node.keys, n)
         counts = ctx.client.prepare_replays(node.index, spec, tag, first_ids=True)
         k = sum(counts.values())
+        if ctx.on_replays is not None:  # streaming: the attempts, for current_attempt(pdf)
+            ctx.on_replays(
+                [
+                    ctx.client.fetch_replays(node.index, tag, p, columns=(SRC, ATTEMPT))
+                    for p, rows in sorted(counts.items())
+                    if rows
+                ]
+            )
         if not k:
             return None, 0
         fetcher = ReplayFetcher(
@@ -224,67 +231,6 @@ class RoundBuilder:
             job=ctx.job,
         )
         return replays_frame(ctx.spark, n, fetcher, tagged_schema(node, True)), k
-
-    def _taken_replays(self, node: Source) -> tuple[Any, int]:
-        """The replays of a source waiting in the FT layer, taken by the driver, as a DataFrame
-        with lineage columns and ``_ft_route``, the route key of the partition the source's
-        partitioning chooses: ``pmod(key hash, n)`` with keys (Spark's ``repartition(n,
-        *keys)``), else the partition the record was first read on. The FT layer gives each
-        replay its first attempt's id. Used where fresh rows and replays share a micro-batch
-        (streaming); batch rounds fetch theirs."""
-        import xorack.hashing as hashing
-
-        from ..replay import HashReplayPartitioner
-
-        ctx = self.ctx
-        parts = ctx.client.take_replays(source=node.index, first_ids=True)
-        tables = [t for _, t in sorted(parts.items()) if t.num_rows]
-        if ctx.on_replays is not None:  # streaming: the attempts for current_attempt(pdf)
-            ctx.on_replays(tables)
-        if not tables:
-            return None, 0
-        n = ctx.partitions(node)
-        route = hashing.route_keys(n)
-        pieces = []
-        for t in tables:
-            # route here, from what the record carries, whatever the service's own replay
-            # partitioners are (a standalone `xorack serve` knows nothing of this pipeline)
-            if node.keys:
-                key_hash = t.column("_ft_key_hash").to_numpy(zero_copy_only=False)
-                original = np.full(t.num_rows, -1, dtype=np.int32)
-                _, target = HashReplayPartitioner(n).assign(key_hash.astype(np.int32), original)
-            else:
-                target = t.column(ORIGIN_PARTITION).to_numpy(zero_copy_only=False)
-            target = np.asarray(target, dtype=np.int64)
-            if len(target) and (target.min() < 0 or target.max() >= n):
-                raise ServiceError(
-                    f"replays of source {node.name!r} routed outside [0, {n}): the source's "
-                    "partition count changed since the records were persisted"
-                )
-            src = u64(t.column(SRC))
-            rec = u64(t.column(REC))
-            cols = [t.column(c) for c in node.columns]
-            pieces.append(
-                pa.table(
-                    [
-                        *cols,
-                        pa.array(i64(src), pa.int64()),
-                        pa.array(i64(rec), pa.int64()),
-                        pa.array(route[target].astype(np.int32)),
-                    ],
-                    names=[*node.columns, SRC, REC, "_ft_route"],
-                )
-            )
-        table = pa.concat_tables(pieces, promote_options="permissive")
-        df = ctx.spark.createDataFrame(table, schema=self._route_schema(node))
-        return df, table.num_rows
-
-    @staticmethod
-    def _route_schema(node: Source) -> Any:
-        from pyspark.sql.types import IntegerType, StructField
-
-        st = tagged_schema(node, True)
-        return st.add(StructField("_ft_route", IntegerType(), False))
 
 
 def shuffled(df: Any) -> bool:

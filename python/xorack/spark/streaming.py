@@ -263,6 +263,10 @@ class StreamingRun:
         them now, as the drain at ``stop()`` would. Runs in a thread of its own until
         ``stop()``; an error ends it and is raised by ``stop()``."""
         ctx = self.ctx
+        # the session is active per JVM thread: code that asks for the active one (the
+        # declaration's generator checks, Arrow conversions) must find it in this thread too
+        jvm = ctx.spark.sparkContext._jvm
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(ctx.spark._jsparkSession)
         while not self._wake.wait(self._interval / 2):
             if time.monotonic() - self._last_activity < self._interval:
                 continue  # micro-batches are coming: they take the replays
