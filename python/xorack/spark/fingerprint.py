@@ -12,7 +12,10 @@ line per node, in declaration order, each naming its kind and its parents' posit
   condition and type, a limit's order and count);
 * a sink: its name, kind and target (a ``ParquetSink``'s path, a ``SQLiteSink``'s file and
   table, relative to the workdir; a Python sink's class);
-* a row operation or stage: its kind and its output columns only — the stages are what a
+* a lookup join (with an untracked DataFrame): its keys, its type and the files the other
+  side reads;
+* any other row operation or stage: its kind (``Filter``, ``Select``, ``map_in_pandas`` …)
+  and its output columns only — not its function or expressions: the stages are what a
   repair may change (fixed code).
 
 >>> # fingerprint(plan, workdir) == json.loads(marks["plan"])
@@ -77,7 +80,12 @@ def _line(node: Node, position: dict[int, int], workdir: str) -> str:
         return f"{head} {node.describe()}"
     if isinstance(node, Sink):
         return f"{head} sink {node.name!r} {_target(node.sink, workdir)}"
-    return f"{head} {node.label} -> {list(node.columns)}"
+    op = getattr(node, "op", None)  # a native row operation: its kind, not its expressions
+    kind = node.label if op is None else f"{node.label} {type(op).__name__}"
+    if op is not None and hasattr(op, "how"):  # a lookup join: its keys, type and other side
+        other = _files(op.other, workdir) if hasattr(op, "other") else []
+        kind += f" on={list(getattr(op, 'on', ()))} how={op.how!r} other={other}"
+    return f"{head} {kind} -> {list(node.columns)}"
 
 
 def fingerprint(plan: Plan, workdir: str) -> list[str]:

@@ -7,10 +7,13 @@ workdir=…, resume=True)``, run to the end. :meth:`Pipeline.repair` of the same
 stages may be fixed) then:
 
 1. reads the dead letters not repaired yet, and refuses, before anything is written, what it
-   cannot merge (see :func:`merge_plan`);
+   cannot merge (see :func:`merge_plan`) and a declaration whose plan fingerprint is not the
+   job's run's (:mod:`xorack.spark.fingerprint`: the stages may differ, nothing else);
 2. runs the declared plan over those records only (a *delta run*: its own rounds, replays and
    ``max_attempts``, an in-memory acker), every sink replaced by a Parquet file under
-   ``workdir/repair/<id>/``: nothing reaches the job's sinks while it runs;
+   ``workdir/repair/<id>/``: nothing reaches the job's sinks while it runs; an inner join of
+   tracked frames meets the other side's rows the job completed, computed again
+   (:mod:`xorack.spark.repair_join`);
 3. notes the repair as under way in the job's storage (mark ``repairing``), then merges each
    sink, each step idempotent: the rows of a row sink are added (a ``ParquetSink`` gets files
    named by the repair, moved in; a Python sink gets rows keyed by ids derived from the repair,
