@@ -190,7 +190,7 @@ def declare_job(p: Any, sentences: Any, sink: Any, cfg: DemoConfig, fixed: bool 
         def lose_in_transit(df: Any) -> Any:
             # the chosen sentences lose about half of their words (the other half reaches
             # the aggregation, staged under an attempt that will not complete: left out)
-            if p.round > 0:
+            if p.round > 0 or fixed:  # fixed: the same plan (a repair's), no loss
                 return df
             chosen_sentence = (
                 F.pmod(F.hash(F.col("sid"), F.lit(seed)), F.lit(1_000_000)) < threshold
@@ -900,7 +900,9 @@ def repair_demo(cfg: DemoConfig, spark: Any = None) -> dict[str, Any]:
         workdir=os.path.join(workdir, "work"),
     )
     # the fixed job; no failure injected in transit (a repair is a run of its own)
-    declare_job(p, sentences, sink, replace(cfg, fail_rate=0.0, drop_rate=0.0), fixed=True)
+    # (the transform that loses words in transit stays declared, losing none: a repair's plan
+    # must be the job's, xorack.spark.fingerprint)
+    declare_job(p, sentences, sink, replace(cfg, fail_rate=0.0), fixed=True)
     report = p.repair()
     view = p.dead_letters(view=True)
     dead = set(view.loc[view["status"] == "dead", "sid"].dropna().astype(int).tolist())

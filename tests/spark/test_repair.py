@@ -36,7 +36,11 @@ def _split(fixed: bool, still: str | None = None):
     return split
 
 
-def _job(spark, tmp, fixed: bool, still: str | None = None) -> tuple[Pipeline, dict]:
+def _job(
+    spark, tmp, fixed: bool, still: str | None = None, variant: str = ""
+) -> tuple[Pipeline, dict]:
+    """The job; ``variant``: a declaration that is not the run's (``extra_sink``: one more
+    sink; ``other_key``: the counts grouped by another key)."""
     p = Pipeline(
         spark,
         storage=f"sqlite:///{tmp}/ft.db",
@@ -55,13 +59,16 @@ def _job(spark, tmp, fixed: bool, still: str | None = None) -> tuple[Pipeline, d
         "raw": ParquetSink(f"{tmp}/raw"),
     }
     words.select("word").sink(sinks["rows"], name="rows")
-    words.groupBy("word").agg(
+    words.groupBy("size" if variant == "other_key" else "word").agg(
         F.count("*").alias("n"), F.sum("size").alias("chars"), F.max("size").alias("longest")
     ).sink(sinks["counts"], name="counts")
     words.agg(F.count("*").alias("n"), F.min("size").alias("shortest")).sink(
         sinks["total"], name="total"
     )
     words.select("word", "size").sink(sinks["raw"], name="raw")
+    if variant == "extra_sink":
+        sinks["extra"] = ParquetSink(f"{tmp}/extra")
+        words.select("size").sink(sinks["extra"], name="extra")
     return p, sinks
 
 
@@ -218,8 +225,10 @@ def test_what_cannot_be_merged_is_refused_before_anything_is_written(spark, tmp_
         p.repair()
     p = job(resume=True)
     left, right = p.source(df, name="a"), p.source(df, name="b")
-    left.join(right.select("k"), on="k").sink(ParquetSink(str(tmp_path / "j")), name="j")
-    with pytest.raises(RepairRefused, match="tracked joins"):
+    left.join(right.select("k"), on="k", how="left").sink(
+        ParquetSink(str(tmp_path / "j")), name="j"
+    )
+    with pytest.raises(RepairRefused, match="inner joins"):
         p.repair()
     p = job(resume=True)
     p.source(df, name="s").sink(ParquetSink(str(tmp_path / "unrun")), name="unrun")
@@ -258,3 +267,121 @@ def test_merged_groups_combine_as_plain_aggregation_over_both_parts():
     row = [{"n": 3, "s": 9}]
     assert merge_groups(row, [{"n": 0, "s": None}], total) == ([], [])
     assert row == [{"n": 3, "s": 9}]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("variant", ["extra_sink", "other_key"])
+def test_a_repair_declared_unlike_the_job_is_refused_before_anything_is_written(
+    spark, tmp_path, ran, variant
+):
+    _copy(ran, tmp_path)
+    other, sinks = _job(spark, tmp_path, fixed=True, variant=variant)
+    before = _held(spark, sinks)
+    with pytest.raises(RepairRefused, match="declaration is not the job's"):
+        other.repair()
+    assert _held(spark, sinks) == before == _oracle(spark, lambda s: "#" not in s)
+    assert not os.path.exists(tmp_path / "extra")
+    assert not os.path.exists(tmp_path / "work" / "repair")
+    assert set(other.dead_letters(view=True).status) == {"dead"}
+    fixed, sinks = _job(spark, tmp_path, fixed=True)  # the job's own declaration repairs
+    assert fixed.repair().repaired == sum("#" in s for s in LINES)
+    assert _held(spark, sinks) == _oracle(spark, lambda s: True)
+
+
+# ---- joins: a repaired record meets the other side's rows that went through before ----------
+
+#: the tracked side of the join: each word's rank; the buggy stage fails "w3" and "v1"
+LEXICON = [
+    (w, 10 * len(w) + i) for i, w in enumerate(sorted({w for s in LINES for w in s.split()}))
+]
+#: the untracked (lookup) side
+TAGS = [(w, f"t{len(w)}") for w in sorted({w for s in LINES for w in s.split()}) if w != "ok"]
+
+
+def _rank(fixed: bool):
+    def rank(pdf):
+        if not fixed and pdf.word.isin(["w3", "v1"]).any():
+            raise ValueError("unexpected word")
+        return pdf
+
+    return rank
+
+
+def _join_job(spark, tmp, fixed: bool) -> tuple[Pipeline, dict]:
+    p = Pipeline(
+        spark,
+        storage=f"sqlite:///{tmp}/ft.db",
+        workdir=f"{tmp}/work",
+        resume=True,
+        max_attempts=1,
+    )
+    lines = spark.createDataFrame([(s,) for s in LINES], "line string").repartition(2)
+    words = p.source(lines, name="lines").map_in_pandas(
+        _split(fixed), "line string, word string, size long", name="split"
+    )
+    lexicon = p.source(
+        spark.createDataFrame(LEXICON, "word string, rank long"), name="lexicon"
+    ).map_in_pandas(_rank(fixed), "word string, rank long", name="rank")
+    tags = spark.createDataFrame(TAGS, "word string, tag string")
+    sinks = {
+        "pairs": ParquetSink(f"{tmp}/pairs"),
+        "by_rank": SQLiteSink(f"{tmp}/by_rank.db", "by_rank"),
+        "tagged": ParquetSink(f"{tmp}/tagged"),
+    }
+    joined = words.join(lexicon, "word")
+    joined.select("word", "size", "rank").sink(sinks["pairs"], name="pairs")
+    joined.groupBy("rank").agg(F.count("*").alias("n"), F.sum("size").alias("chars")).sink(
+        sinks["by_rank"], name="by_rank"
+    )
+    words.join(tags, "word", "left").select("word", "tag").sink(sinks["tagged"], name="tagged")
+    return p, sinks
+
+
+def _join_oracle(spark, line_ok, word_ok) -> dict:
+    """Plain Spark over the lines and lexicon words these accept."""
+    lines = spark.createDataFrame([(s,) for s in LINES if line_ok(s)], "line string")
+    words = lines.select(F.explode(F.split("line", " ")).alias("word"))
+    words = words.withColumn("size", F.length("word").cast("long"))
+    lexicon = spark.createDataFrame([r for r in LEXICON if word_ok(r[0])], "word string, rank long")
+    joined = words.join(lexicon, "word")
+    by_rank = joined.groupBy("rank").agg(F.count("*").alias("n"), F.sum("size").alias("chars"))
+    tags = spark.createDataFrame(TAGS, "word string, tag string")
+    return {
+        "pairs": Counter(map(tuple, joined.select("word", "size", "rank").collect())),
+        "by_rank": sorted(map(tuple, by_rank.collect())),
+        "tagged": Counter(
+            map(tuple, words.join(tags, "word", "left").select("word", "tag").collect())
+        ),
+    }
+
+
+def _join_held(spark, sinks) -> dict:
+    return {
+        "pairs": Counter(map(tuple, spark.read.parquet(sinks["pairs"].path).collect())),
+        "by_rank": sorted(map(tuple, sinks["by_rank"].read().itertuples(index=False))),
+        "tagged": Counter(map(tuple, spark.read.parquet(sinks["tagged"].path).collect())),
+    }
+
+
+@pytest.mark.spark
+def test_a_repair_joins_the_repaired_records_with_the_rows_that_went_through(spark, tmp_path):
+    p, sinks = _join_job(spark, tmp_path, fixed=False)
+    report = p.run()
+    dead_words = {"w3", "v1"}
+    bad = sum("#" in s for s in LINES)
+    assert (report.lost, report.dead_lettered) == (0, bad + len(dead_words))
+    assert _join_held(spark, sinks) == _join_oracle(
+        spark, lambda s: "#" not in s, lambda w: w not in dead_words
+    )
+    # each part of the new pairs is there: repaired lines with completed lexicon words, completed
+    # lines with repaired words, repaired lines with repaired words ("w3 v0 bad# x0")
+    assert any("#" in s and "w3" in s for s in LINES)
+
+    fixed, sinks = _join_job(spark, tmp_path, fixed=True)
+    done = fixed.repair()
+    assert (done.repaired, done.failed_again, done.still_dead) == (bad + len(dead_words), 0, 0)
+    whole = _join_oracle(spark, lambda s: True, lambda w: True)
+    assert _join_held(spark, sinks) == whole
+    again = fixed.repair()
+    assert (again.repaired, again.sinks) == (0, {})
+    assert _join_held(spark, sinks) == whole

@@ -25,6 +25,8 @@ import numpy as np
 from . import cascade
 from .cascade import Cascade, CascadeRefused
 from .context import RunContext
+from .fingerprint import MARK as PLAN_MARK
+from .fingerprint import fingerprint
 from .optimistic_round import OptimisticRound
 from .publish import (
     Publisher,
@@ -248,7 +250,9 @@ class BatchRun:
             return False
         report.wall_seconds = round(time.perf_counter() - start, 3)
         done = json.dumps(report.as_dict())
-        ctx.client.job_state(marks={"report": done}, clear=["ended"])
+        # what a repair's declaration must match (xorack.spark.fingerprint)
+        plan = json.dumps(fingerprint(ctx.plan, ctx.config.workdir or "."))
+        ctx.client.job_state(marks={"report": done, PLAN_MARK: plan}, clear=["ended"])
         return True
 
     def _derived_dead(self) -> int:

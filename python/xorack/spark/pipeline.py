@@ -461,9 +461,10 @@ class Pipeline:
         workdir: ``resume=True``), through the plan as declared now (fixed stages), and merge
         their rows and aggregate contributions into the sinks the job wrote, exactly once
         (:mod:`xorack.spark.repair`). Returns a
-        :class:`~xorack.spark.repair.RepairReport`; what cannot be merged exactly (a tracked
-        join, a holistic aggregate, a stream, a memory storage) is refused before anything is
-        written (``RepairRefused``).
+        :class:`~xorack.spark.repair.RepairReport`; what cannot be merged exactly (an outer
+        join of tracked frames, a holistic aggregate, a stream, a memory storage), and a
+        declaration whose plan is not the job's (:mod:`xorack.spark.fingerprint`), are refused
+        before anything is written (``RepairRefused``).
 
         >>> # report = p.repair(); report.repaired, report.failed_again, report.sinks
         """

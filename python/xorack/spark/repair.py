@@ -7,10 +7,13 @@ workdir=…, resume=True)``, run to the end. :meth:`Pipeline.repair` of the same
 stages may be fixed) then:
 
 1. reads the dead letters not repaired yet, and refuses, before anything is written, what it
-   cannot merge (see :func:`merge_plan`);
+   cannot merge (see :func:`merge_plan`) and a declaration whose plan fingerprint is not the
+   job's run's (:mod:`xorack.spark.fingerprint`: the stages may differ, nothing else);
 2. runs the declared plan over those records only (a *delta run*: its own rounds, replays and
    ``max_attempts``, an in-memory acker), every sink replaced by a Parquet file under
-   ``workdir/repair/<id>/``: nothing reaches the job's sinks while it runs;
+   ``workdir/repair/<id>/``: nothing reaches the job's sinks while it runs; an inner join of
+   tracked frames meets the other side's rows the job completed, computed again
+   (:mod:`xorack.spark.repair_join`);
 3. notes the repair as under way in the job's storage (mark ``repairing``), then merges each
    sink, each step idempotent: the rows of a row sink are added (a ``ParquetSink`` gets files
    named by the repair, moved in; a Python sink gets rows keyed by ids derived from the repair,
@@ -52,9 +55,20 @@ from ..storage import DEAD_LETTER_COLUMNS, SQLiteStorage, storage_path
 from .barrier import combining_plan
 from .batch import BatchRun
 from .context import PipelineConfig, RunContext
+from .fingerprint import MARK as PLAN_MARK
+from .fingerprint import difference, fingerprint
 from .node import Node
-from .outputs import Aggregate, Barrier, NativeSinkNode, PythonSinkNode, Sink, WindowAggregate
+from .outputs import (
+    Aggregate,
+    Barrier,
+    NativeSinkNode,
+    PythonSinkNode,
+    Sink,
+    TrackedJoin,
+    WindowAggregate,
+)
 from .plan import Plan
+from .repair_join import RepairRefused, check_join, completed_sides, repair_join
 from .rows import Source
 from .sinks import ParquetSink, SQLiteSink, capabilities_of
 
@@ -62,10 +76,6 @@ from .sinks import ParquetSink, SQLiteSink, capabilities_of
 MERGEABLE = ("count", "sum", "min", "max")
 #: The groups a report names per sink (the count is always there).
 NAMED_GROUPS = 20
-
-
-class RepairRefused(ValueError):
-    """What a repair cannot do exactly, said before anything is written."""
 
 
 @dataclass
@@ -142,10 +152,10 @@ def merge_plan(plan: Plan) -> list[SinkMerge]:
             and not (node.sink.path.startswith("file:"))
         ):
             raise RepairRefused(f"sink {node.name!r}: a repair merges local Parquet paths only")
-        if isinstance(parent, Source) and parent.derived is not None:
+        if isinstance(parent, Source) and isinstance(parent.derived, Aggregate):
             merges.append(_group_merge(plan, node, parent.derived))
-        elif node.phase == 0:
-            merges.append(SinkMerge(node))
+        elif all(isinstance(b, TrackedJoin) for b in upstream_barriers(node)):
+            merges.append(SinkMerge(node))  # its rows only added (an inner join's included)
         else:
             raise RepairRefused(
                 f"sink {node.name!r} reads an aggregate's output through other operations: a "
@@ -154,17 +164,36 @@ def merge_plan(plan: Plan) -> list[SinkMerge]:
     return merges
 
 
+def upstream_barriers(node: Node) -> list[Barrier]:
+    """The barriers whose output reaches ``node``, through any number of phases."""
+    found: dict[int, Barrier] = {}
+    stack, seen = list(node.parents), set()
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if isinstance(n, Source) and n.derived is not None:
+            found[id(n.derived)] = n.derived
+            stack.append(n.derived)
+        stack.extend(n.parents)
+    return list(found.values())
+
+
 def _check_barrier(plan: Plan, barrier: Barrier) -> None:
+    if isinstance(barrier, TrackedJoin):
+        check_join(barrier)
+        return
     if not isinstance(barrier, Aggregate) or isinstance(barrier, WindowAggregate):
         raise RepairRefused(
-            f"{barrier.label} {barrier.name!r}: a repair does not merge tracked joins or "
-            "time windows yet (a repaired record would have to meet the rows of the other "
-            "side, which the finished job no longer keeps)"
+            f"{barrier.label} {barrier.name!r}: a repair does not merge time windows or "
+            "limits (a repaired record would change which rows the job's windows or limit "
+            "kept)"
         )
-    if barrier.parents[0].phase != 0:
+    if not all(isinstance(b, TrackedJoin) for b in upstream_barriers(barrier)):
         raise RepairRefused(
-            f"aggregate {barrier.name!r} reads another aggregate's output: only one level of "
-            "aggregation can be merged"
+            f"aggregate {barrier.name!r} reads another aggregate's (or a limit's) output: only "
+            "one level of aggregation can be merged"
         )
     source = plan.derived_source(barrier)
     if not all(isinstance(r, Sink) for r in plan.readers(source)):
@@ -200,9 +229,15 @@ def _group_merge(plan: Plan, node: Sink, barrier: Barrier) -> SinkMerge:
 # ---- the delta plan: the declared plan over the dead letters, every sink staged -------------
 
 
-def delta_plan(plan: Plan, inputs: dict[int, Any], staged: dict[str, str]) -> Plan:
-    """``plan`` with each input source reading ``inputs[index]`` and each sink written as
-    Parquet to ``staged[name]``."""
+def delta_plan(
+    plan: Plan,
+    inputs: dict[int, Any],
+    staged: dict[str, str],
+    done: dict[int, tuple[Any, Any]] | None = None,
+) -> Plan:
+    """``plan`` with each input source reading ``inputs[index]``, each sink written as
+    Parquet to ``staged[name]``, and each tracked join meeting the job's completed rows
+    ``done[id(join)]`` (:mod:`xorack.spark.repair_join`)."""
     new: dict[int, Node] = {}
     for node in plan.nodes:
         parents = tuple(new[id(p)] for p in node.parents)
@@ -225,6 +260,8 @@ def delta_plan(plan: Plan, inputs: dict[int, Any], staged: dict[str, str]) -> Pl
             )
         elif isinstance(node, Source):
             clone = dataclasses.replace(node, parents=parents, derived=new[id(node.derived)])
+        elif isinstance(node, TrackedJoin):
+            clone = repair_join(node, parents, (done or {})[id(node)])
         else:
             clone = dataclasses.replace(node, parents=parents)
         new[id(node)] = clone
@@ -480,6 +517,7 @@ class Repair:
                 "repair(): the job has not finished (run() it to the end first: with "
                 "resume=True a crashed run is finished by running it again)"
             )
+        self._check_declaration(marks.get(PLAN_MARK))
         under_way = marks.get("repairing")
         if under_way is not None and os.path.exists(self._outcome_file(under_way)):
             report = self._load(under_way)
@@ -517,6 +555,21 @@ class Repair:
         self._clear_stale(keep=None)
         return report
 
+    def _check_declaration(self, stored: str | None) -> None:
+        """Refuses a declaration whose fingerprint is not the job's (:mod:`.fingerprint`)."""
+        if stored is None:
+            raise RepairRefused(
+                "repair(): the job's run kept no fingerprint of its plan (run by an earlier "
+                "xorack): its declaration cannot be checked; rerun the job"
+            )
+        assert self.config.workdir is not None
+        differs = difference(fingerprint(self.plan, self.config.workdir), json.loads(stored))
+        if differs is not None:
+            raise RepairRefused(
+                f"repair(): the declaration is not the job's ({differs}); declare the same "
+                "sources, operations and sinks (only the stages may change)"
+            )
+
     # ---- the delta run
 
     def _dir(self, repair: str) -> str:
@@ -537,16 +590,28 @@ class Repair:
                 where = os.path.join(root, "input", str(source.index))
                 inputs[source.index] = _input_frame(spark, source, mine, where)
         staged = {n.name: os.path.join(root, "sinks", _safe(n.name)) for n in self.plan.sinks()}
+        # a tracked join's other side: the job's completed rows, recomputed (repair_join)
+        done = completed_sides(self.config, self.plan, inputs)
         config = dataclasses.replace(
             self.config,
             storage="memory",
             resume=False,
             job=None,
             workdir=os.path.join(root, "work"),
+            # an optimistic round joins its own rows only; tracked rounds' join meets `done`
+            optimistic=self.config.optimistic and not done,
         )
-        ctx = RunContext(config, delta_plan(self.plan, inputs, staged))
+        ctx = RunContext(config, delta_plan(self.plan, inputs, staged, done))
         run = BatchRun(ctx).run()
         again = ctx.dead_letters if ctx.dead_letters is not None else pa.table({})
+        derived = self.plan.derived_indexes()
+        if again.num_rows and derived:
+            src = again.column("_ft_source").to_numpy(zero_copy_only=False)
+            if np.isin(src, list(derived)).any():
+                raise RepairRefused(
+                    "repair(): a row of a join's output failed in the repair (a failure after "
+                    "the join); a repair merges dead source records only: nothing was merged"
+                )
         paired = pair_again(pending, again) if again.num_rows else {}
         origins = pending.column("_ft_origin").to_pylist()
         report = RepairReport(
