@@ -7,7 +7,9 @@
 Variants: ``plain`` (plain PySpark), ``ft on clean`` (nothing fails), ``ft on fails`` (the
 optimistic round sees the failures and falls back), ``ft on tracked fails``
 (``optimistic=False``: tracked rounds only).
-``--variants`` picks some (comma-separated); ``--chunk-records`` is passed to the pipelines. The
+``--variants`` picks some (comma-separated); ``--chunk-records`` is passed to the pipelines
+(a variant's word ``c32`` sets ``chunk_records=32`` for it alone; ``unchunked``: its first
+tracked round after a fall back keeps the configured chunks, as before issue 27 item 4). The
 failing lines are chosen by a hash of their text (twins fail together), the same in every run.
 Prints medians and the ratios to plain, the load average, and checks that every variant's
 counts equal plain Spark's.
@@ -79,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk-records", type=int, default=None, help="Pipeline(chunk_records=)")
     args = ap.parse_args(argv)
     from xorack.bench_jobs import make_input, wordcount_plain
+    from xorack.spark import tracked_rounds
     from xorack.spark.session import get_or_create_session
 
+    bits = tracked_rounds.FAILED_CHUNK_BITS
     spark = get_or_create_session(app_name="xorack-bench-failure-path", shuffle_partitions=8)
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "65536")
     work = tempfile.mkdtemp(prefix="xorack-failpath-")
@@ -101,7 +105,13 @@ def main(argv: list[str] | None = None) -> int:
                     options = (
                         {} if args.chunk_records is None else {"chunk_records": args.chunk_records}
                     )
+                    for word in v.split():  # "c32": chunk_records=32 for this variant
+                        if word[0] == "c" and word[1:].isdigit():
+                            options = {"chunk_records": int(word[1:])}
                     rate = 0.0 if "clean" in v else args.rate
+                    # "unchunked": the first tracked round after a fall back keeps the
+                    # configured chunks (what ran before issue 27 item 4), for an A/B run
+                    tracked_rounds.FAILED_CHUNK_BITS = 64 if "unchunked" in v else bits
                     reports[v] = wordcount_ft(spark, inp, out, rate, "tracked" not in v, **options)
                 if i >= args.warmup:
                     times[v].append(time.perf_counter() - t0)
