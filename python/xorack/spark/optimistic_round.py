@@ -354,6 +354,8 @@ class OptimisticRound:
             why = self._account().verdict()
         if why is not None:
             self._discard(report)
+            if why[0] is Reason.ROW_FAILED:  # its tracked rounds expect failed records
+                self.ctx.rows_failed.add(self.phase)
             report.note(PhaseNote(self.phase, *why))
             log.info("phase %d: the optimistic round fell back: %s", self.phase, why[1])
             return False
