@@ -621,3 +621,38 @@ def test_an_executor_lost_between_the_map_and_reduce_stage_of_an_aggregation(
     else:  # the killed task's tagger re-created records: pending ones, and failed ones
         assert report.repeats > 0
         assert report.repeats_settled > 0
+
+
+def test_an_executor_lost_after_a_branch_point_loses_nothing(spark, tmp_path):
+    """A branch point (one tracked DataFrame, two sinks) is materialized once, as a local
+    checkpoint whose blocks cannot be computed again; a branch's task then SIGKILLs its own
+    executor JVM. The other executor holds a copy of the lost blocks: the run ends with lost 0
+    and both sinks exact (with one copy, Spark failed the round's job with
+    ``CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND``)."""
+    before = _executor_jvms()
+    assert len(before) == EXECUTORS, before
+    marker = str(tmp_path / "killed")
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
+    try:
+        p = Pipeline(spark, optimistic=False)
+        squares = p.source(_numbers(spark), name="numbers").map_in_pandas(
+            _square, "n long, sq long", name="square"
+        )
+        kill = KillOwnExecutorAfterOneBatch(marker)
+        sqlite = SQLiteSink(str(tmp_path / "squares.db"), "squares")
+        squares.sink(sqlite, name="sqlite")
+        parquet = ParquetSink(str(tmp_path / "squares"))
+        squares.map_in_pandas(kill, "n long, sq long", name="kill").sink(parquet, name="parquet")
+        report = p.run()
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert os.path.exists(marker), "no task claimed the kill: the test proved nothing"
+    victim = int(Path(marker).read_text())
+    assert victim in before
+    assert not _alive(victim)
+    assert report.lost == 0
+    assert report.dead_lettered == 0
+    assert report.completed == report.source_records == N
+    for rows in (sqlite.read(), parquet.read(spark).toPandas()):
+        assert sorted(rows["n"].tolist()) == list(range(N))  # exactly once
+        assert (rows["sq"] == rows["n"] * rows["n"]).all()
