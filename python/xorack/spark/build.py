@@ -45,6 +45,20 @@ class RoundWork:
         return not (self.summaries or self.staged or self.plain_writes)
 
 
+def branch_storage(spark: Any) -> Any:
+    """The storage level of a branch point's local checkpoint: memory and disk, replicated on
+    two executors on a cluster (a lost executor's blocks cannot be computed again: without a
+    copy, Spark fails the round's job with ``CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND``); one copy
+    in local mode (the driver is the only executor). Two executors lost at once, or a cluster
+    with one, can still fail the run — loudly, never with a wrong result."""
+    from pyspark import StorageLevel
+
+    master = str(spark.sparkContext.master)
+    if master == "local" or master.startswith("local["):
+        return StorageLevel.MEMORY_AND_DISK
+    return StorageLevel.MEMORY_AND_DISK_2
+
+
 class RoundBuilder:
     """Builds a round over ``ctx``'s plan: ``fresh`` input per source index, and the replays
     waiting in the FT layer when ``replays_wanted``; with ``guard``, the native row operations
@@ -94,7 +108,9 @@ class RoundBuilder:
     def tee(self, node: Node, df: Any, copies: int) -> Any:
         """A branch point: one child record per consumer (own ids, anchored like any stage's
         outputs), materialized once so that the branches read the same rows — evaluating a
-        tracked DataFrame twice would send its events twice."""
+        tracked DataFrame twice would send its events twice. A local checkpoint cannot be
+        computed again: on a cluster its blocks are kept on two executors, so that one lost
+        executor leaves the branches a copy (:func:`branch_storage`)."""
         from pyspark.sql.types import IntegerType, StructField, StructType
 
         fields = [f for f in df.schema.fields if f.name not in LINEAGE]
@@ -107,7 +123,8 @@ class RoundBuilder:
             deterministic=self.ctx.deterministic_ids,
             **self.ctx.runner_args(),
         )
-        return with_pending(df.mapInPandas(runner, schema)).localCheckpoint(eager=True)
+        tee = with_pending(df.mapInPandas(runner, schema))
+        return tee.localCheckpoint(eager=True, storageLevel=branch_storage(self.ctx.spark))
 
     # ---- transforms --------------------------------------------------------------------------
 
