@@ -571,3 +571,25 @@ def test_update_mode_restarted_after_a_crash_equals_plain_structured_streaming(
     got = sorted(_row(r) for r in sink.read().itertuples(index=False))
     assert got == want
     assert report.lost == 0
+
+
+@pytest.mark.parametrize("seed", [23])
+def test_windows_under_a_random_split_into_micro_batches_equal_plain_spark(spark, tmp_path, seed):
+    """Property: the input cut at random into files of 1 to 24 lines (one micro-batch each),
+    with poison and fail-once lines: the closed windows equal plain Structured Streaming's over
+    the same files, whatever the split."""
+    from helpers.splits import resplit
+
+    directory = tmp_path / "in"
+    _write_input(directory)
+    sizes = resplit(directory, seed, most=24)
+    assert len(set(sizes)) > 1, sizes
+    plain = _plain(spark, directory, _tumbling, "plain_split_windows")
+    closed = _closed(spark, directory, _tumbling)
+    out = str(tmp_path / "windows.parquet")
+    p = _tracked(spark, directory, _tumbling, ParquetSink(out))
+    report = p.start_stream(timeout=60.0, available_now=True).wait(timeout=WAIT)
+    got = sorted(_key(r) for r in spark.read.parquet(out).collect())
+    _check_against_spark(got, plain, closed)
+    assert report.lost == 0
+    assert report.dead_lettered == sum(_is_poison(i) for i in range(FILES * LINES))
