@@ -309,3 +309,26 @@ def test_drop_duplicates_restarted_after_a_crash_mid_emission_writes_each_key_on
     got = sorted((int(r.guid), r.eventTime, int(r.value)) for r in rows)
     assert got == want
     assert report.lost == 0
+
+
+@pytest.mark.parametrize("seed", [7])
+def test_drop_duplicates_under_a_random_split_into_micro_batches_equals_plain_spark(
+    spark, tmp_path, seed
+):
+    """Property: the events (copies, late copies, poison, fail-once rows) cut at random into
+    files of 1 to 20 events, one micro-batch each: the keys written equal plain Structured
+    Streaming's over the same files, whatever the split."""
+    from helpers.splits import resplit
+
+    sent = _write_input(tmp_path)
+    sizes = resplit(tmp_path / "events", seed, most=20)
+    assert len(set(sizes)) > 1, sizes
+    keys = ["guid", "eventTime"]
+    want = _plain(spark, tmp_path, keys, True, "plain_split_dedup")
+    out = str(tmp_path / "unique.parquet")
+    p = _tracked(spark, tmp_path, keys, True, ParquetSink(out))
+    report = p.start_stream(timeout=60.0, available_now=True).wait(timeout=WAIT)
+    rows = spark.read.parquet(out).collect()
+    assert sorted((int(r.guid), r.eventTime, int(r.value)) for r in rows) == want
+    assert report.lost == 0
+    assert _dead(p) == {s for s in range(sent) if _poison(s)}

@@ -282,3 +282,36 @@ def test_stream_join_declarations_refused_in_one_line(spark, tmp_path):
         imps.join(clicks, F.expr(CONDITION), "left_anti")
     with pytest.raises(TrackedOperationError, match="watermark"):
         imps.groupBy(F.window("impressionTime", "10 seconds")).count()
+
+
+def test_inner_join_of_two_sources_over_the_same_rows(spark, tmp_path):
+    """Both sides read the same rows of one directory (the clicks are the impressions seen
+    3 s later): the pairs equal Spark's batch join."""
+    from pyspark.sql import functions as F
+
+    _write_input(tmp_path)
+
+    def sides(reader):
+        imps = reader(tmp_path / "imps")
+        clicks = reader(tmp_path / "imps").selectExpr(
+            "adId AS clickAdId",
+            "impressionTime + INTERVAL 3 SECONDS AS clickTime",
+            "adId + 1000 AS cid",
+        )
+        return _clean(imps, clicks)
+
+    imps, clicks = sides(lambda d: spark.read.schema(IMP_SCHEMA).json(str(d)))
+    want = sorted(map(_key, imps.join(clicks, F.expr(CONDITION)).collect()))
+    assert want
+    p = Pipeline(spark, max_attempts=3)
+    imps, clicks = sides(lambda d: _read(spark, d, IMP_SCHEMA))
+    imps = p.source(imps, name="imps").withWatermark("impressionTime", "10 seconds")
+    clicks = p.source(clicks, name="clicks").withWatermark("clickTime", "5 seconds")
+    imps = imps.map_in_pandas(_flaky("adId", _poison_ad), IMP_SCHEMA, name="imp_stage")
+    clicks = clicks.map_in_pandas(_flaky("cid", _poison_click), CLICK_SCHEMA, name="click_stage")
+    out = str(tmp_path / "joined.parquet")
+    imps.join(clicks, F.expr(CONDITION), "inner").sink(ParquetSink(out), name="joined")
+    report = p.start_stream(timeout=60.0, available_now=True).wait(timeout=WAIT)
+    got = sorted(map(_key, spark.read.parquet(out).collect()))
+    assert got == want
+    assert report.lost == 0

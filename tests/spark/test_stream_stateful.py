@@ -499,3 +499,97 @@ def test_update_mode_global_aggregate_equals_plain_structured_streaming(spark, t
     got = [(int(r.n), int(r.top)) for r in sink.read().itertuples(index=False)]
     assert got == [last["row"]]
     assert report.lost == 0
+
+
+def test_update_mode_restarted_after_a_crash_equals_plain_structured_streaming(
+    spark, tmp_path, monkeypatch
+):
+    """A driver crash mid-stream in update mode (its FT state durable in the checkpoint), then
+    a restart on the same checkpoint with the files written since: the SQLite sink holds the
+    last row plain Structured Streaming wrote for each window, and nothing is lost."""
+    import os
+
+    from xorack.spark import stream_state
+
+    directory = tmp_path / "in"
+    _write_input(directory, late=True)
+    last: dict = {}
+
+    def upsert(batch, _epoch) -> None:
+        for r in batch.collect():
+            last[(r[0]["start"], r[0]["end"], r[1])] = (int(r[2]), int(r[3]))
+
+    lines = _without_poison(_read(spark, directory), True).withWatermark("ts", "5 seconds")
+    q = (
+        _counted(_words(lines), _tumbling)
+        .writeStream.outputMode("update")
+        .foreachBatch(upsert)
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination(WAIT)
+    want = sorted((*k, *v) for k, v in last.items())
+
+    later = tmp_path / "later"
+    later.mkdir()
+    for f in range(3, FILES):  # the last files come after the restart
+        os.replace(directory / f"part-{f:02d}.json", later / f"part-{f:02d}.json")
+    checkpoint = str(tmp_path / "checkpoint")
+    sink = SQLiteSink(str(tmp_path / "update.db"), "windows")
+
+    def start():
+        p = _tracked(spark, directory, _tumbling, sink)
+        run = p.start_stream(
+            timeout=6.0, available_now=True, output_mode="update", checkpoint_location=checkpoint
+        )
+        return run.wait(timeout=WAIT)
+
+    real_update, real_note = stream_state.StreamState.update, stream_state.StreamState._note
+    calls: list = []
+
+    def update(self, stats):
+        calls.append(1)
+        if len(calls) >= 3:  # mid-stream, after two updates
+            raise RuntimeError("simulated driver crash")
+        return real_update(self, stats)
+
+    def note(self, marks):
+        if len(calls) >= 3:  # dead from the crash on: nothing noted
+            raise RuntimeError("simulated driver crash (dead)")
+        return real_note(self, marks)
+
+    monkeypatch.setattr(stream_state.StreamState, "update", update)
+    monkeypatch.setattr(stream_state.StreamState, "_note", note)
+    with pytest.raises(Exception, match="simulated"):
+        start()
+    monkeypatch.setattr(stream_state.StreamState, "update", real_update)
+    monkeypatch.setattr(stream_state.StreamState, "_note", real_note)
+    assert len(calls) >= 3
+    for f in range(3, FILES):
+        os.replace(later / f"part-{f:02d}.json", directory / f"part-{f:02d}.json")
+    report = start()
+    got = sorted(_row(r) for r in sink.read().itertuples(index=False))
+    assert got == want
+    assert report.lost == 0
+
+
+@pytest.mark.parametrize("seed", [23])
+def test_windows_under_a_random_split_into_micro_batches_equal_plain_spark(spark, tmp_path, seed):
+    """Property: the input cut at random into files of 1 to 24 lines (one micro-batch each),
+    with poison and fail-once lines: the closed windows equal plain Structured Streaming's over
+    the same files, whatever the split."""
+    from helpers.splits import resplit
+
+    directory = tmp_path / "in"
+    _write_input(directory)
+    sizes = resplit(directory, seed, most=24)
+    assert len(set(sizes)) > 1, sizes
+    plain = _plain(spark, directory, _tumbling, "plain_split_windows")
+    closed = _closed(spark, directory, _tumbling)
+    out = str(tmp_path / "windows.parquet")
+    p = _tracked(spark, directory, _tumbling, ParquetSink(out))
+    report = p.start_stream(timeout=60.0, available_now=True).wait(timeout=WAIT)
+    got = sorted(_key(r) for r in spark.read.parquet(out).collect())
+    _check_against_spark(got, plain, closed)
+    assert report.lost == 0
+    assert report.dead_lettered == sum(_is_poison(i) for i in range(FILES * LINES))

@@ -6,6 +6,7 @@ record's event time (:func:`check_event_time_path`). Used by :mod:`xorack.spark.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -34,6 +35,7 @@ MARK_JOIN = "stream:joining:"
 MARK_PUBLISH = "stream:publishing:"
 MARK_COMPACTED = "stream:compacted:"
 MARK_SETTLED = "stream:settled:"  # update mode: the last staged directory known settled
+MARK_BEFORE_BATCH = "stream:before_batch"  # plain Spark's watermark state before a micro-batch
 #: Staged directories of a windowed aggregation that make it rewrite them as one.
 COMPACT_AFTER = 16
 
@@ -180,6 +182,7 @@ class StreamState:
         self._tags = 0
         self.native = [n for n in ctx.plan.native_sinks() if n.phase == 0] if ctx.ft else []
         self.resume = False
+        self._before_batch: dict[str, Any] | None = None  # see begin_batch
         self.publishes = 0  # appends of settled rows to the native sinks
 
     @property
@@ -223,6 +226,8 @@ class StreamState:
         self.max_event = {
             k[len(MARK_MAX) + 1 :]: int(v) for k, v in marks.items() if k.startswith(MARK_MAX + ":")
         }
+        before = marks.get(MARK_BEFORE_BATCH)
+        self._before_batch = json.loads(before) if before else None
         self._settled = {
             k[len(MARK_SETTLED) :]: v for k, v in marks.items() if k.startswith(MARK_SETTLED) and v
         }
@@ -299,10 +304,34 @@ class StreamState:
             out += [st for st in self.ctx.of(agg).staging if isinstance(st, WindowStaging)]
         return out
 
+    def begin_batch(self, batch_id: int) -> None:
+        """A resumable query notes plain Spark's watermark state before each micro-batch. A
+        micro-batch Spark runs again after a crash (its offsets were logged, not committed)
+        starts from that state, as Spark's own does (its watermark is in the offset log): a
+        crash after the batch moved the watermark would otherwise judge the rows of this
+        micro-batch and the next by a watermark one micro-batch ahead of Spark's."""
+        if not self.resume or not self.timed:
+            return
+        before = self._before_batch
+        if before is not None and int(before["batch"]) == batch_id:  # run again
+            self.spark_us, self.evict_us = int(before["spark"]), int(before["evict"])
+            self.max_event = {k: int(v) for k, v in before["max"].items()}
+        state = {
+            "batch": batch_id,
+            "spark": self.spark_us,
+            "evict": self.evict_us,
+            "max": dict(self.max_event),
+        }
+        self._before_batch = state
+        self._note({MARK_BEFORE_BATCH: json.dumps(state)})
+
     def before_round(self) -> None:
-        """The rows staged by the next round are late against the watermark now."""
+        """The rows staged by the next round are late against the watermark now: the held-back
+        watermark, never ahead of the one plain Spark judges late rows by (the two differ only
+        after a restart that runs a micro-batch again, see :meth:`begin_batch`)."""
+        stamp = min(self.watermark_us, self.evict_us)
         for st in self._stagings():
-            st.watermark_us = self.watermark_us
+            st.watermark_us = stamp
 
     def stage(self, work: Any, tag: str) -> None:
         """Write the round's rows reaching the windowed aggregations, then send their events

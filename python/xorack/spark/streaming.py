@@ -203,6 +203,7 @@ class StreamingRun:
                     # source tasks again, so their ids need not be recognized any more
                     ctx.client.forget_known(int(batch_id) - 1)
                 self._rotate()
+                self.windows.begin_batch(int(batch_id))
                 self.windows.before_round()
                 self.windows.before_batch()
                 work = RoundBuilder(ctx, fresh, replays_wanted=True).build()

@@ -108,16 +108,19 @@ class SourceTagger:
                     f"source {self.name!r}: a resumable job (resume=True) reads at most 65536 "
                     f"partitions per source, got partition {partition}: repartition it"
                 )
-            done = min(n, max(0, skip.get(key, 0) - (offset - n)))
-            if done:  # persisted by an earlier run of the job
-                if done == n:
-                    continue
-                batch, rec, n = batch.slice(done), rec[done:], n - done
+            # the largest event time counts every row Spark reads, those persisted by an
+            # earlier run included (a micro-batch run again after a crash: as Spark's own)
             times = event_micros(batch, self.event_time) if self.event_time else None
             if times is not None and self.event_max is not None:
                 known = times[times != NO_EVENT_TIME]
                 if len(known):
                     self.event_max.add(int(known.max()))
+            done = min(n, max(0, skip.get(key, 0) - (offset - n)))
+            if done:  # persisted by an earlier run of the job
+                if done == n:
+                    continue
+                batch, rec, n = batch.slice(done), rec[done:], n - done
+                times = times[done:] if times is not None else None
             key_hash = None
             if self.keys:
                 key_hash = hashing.murmur3_hash([batch.column(k) for k in self.keys])
