@@ -105,7 +105,7 @@ def _audit(pdf: pd.DataFrame) -> pd.DataFrame:
     return pdf
 
 
-def _plain(spark, tmp_path, keys, watermark, name, dead=None):
+def _plain(spark, tmp_path, keys, watermark, name, dead=None, after=lambda df: df):
     """Plain Spark's query over the events but the poisoned ones (``dead``: those)."""
     from pyspark.sql import functions as F
 
@@ -118,7 +118,7 @@ def _plain(spark, tmp_path, keys, watermark, name, dead=None):
     if watermark:
         events = events.withWatermark("eventTime", "10 seconds")
     q = (
-        events.dropDuplicates(keys)
+        after(events.dropDuplicates(keys))
         .writeStream.outputMode("append")
         .format("memory")
         .queryName(name)
@@ -131,13 +131,13 @@ def _plain(spark, tmp_path, keys, watermark, name, dead=None):
     return sorted((int(r.guid), r.eventTime, int(r.value)) for r in rows)
 
 
-def _tracked(spark, tmp_path, keys, watermark, sink, audit=False):
+def _tracked(spark, tmp_path, keys, watermark, sink, audit=False, after=lambda df: df):
     p = Pipeline(spark, max_attempts=3)
     events = p.source(_read(spark, tmp_path), name="events", partitions=2)
     if watermark:
         events = events.withWatermark("eventTime", "10 seconds")
     checked = events.map_in_pandas(_flaky, SCHEMA, name="stage")
-    checked.drop("seq").dropDuplicates(keys).sink(sink, name="unique")
+    after(checked.drop("seq").dropDuplicates(keys)).sink(sink, name="unique")
     if audit:
         out = str(tmp_path / "audit.parquet")
         audited = checked.map_in_pandas(_audit, SCHEMA, name="audit")
@@ -181,6 +181,50 @@ def test_drop_duplicates_with_watermark_equals_plain_structured_streaming(
     assert report.lost == 0
     assert report.replayed > 0
     assert run.windows.compactions > 0
+
+
+def _odd_values(df):
+    return df.where("value % 2 = 1").withColumnRenamed("value", "v")
+
+
+def test_drop_duplicates_then_a_filter_equals_plain_structured_streaming(spark, tmp_path):
+    """``dropDuplicates`` followed by ``where`` and ``withColumnRenamed`` before the sink: the
+    same rows as plain Structured Streaming's query minus the dead-lettered copies; each row
+    keeps its key's id in the (idempotent) SQLite sink."""
+    from pyspark.sql import functions as F
+
+    sent = _write_input(tmp_path)
+    keys = ["guid", "eventTime"]
+    sink = SQLiteSink(str(tmp_path / "odd.db"), "odd")
+    p = _tracked(spark, tmp_path, keys, True, sink, after=_odd_values)
+    report = p.start_stream(timeout=60.0, available_now=True).wait(timeout=WAIT)
+
+    dead = _dead(p)
+    assert dead >= {s for s in range(sent) if _poison(s)}
+    events = _read(spark, tmp_path).where(~F.col("seq").isin(sorted(dead))).drop("seq")
+    q = (
+        _odd_values(events.withWatermark("eventTime", "10 seconds").dropDuplicates(keys))
+        .writeStream.outputMode("append")
+        .format("memory")
+        .queryName("plain_dedup_odd")
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination(WAIT)
+    want = sorted(
+        (int(r.guid), r.eventTime, int(r.v)) for r in spark.table("plain_dedup_odd").collect()
+    )
+    spark.sql("DROP VIEW IF EXISTS plain_dedup_odd")
+    assert want
+    assert all(v % 2 == 1 for _, _, v in want)
+    frame = sink.read()
+    got = sorted(
+        (int(r.guid), pd.Timestamp(r.eventTime).to_pydatetime(), int(r.v))
+        for r in frame.itertuples(index=False)
+    )
+    assert got == want
+    assert report.lost == 0
+    assert report.replayed > 0
 
 
 def test_drop_duplicates_without_watermark_writes_each_key_once_while_running(spark, tmp_path):
@@ -234,11 +278,27 @@ def test_stream_drop_duplicates_declarations_refused_in_one_line(spark, tmp_path
     p = Pipeline(spark)
     events = p.source(_read(spark, tmp_path), name="events")
     unique = events.dropDuplicates(["guid"])
-    unique.withColumn("v2", F.col("value") * 2).sink(
-        SQLiteSink(str(tmp_path / "b.db"), "t"), name="out"
-    )
-    with pytest.raises(ValueError, match="straight into sinks"):
+    unique.withColumn("v2", F.col("value") * 2).map_in_pandas(
+        _audit, SCHEMA + ", v2 long", name="late"
+    ).sink(SQLiteSink(str(tmp_path / "b.db"), "t"), name="out")
+    with pytest.raises(ValueError, match=r"'late' \(a pandas/Arrow stage\) after .* not supp"):
         p.start_stream(available_now=True)
+
+    p = Pipeline(spark)
+    events = p.source(_read(spark, tmp_path), name="events")
+    unique = events.dropDuplicates(["guid"])
+    unique.select("guid", F.explode(F.array("value", "seq")).alias("x")).sink(
+        SQLiteSink(str(tmp_path / "c.db"), "t"), name="out"
+    )
+    with pytest.raises(ValueError, match="a generator"):
+        p.start_stream(available_now=True)
+    p = Pipeline(spark)
+    events = p.source(_read(spark, tmp_path), name="events")
+    events.dropDuplicates(["guid"]).where("value > 0").sink(
+        SQLiteSink(str(tmp_path / "d.db"), "t"), name="out"
+    )
+    with pytest.raises(ValueError, match="in update mode are not supported"):
+        p.start_stream(available_now=True, output_mode="update")
 
     p = Pipeline(spark)
     events = p.source(_read(spark, tmp_path), name="events")

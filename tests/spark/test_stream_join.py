@@ -109,7 +109,7 @@ def _clean(imps, clicks):
     return imps.where(~F.col("adId").isin(bad_ads)), clicks.where(~F.col("cid").isin(bad_clicks))
 
 
-def _plain(spark, tmp_path, how, name):
+def _plain(spark, tmp_path, how, name, after=None):
     from pyspark.sql import functions as F
 
     imps, clicks = _clean(
@@ -118,6 +118,8 @@ def _plain(spark, tmp_path, how, name):
     joined = imps.withWatermark("impressionTime", "10 seconds").join(
         clicks.withWatermark("clickTime", "5 seconds"), F.expr(CONDITION), how
     )
+    if after is not None:
+        joined = after(joined)
     q = (
         joined.writeStream.outputMode("append")
         .format("memory")
@@ -128,7 +130,7 @@ def _plain(spark, tmp_path, how, name):
     q.awaitTermination(WAIT)
     rows = spark.table(name).collect()
     spark.sql(f"DROP VIEW IF EXISTS {name}")
-    return sorted(map(_key, rows))
+    return rows if after is not None else sorted(map(_key, rows))
 
 
 def _batch(spark, tmp_path, how):
@@ -167,7 +169,7 @@ def _rows(frame) -> list:
     ]
 
 
-def _tracked(spark, tmp_path, how, sink):
+def _tracked(spark, tmp_path, how, sink, after=lambda df: df):
     from pyspark.sql import functions as F
 
     p = Pipeline(spark, max_attempts=3)
@@ -179,7 +181,7 @@ def _tracked(spark, tmp_path, how, sink):
     clicks = clicks.withWatermark("clickTime", "5 seconds").map_in_pandas(
         _flaky("cid", _poison_click), CLICK_SCHEMA, name="click_stage"
     )
-    imps.join(clicks, F.expr(CONDITION), how).sink(sink, name="joined")
+    after(imps.join(clicks, F.expr(CONDITION), how)).sink(sink, name="joined")
     return p
 
 
@@ -253,6 +255,35 @@ def test_left_outer_join_writes_unmatched_rows_once_no_click_can_come(spark, tmp
     assert {r for r in plain if r[2] == NONE} <= set(lonely)  # what plain Spark wrote
     assert [r for r in plain if r[2] != NONE] == matched
     assert report.lost == 0
+
+
+def _latency(joined):
+    """A user's operations after the join: the click's latency, in seconds."""
+    from pyspark.sql import functions as F
+
+    seconds = F.unix_timestamp("clickTime") - F.unix_timestamp("impressionTime")
+    return joined.withColumn("latency", seconds).drop("clickAdId")
+
+
+def test_inner_join_then_with_column_equals_plain_structured_streaming(spark, tmp_path):
+    """A stream-stream join followed by ``withColumn`` (and ``drop``) before an idempotent
+    sink, under failures: plain Structured Streaming's rows for the input minus the poison,
+    each pair once."""
+    _write_input(tmp_path)
+    rows = _plain(spark, tmp_path, "inner", "plain_latency", after=_latency)
+    want = sorted((int(r.adId), int(r.cid), int(r.latency)) for r in rows)
+    assert want
+    assert any(w[2] for w in want)
+    sink = SQLiteSink(str(tmp_path / "latency.db"), "latency")
+    p = _tracked(spark, tmp_path, "inner", sink, after=_latency)
+    report = p.start_stream(timeout=60.0, available_now=True).wait(timeout=WAIT)
+
+    frame = sink.read()
+    assert list(frame.columns) == ["adId", "impressionTime", "clickTime", "cid", "latency"]
+    got = sorted((int(r.adId), int(r.cid), int(r.latency)) for r in frame.itertuples(index=False))
+    assert got == want  # every pair once, with its latency
+    assert report.lost == 0
+    assert report.replayed > 0
 
 
 def test_stream_join_declarations_refused_in_one_line(spark, tmp_path):

@@ -306,9 +306,95 @@ def test_a_stream_refuses_what_it_cannot_carry(spark, tmp_path):
     with pytest.raises(xorack.spark.ops.TrackedOperationError, match="one watermark"):
         words.withWatermark("ts", "6 seconds")
     counts = w.groupBy(F.window("ts", "10 seconds"), "line").count()
-    counts.select("line").sink(sink)
-    with pytest.raises(ValueError, match="straight into sinks"):
-        p.start_stream(available_now=True)
+    with pytest.raises(xorack.spark.ops.TrackedOperationError, match="limit: not supported"):
+        counts.limit(3)
+
+    for after, mode, error in (  # a second aggregation, a pandas stage, a generator, a filter
+        (lambda c: c.groupBy("line").count(), "append", "write no final row"),
+        (lambda c: c.groupBy("line").count(), "complete", r"'aggregate' \(aggregate\) after"),
+        (
+            lambda c: c.map_in_pandas(lambda it: it, "line string, count long", name="late"),
+            "append",
+            r"'late' \(a pandas/Arrow stage\) after 'window_aggregate' \(aggregates\) is not",
+        ),
+        (
+            lambda c: c.select("line", F.explode(F.array("count")).alias("x")),
+            "append",
+            "a generator",
+        ),
+        (lambda c: c.where("count > 1"), "complete", "in complete mode are not supported"),
+    ):
+        p = Pipeline(spark)
+        lines = p.source(_read(spark, directory), name="lines", partitions=2)
+        counts = lines.withWatermark("ts", "5 seconds").groupBy(
+            F.window("ts", "10 seconds"), "line"
+        )
+        after(counts.count().select("line", "count")).sink(sink)
+        with pytest.raises(ValueError, match=error):
+            p.start_stream(available_now=True, output_mode=mode)
+
+
+def _selected(counts):
+    """Operations after the window, as a user writes them before the sink."""
+    from pyspark.sql import functions as F
+
+    return (
+        counts.select(F.col("window.start").alias("start"), "word", "n")
+        .where("n > 7")
+        .withColumn("twice", F.col("n") * 2)
+        .drop("twice")
+        .withColumnRenamed("n", "count")
+    )
+
+
+def test_window_then_select_where_equals_plain_structured_streaming(spark, tmp_path):
+    """A windowed count followed by select/where/withColumn/drop/withColumnRenamed before an
+    idempotent sink, records failing in the stage before the window: the rows plain
+    Structured Streaming writes for the same query over the input minus the poison."""
+    from pyspark.sql import functions as F
+
+    directory = tmp_path / "in"
+    _write_input(directory)
+    lines = _without_poison(_read(spark, directory), True).withWatermark("ts", "5 seconds")
+    q = (
+        _selected(_counted(_words(lines), _tumbling))
+        .writeStream.outputMode("append")
+        .format("memory")
+        .queryName("plain_selected")
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination(WAIT)
+    plain = sorted(
+        (r.start, r.word, int(r["count"])) for r in spark.table("plain_selected").collect()
+    )
+    spark.sql("DROP VIEW IF EXISTS plain_selected")
+    want = sorted((r[0], r[2], r[3]) for r in _closed(spark, directory, _tumbling) if r[3] > 7)
+    assert plain
+    assert len(want) < len(_closed(spark, directory, _tumbling))  # the filter removes some
+
+    sink = SQLiteSink(str(tmp_path / "selected.db"), "selected")
+    p = Pipeline(spark, max_attempts=3)
+    src = p.source(_read(spark, directory), name="lines", partitions=2)
+    words = src.withWatermark("ts", "5 seconds").map_in_pandas(_split, WORD_SCHEMA, name="split")
+    counts = words.groupBy(F.window("ts", "10 seconds"), "word").agg(
+        F.count("*").alias("n"), F.max("id").alias("top")
+    )
+    _selected(counts).sink(sink, name="selected")
+    report = p.start_stream(timeout=60.0, available_now=True).wait(timeout=WAIT)
+
+    got = sorted(
+        (pd.Timestamp(r.start).to_pydatetime(), r.word, int(r.count))
+        for r in sink.read().itertuples(index=False)
+    )
+    assert got == want  # every closed window passing the filter, once
+    last = max(r[0] for r in plain)
+    assert [r for r in got if r[0] <= last] == plain  # what plain Spark wrote, the same
+    dead = set(p.dead_letters().column("id").to_pylist())
+    assert dead == {i for i in range(FILES * LINES) if _is_poison(i)}
+    assert report.lost == 0
+    assert report.replayed > 0
+    assert report.sink_rows["selected"] == len(want)
 
 
 @pytest.mark.parametrize("window", [_sliding, _session], ids=["sliding", "session"])

@@ -18,7 +18,7 @@ from .node import roots
 from .outputs import Aggregate, Sink, StreamDedup, StreamJoin, WindowAggregate
 from .publish import adopt_staged, close_staging, open_staging
 from .report import RunReport
-from .rows import Source
+from .rows import RowOperation, Source
 from .stream_dedup import DedupState
 from .stream_join import JoinState
 from .windows import WindowStaging, horizon_of, write_emitted
@@ -50,6 +50,25 @@ def _upstream(node: Any) -> list[Any]:
             seen[id(n)] = n
             stack.extend(n.parents)
     return list(seen.values())
+
+
+def sinks_after(plan: Any, barrier: Any) -> list[tuple[Any, tuple[Any, ...]]]:
+    """Each node reading a streaming barrier's output, down to the sinks: ``(sink, chain)``,
+    ``chain`` the operations between them (declaration order); a node that is neither a sink
+    nor a row operation comes with ``chain`` ending in it (``start_stream`` refuses it)."""
+    out: list[tuple[Any, tuple[Any, ...]]] = []
+
+    def walk(node: Any, chain: tuple[Any, ...]) -> None:
+        for r in plan.readers(node):
+            if isinstance(r, Sink):
+                out.append((r, chain))
+            elif isinstance(r, RowOperation):
+                walk(r, (*chain, r))
+            else:
+                out.append((r, (*chain, r)))
+
+    walk(plan.derived_source(barrier), ())
+    return out
 
 
 def watermark_of(plan: Any, node: Any) -> Any:
@@ -252,7 +271,7 @@ class StreamState:
             cut = marks.get(MARK_JOIN + js.node.name)
             js.restore(cut)
             if cut:  # a join's emission cut short: its files go, its rows are written again
-                for node in ctx.plan.readers(ctx.plan.derived_source(js.node)):
+                for node, _ in sinks_after(ctx.plan, js.node):
                     if isinstance(node, Sink) and node.caps.native:
                         node.sink.remove_named(ctx.spark, cut)
                 undone[MARK_JOIN + js.node.name] = None
@@ -283,7 +302,7 @@ class StreamState:
 
     def _window_sinks(self) -> list[Any]:
         plan = self.ctx.plan
-        return [n for agg in self.windowed for n in plan.readers(plan.derived_source(agg))]
+        return [n for agg in self.windowed for n, _ in sinks_after(plan, agg)]
 
     def _note(self, marks: dict[str, str | None]) -> None:
         """A resumable query's stream state, durable with its FT state."""
@@ -536,11 +555,11 @@ class StreamState:
             assert isinstance(staging, WindowStaging)
             rows = staging.staged(ctx.spark, ended_df)
             out = agg.spec.emit(rows, self.watermark_us, new)
-            readers = ctx.plan.readers(ctx.plan.derived_source(agg))
+            readers = sinks_after(ctx.plan, agg)
             if len(readers) > 1 or agg.spec.kind == "session_window":  # read more than once
                 out = out.localCheckpoint(eager=True)
-            for node in readers:
-                written = write_emitted(node, out, name=f"w{new}")
+            for node, chain in readers:
+                written = write_emitted(node, out, name=f"w{new}", chain=chain)
                 self.report.sink_rows[node.name] = self.report.sink_rows.get(node.name, 0) + written
             if agg.spec.kind == "session_window":
                 evicted[agg.name] = out
@@ -575,8 +594,8 @@ class StreamState:
             name = f"j{ctx.run_tag}{self._tags:07d}"
             self._note({MARK_JOIN + js.node.name: name})
             new = new.withColumn(ROW_ID, F.xxhash64(*[F.col(c) for c in PAIR]))
-            for node in ctx.plan.readers(ctx.plan.derived_source(js.node)):
-                written = write_emitted(node, new, name=name)
+            for node, chain in sinks_after(ctx.plan, js.node):
+                written = write_emitted(node, new, name=name, chain=chain)
                 self.report.sink_rows[node.name] = self.report.sink_rows.get(node.name, 0) + written
             js.record(new, name)
             self._note({MARK_JOIN + js.node.name: None})
@@ -620,8 +639,8 @@ class StreamState:
                 # that picks another row of the key is absorbed by an idempotent sink
                 key = F.struct(*[F.col(q(k)) for k in ds.spec.keys])
                 new = new.withColumn(ROW_ID, F.xxhash64(F.to_json(key)))
-                for node in ctx.plan.readers(ctx.plan.derived_source(ds.node)):
-                    written = write_emitted(node, new, name=name)
+                for node, chain in sinks_after(ctx.plan, ds.node):
+                    written = write_emitted(node, new, name=name, chain=chain)
                     self.report.sink_rows[node.name] = (
                         self.report.sink_rows.get(node.name, 0) + written
                     )

@@ -38,10 +38,11 @@ from .context import PipelineConfig, RunContext
 from .outputs import Aggregate, Sink, StreamDedup, StreamJoin, WindowAggregate
 from .publish import retract
 from .report import RunReport
-from .rows import Source
+from .rows import PythonStage, RowOperation, Source
 from .stages import ATTEMPTS_PROPERTY, ROUND_PROPERTY, encode_attempts, u64
-from .stream_state import StreamState, check_event_time_path, watermark_of
+from .stream_state import StreamState, check_event_time_path, sinks_after, watermark_of
 from .tracked_rounds import run_summaries
+from .windows import after_barrier_refusal
 
 
 class _StoppedBeforeBatch(Exception):
@@ -530,6 +531,45 @@ def split_batch(sources: list[Source], batch_df: Any) -> dict[int, Any]:
     }
 
 
+def _check_after(plan: Any, barrier: Any, what: str, output_mode: str) -> list[Any]:
+    """What ``start_stream`` accepts after a streaming barrier: sinks, reached through native
+    row operations that keep each emitted row's id (:func:`after_barrier_refusal`), in append
+    mode only. Returns its :func:`sinks_after`."""
+    after = sinks_after(plan, barrier)
+    if not after:
+        raise ValueError(
+            f"start_stream: {barrier.name!r} {what} but nothing reads its rows; end its branch "
+            "in .sink(...)"
+        )
+    for _, chain in after:
+        if not chain:
+            continue
+        last = chain[-1]
+        if not isinstance(last, RowOperation):
+            kind = "a pandas/Arrow stage" if isinstance(last, PythonStage) else last.label
+            raise ValueError(
+                f"start_stream: {last.name!r} ({kind}) after {barrier.name!r} ({what}) is not "
+                "supported in a stream (only native select, withColumn(s), filter/where, "
+                "withColumnRenamed, drop, fillna are); run it before the barrier, or in a "
+                "second query reading the sink"
+            )
+        for op_node in chain:
+            why = after_barrier_refusal(op_node.op)
+            if why is not None:
+                raise ValueError(
+                    f"start_stream: {op_node.name!r} {why}on the rows of {barrier.name!r} "
+                    f"({what}) in a stream: each emitted row must stay one row with its id)"
+                )
+        if output_mode != "append":
+            raise ValueError(
+                f"start_stream: operations after {barrier.name!r} ({chain[0].name!r} ...) "
+                f"in {output_mode} mode are not supported (xorack writes a group's row at "
+                "other moments than Spark, so a filter would keep other stale rows): use "
+                "append mode, or do them when reading the sink"
+            )
+    return after
+
+
 OUTPUT_MODES = ("append", "update", "complete")
 #: The stateful operations of a stream that write rows straight into sinks once settled.
 STREAMED = (StreamJoin, StreamDedup)
@@ -587,13 +627,7 @@ def check_stream_plan(ctx: RunContext, output_mode: str = "append") -> list[Aggr
                 )
             if wm is not None and time is not None:
                 check_event_time_path(j, wm, ctx.spark, via=par)
-        readers = plan.readers(plan.derived_source(j))
-        if not readers or not all(isinstance(r, Sink) for r in readers):
-            raise ValueError(
-                f"start_stream: write the rows of {j.name!r} straight into sinks (.sink(...) "
-                f"on its output); operations after it ({what}) are not supported in a stream "
-                "yet (do them before)"
-            )
+        _check_after(plan, j, what, output_mode)
     plain = [b.name for b in aggs if not isinstance(b, WindowAggregate)]
     if plain and output_mode == "append":
         raise ValueError(
@@ -622,14 +656,8 @@ def check_stream_plan(ctx: RunContext, output_mode: str = "append") -> list[Aggr
             )
         if isinstance(agg, WindowAggregate) and output_mode != "complete" and plan.watermark:
             check_event_time_path(agg, plan.watermark, ctx.spark)
-        out = plan.derived_source(agg)
-        readers = plan.readers(out)
-        if not readers or not all(isinstance(r, Sink) for r in readers):
-            raise ValueError(
-                f"start_stream: write the rows of {agg.name!r} straight into sinks "
-                "(.sink(...) on the aggregation's output); operations after an aggregation "
-                "are not supported in a stream yet"
-            )
+        after = _check_after(plan, agg, "aggregates", output_mode)
+        readers = [node for node, _ in after]
         how = {
             "complete": ("replace", "replace their whole content at once", "replace(pdf)"),
             "update": ("upsert", "replace a group's row by its key", "upsert(pdf, keys)"),

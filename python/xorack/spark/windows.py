@@ -411,11 +411,53 @@ def kept_dirs(root: str, cut: str | None) -> list[str]:
     return kept
 
 
-def write_emitted(node: Any, out: Any, name: str) -> int:
+#: The operations that can run on a streaming barrier's emitted rows (1 → 0..1 each, their
+#: expressions deterministic, checked at declaration): each row keeps its barrier's row id.
+AFTER_BARRIER = ("Select", "WithColumns", "Renamed", "Renames", "Drop", "Filter", "FillNull")
+
+
+def after_barrier_refusal(op: Any) -> str | None:
+    """Why the native operation ``op`` cannot run on a streaming barrier's emitted rows, or
+    None when it can (:data:`AFTER_BARRIER`; a generator would give several rows one id)."""
+    from .ops import Qualified, Select, WithColumns, _generator_of
+
+    inner = op.op if isinstance(op, Qualified) else op
+    kind = type(inner).__name__
+    if kind not in AFTER_BARRIER:
+        return f"{op.describe()} (one of select, withColumn(s), filter/where, drop, fillna, "
+    if isinstance(inner, Select) and any(_generator_of(c) for c in inner.cols):
+        return f"{op.describe()} (a generator: explode & co. "
+    if isinstance(inner, WithColumns) and any(_generator_of(c) for _, c in inner.mapping):
+        return f"{op.describe()} (a generator: explode & co. "
+    return None
+
+
+def apply_after(op: Any, df: Any) -> Any:
+    """The native operation ``op`` (one :func:`after_barrier_refusal` accepts) on a streaming
+    barrier's emitted rows ``df``, as plain Spark runs it; a row keeps its ``ROW_ID`` column
+    when ``df`` has one."""
+    from .ops import Qualified, Select
+
+    if isinstance(op, Qualified):
+        return apply_after(op.op, df.alias(op.qualifier))
+    if ROW_ID in df.columns and isinstance(op, Select):
+        cols, _ = op._columns([c for c in df.columns if c != ROW_ID])
+        return df.select(*cols, ROW_ID)
+    return op.apply(df, False)
+
+
+def write_emitted(node: Any, out: Any, name: str, chain: Sequence[Any] = ()) -> int:
     """Write the emitted window rows ``out`` into the sink ``node`` (a sink node after a
-    windowed aggregation; a native one gets files named after the write, ``name``); returns
-    the rows written (absorbed duplicates not counted)."""
+    windowed aggregation; a native one gets files named after the write, ``name``), through
+    the native operations ``chain`` declared between the barrier and the sink (each row keeps
+    its barrier's id); returns the rows written (absorbed duplicates not counted)."""
     f = _f()
+    if chain:
+        if not node.caps.native and ROW_ID not in out.columns:
+            keys = [f.col(q(c)) for c in _key_columns(node)]
+            out = out.withColumn(ROW_ID, f.xxhash64(*keys))
+        for op_node in chain:
+            out = apply_after(op_node.op, out)
     cols = list(node.columns)
     df = out.selectExpr(*map(q, cols))
     if node.caps.native:
@@ -433,12 +475,16 @@ def write_emitted(node: Any, out: Any, name: str) -> int:
 
 def _key_columns(node: Any) -> list[str]:
     """The columns that identify an emitted row: its aggregation's window and keys."""
-    agg = node.parents[0].derived
+    par = node.parents[0]
+    while getattr(par, "derived", None) is None:  # through the operations after it
+        par = par.parents[0]
+    agg = par.derived
     spec = agg.spec
     return [spec.names[i] for i in range(len(spec.groups))]
 
 
 __all__ = [
+    "AFTER_BARRIER",
     "RID_NO",
     "RID_TAG",
     "ROW_ID",
@@ -448,6 +494,8 @@ __all__ = [
     "Watermark",
     "WindowSpec",
     "WindowStaging",
+    "after_barrier_refusal",
+    "apply_after",
     "delay_micros",
     "horizon_of",
     "kept_dirs",
