@@ -1025,6 +1025,8 @@ class ShardedAckerClient:
     ) -> pa.Table:
         """Every shard's replays of ``partition`` for the round ``tag`` (only ``columns`` when
         given), concatenated."""
+        if columns is None:
+            return self.broadcast_tables("fetch_replays", source, tag, partition)
         return self.broadcast_tables("fetch_replays", source, tag, partition, columns)
 
     def release_replays(self, source: int | None = None, tag: str | None = None) -> None:
