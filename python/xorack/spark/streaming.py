@@ -283,10 +283,12 @@ class StreamingRun:
                         continue
                     if not stats.get("replays_waiting"):
                         continue  # pending records not timed out yet
+                    # counted when it starts: its writes can make the sinks exact before the
+                    # round's bookkeeping below is over
+                    self.idle_rounds += 1
                     self._replay_round(self._last_batch + 1)  # the next micro-batch's number
                     self._retract_ended()
                     self.windows.after_round(data=False)
-                    self.idle_rounds += 1
                     self._last_activity = time.monotonic()
                 except BaseException as exc:
                     self._error = exc
