@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from .barrier import PartialStaging, Staging, combining_plan
 from .node import Node, Scope
 from .report import Reason
+from .sink_runner import SUMMARY_SCHEMA, SinkRunner
 from .sinks import SinkCapabilities, create_sink
-from .stages import SUMMARY_SCHEMA, SinkRunner
 from .windows import WindowStaging
 
 if TYPE_CHECKING:

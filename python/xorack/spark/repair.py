@@ -526,14 +526,11 @@ class Repair:
             self._clear_stale(keep=None)
             letters, repairs = storage.dead_letters(), storage.repairs()
             pending = _not_repaired(letters, repairs)
-            derived = self.plan.derived_indexes()
-            if pending.num_rows and derived:
-                src = pending.column("_ft_source").to_numpy(zero_copy_only=False)
-                if np.isin(src, list(derived)).any():
-                    raise RepairRefused(
-                        "repair(): some dead letters are rows of an aggregate's output (a "
-                        "failure after the aggregation); a repair merges dead source records only"
-                    )
+            if self._any_derived(pending):
+                raise RepairRefused(
+                    "repair(): some dead letters are rows of an aggregate's output (a "
+                    "failure after the aggregation); a repair merges dead source records only"
+                )
             if not pending.num_rows:
                 return RepairReport(still_dead=0)
             report = self._delta(pending)
@@ -578,6 +575,15 @@ class Repair:
     def _outcome_file(self, repair: str) -> str:
         return os.path.join(self._dir(repair), "outcome.json")
 
+    def _any_derived(self, letters: pa.Table) -> bool:
+        """Whether some of ``letters`` (dead-letter rows) are rows of a barrier's output, not
+        source records."""
+        derived = self.plan.derived_indexes()
+        if not letters.num_rows or not derived:
+            return False
+        src = letters.column("_ft_source").to_numpy(zero_copy_only=False)
+        return bool(np.isin(src, list(derived)).any())
+
     def _delta(self, pending: pa.Table) -> RepairReport:
         """Run the plan over the ``pending`` dead letters, sinks staged; note the outcome."""
         repair = f"{time.time_ns():020d}"
@@ -604,14 +610,11 @@ class Repair:
         ctx = RunContext(config, delta_plan(self.plan, inputs, staged, done))
         run = BatchRun(ctx).run()
         again = ctx.dead_letters if ctx.dead_letters is not None else pa.table({})
-        derived = self.plan.derived_indexes()
-        if again.num_rows and derived:
-            src = again.column("_ft_source").to_numpy(zero_copy_only=False)
-            if np.isin(src, list(derived)).any():
-                raise RepairRefused(
-                    "repair(): a row of a join's output failed in the repair (a failure after "
-                    "the join); a repair merges dead source records only: nothing was merged"
-                )
+        if self._any_derived(again):
+            raise RepairRefused(
+                "repair(): a row of a join's output failed in the repair (a failure after "
+                "the join); a repair merges dead source records only: nothing was merged"
+            )
         paired = pair_again(pending, again) if again.num_rows else {}
         origins = pending.column("_ft_origin").to_pylist()
         report = RepairReport(
