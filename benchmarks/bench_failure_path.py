@@ -9,7 +9,8 @@ optimistic round sees the failures and falls back), ``ft on tracked fails``
 (``optimistic=False``: tracked rounds only).
 ``--variants`` picks some (comma-separated); ``--chunk-records`` is passed to the pipelines
 (a variant's word ``c32`` sets ``chunk_records=32`` for it alone; ``unchunked``: its first
-tracked round after a fall back keeps the configured chunks, as before issue 27 item 4). The
+tracked round after a fall back keeps the configured chunks, as before issue 27 item 4;
+``always32``: it draws 32-record chunks whatever the failure rate, item 4's first cut). The
 failing lines are chosen by a hash of their text (twins fail together), the same in every run.
 Prints medians and the ratios to plain, the load average, and checks that every variant's
 counts equal plain Spark's.
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     from xorack.spark.session import get_or_create_session
 
     bits = tracked_rounds.FAILED_CHUNK_BITS
+    chooser = tracked_rounds.failed_chunk_bits
     spark = get_or_create_session(app_name="xorack-bench-failure-path", shuffle_partitions=8)
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "65536")
     work = tempfile.mkdtemp(prefix="xorack-failpath-")
@@ -112,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
                     # "unchunked": the first tracked round after a fall back keeps the
                     # configured chunks (what ran before issue 27 item 4), for an A/B run
                     tracked_rounds.FAILED_CHUNK_BITS = 64 if "unchunked" in v else bits
+                    # "always32": 32-record chunks whatever the rate (the first cut of item 4)
+                    tracked_rounds.failed_chunk_bits = (
+                        (lambda b, rate: min(b, bits)) if "always32" in v else chooser
+                    )
                     reports[v] = wordcount_ft(spark, inp, out, rate, "tracked" not in v, **options)
                 if i >= args.warmup:
                     times[v].append(time.perf_counter() - t0)

@@ -246,14 +246,14 @@ class ArrowStageRunner:
             return []
         in_src = u64(batch.column(SRC))
         in_rec = u64(batch.column(REC))
-        bisect = self.round_xor is None  # an optimistic round falls back on any failure
 
         def traced(part: pa.RecordBatch) -> list[pa.RecordBatch]:
             # _ft_row is a position in the part this call got (bisection calls parts)
             outs = _as_batches(self.fn(part), self.name)
             return [rows_to_records(self.name, o, part) for o in outs]
 
-        outs, failures = call_bisecting(traced, batch, self.name, bisect, ARROW_ROWS)
+        # an optimistic round bisects too (see StageRunner.process)
+        outs, failures = call_bisecting(traced, batch, self.name, True, ARROW_ROWS)
         _count(self.tally, f"stage {self.name!r}", in_src, failures)
         outs = [o for o in outs if o.num_rows]
         for o in outs:

@@ -93,9 +93,10 @@ class RunContext:
         self.tally: Any = None  # the running round's failure accumulator
         self.chunk_bits = 0  # the running round's source ids are drawn in chunks of 2**bits
         self.partial_phases: set[int] = set()  # phases that stage partial aggregates
-        # phases whose optimistic round fell back because rows failed: their first tracked
-        # round draws ids in smaller chunks (xorack.spark.tracked_rounds.FAILED_CHUNK_BITS)
-        self.rows_failed: set[int] = set()
+        # phases whose optimistic round fell back because rows failed, with the share of
+        # records seen failing (None: unknown): their first tracked round draws ids in chunks
+        # sized from it (xorack.spark.tracked_rounds.round_chunk_bits)
+        self.rows_failed: dict[int, float | None] = {}
         self.resume_skip: dict[int, dict[int, int]] = {}  # source -> partition -> rows
         # streaming: told the replay tables each round takes (for current_attempt(pdf))
         self.on_replays: Any = None

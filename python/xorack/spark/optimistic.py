@@ -121,6 +121,18 @@ class RoundXor:
         self.failed = True
         self.accumulator.add((0, max(1, len(np.asarray(src)))))
 
+    def failure_share(self, failed: int, rows: int) -> None:
+        """Note that ``failed`` of a batch's ``rows`` failed (a line ``failed rows`` in the
+        abort file's ``.share`` file): the driver estimates from these lines how often the
+        phase's records fail (:func:`failure_rate`)."""
+        if self.abort_path is None or rows <= 0:
+            return
+        try:  # best effort, like the abort file itself
+            with open(self.abort_path + SHARE_SUFFIX, "a", encoding="utf-8") as f:
+                f.write(f"{int(failed)} {int(rows)}\n")
+        except OSError:
+            pass
+
 
 class AbortWatch:
     """Watches an optimistic round's abort file while its jobs run, and cancels the round's
@@ -164,6 +176,48 @@ class AbortWatch:
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join()
+
+
+#: the file next to an abort file where failing batches note their share of failed records
+SHARE_SUFFIX = ".share"
+
+
+def failure_rate(abort_path: str) -> float | None:
+    """An estimate of the share of a phase's records that fail, from the batches that failed
+    a row before its optimistic round was cancelled (their ``failed rows`` lines, see
+    :meth:`RoundXor.failure_share`); None when no batch said (the file was not reachable).
+    An optimistic round's rows carry no record ids, so this is the share of failed rows of
+    the stage that failed them (below the records' share when a record has several rows).
+
+    Each line comes from a batch that failed at least once (which is why it was written), so
+    one failure per line is taken as the condition and only the others count: a lone failed
+    row in a batch of 10,000 says "rare" (0.0), eleven say "about one in a thousand".
+
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp(); a = os.path.join(d, "r.lost")
+    >>> failure_rate(a) is None
+    True
+    >>> _ = open(a + SHARE_SUFFIX, "w").write("1 10000\\n11 10000\\n")
+    >>> failure_rate(a)
+    0.0005
+    """
+    try:
+        with open(abort_path + SHARE_SUFFIX, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+    except OSError:
+        return None
+    failed = records = 0
+    for line in lines:
+        parts = line.split()
+        if len(parts) != 2:
+            continue  # a line cut short by a cancelled task
+        try:
+            k, n = int(parts[0]), int(parts[1])
+        except ValueError:
+            continue
+        failed += max(k - 1, 0)
+        records += max(n, k)
+    return failed / records if records else None
 
 
 def first_line(path: str) -> str | None:

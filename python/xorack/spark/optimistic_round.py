@@ -305,6 +305,7 @@ class OptimisticRound:
         self.group = f"xorack-optimistic-{os.urandom(6).hex()}"
         self.records: list[tuple[Source, int]] = []
         self.builder: OptimisticBuilder | None = None
+        self.abort: str | None = None  # where its runners say that a row failed
 
     def blocker(self) -> PhaseNote | None:
         """Why the phase cannot run an optimistic round, or None when it can."""
@@ -353,9 +354,13 @@ class OptimisticRound:
         if why is None:
             why = self._account().verdict()
         if why is not None:
-            self._discard(report)
             if why[0] is Reason.ROW_FAILED:  # its tracked rounds expect failed records
-                self.ctx.rows_failed.add(self.phase)
+                rate = optimistic.failure_rate(self.abort) if self.abort else None
+                self.ctx.rows_failed[self.phase] = rate
+                if rate is not None:
+                    seen = f"about {rate:.2%}" if rate >= 1e-4 else "under 0.01 %"
+                    why = (why[0], f"{why[1]}; {seen} of its records fail")
+            self._discard(report)
             report.note(PhaseNote(self.phase, *why))
             log.info("phase %d: the optimistic round fell back: %s", self.phase, why[1])
             return False

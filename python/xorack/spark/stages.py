@@ -487,6 +487,9 @@ def anchor_outputs(
             failed_all.append(srcs)
             client.fail(srcs, reason=f"stage {stage}: {reason}")
         failed_src = np.unique(np.concatenate(failed_all))
+        share = getattr(client, "failure_share", None)  # an optimistic round's estimate
+        if share is not None:  # (its rows share one source id: count rows)
+            share(len(np.unique(np.concatenate([pos for pos, _ in failures]))), len(in_src))
         keep_in = ~np.isin(in_src, failed_src)
         keep_out = keep_in[parent] if len(parent) else np.ones(0, dtype=bool)
         # re-index parents into the kept inputs
@@ -529,7 +532,7 @@ class StageRunner:
     tls_root_certs: bytes | None = None  # PEM the executors trust for a grpc+tls:// acker
     job: str | None = None  # the pipeline run's namespace on the acker
     # an optimistic round's accumulator (xorack.spark.optimistic): events and failures go
-    # there instead of to the acker service, and a failing batch is not bisected
+    # there instead of to the acker service (the task skips its batches after a failure)
     round_xor: Any = None
     # an optimistic round whose source rows come in untagged: (the accumulator counting them,
     # their attempt id); the runner draws their ids (see born_ids)
@@ -595,8 +598,9 @@ class StageRunner:
                 "groupBy(...).agg(...) for aggregates (exactly-once), or group by a key that "
                 "stays within one source record"
             )
-        bisect = self.bisect and self.round_xor is None
-        frames, failures = call_bisecting(self.fn, pdf, self.name, bisect)
+        # an optimistic round bisects too: it is lost anyway, but the rows that failed tell
+        # the driver how often records fail (the chunks of its first tracked round)
+        frames, failures = call_bisecting(self.fn, pdf, self.name, self.bisect)
         _count(self.tally, f"stage {self.name!r}", in_src, failures)
         frames = [f for f in frames if len(f.columns)]
         parents = [output_parents(self.name, f, in_rec) for f in frames]

@@ -30,12 +30,35 @@ from .stages import ROUND_PROPERTY
 
 log = logging.getLogger(__name__)
 
-#: log2 of the records per chunk (at most) in the first tracked round of a phase whose
+#: log2 of the records per chunk (at least) in the first tracked round of a phase whose
 #: optimistic round fell back because rows failed: a failed record taints its chunk, whose
-#: other records are replayed as collateral, so a phase known to fail records combines its
-#: partial aggregates over smaller chunks (0.1 % of records failing taints ~3 % of 32-record
-#: chunks, ~64 % of 1024-record ones).
+#: other records are replayed as collateral (0.1 % of records failing taints ~3 % of 32-record
+#: chunks, ~64 % of 1024-record ones), while smaller chunks stage more partial rows (each
+#: chunk's partial aggregate per group: 32-record chunks stage several times the rows of
+#: 1024-record ones). So the chunks shrink only as far as the failure rate the optimistic
+#: round saw asks.
 FAILED_CHUNK_BITS = 5
+
+#: the share of chunks a phase's failures may taint before its chunks shrink
+TAINTED_CHUNKS = 0.05
+
+
+def failed_chunk_bits(bits: int, rate: float | None) -> int:
+    """log2 of the records per chunk for a first tracked round after an optimistic round whose
+    batches saw ``rate`` of their records fail (None: unknown): the configured ``bits``, or
+    fewer, down to :data:`FAILED_CHUNK_BITS`, until about :data:`TAINTED_CHUNKS` of the
+    chunks hold a failed record.
+
+    >>> failed_chunk_bits(10, 0.0), failed_chunk_bits(10, None), failed_chunk_bits(10, 1e-4)
+    (10, 10, 8)
+    >>> failed_chunk_bits(10, 1e-3), failed_chunk_bits(10, 0.5), failed_chunk_bits(3, 0.5)
+    (5, 5, 3)
+    """
+    if rate is None:
+        return bits
+    while bits > FAILED_CHUNK_BITS and rate * (1 << bits) > TAINTED_CHUNKS:
+        bits -= 1
+    return bits
 
 
 def round_chunk_bits(ctx: RunContext, phase: int, round_no: int) -> int:
@@ -43,16 +66,18 @@ def round_chunk_bits(ctx: RunContext, phase: int, round_no: int) -> int:
     in: 0 but in the first round of a phase that combines aggregates (FT on).
 
     >>> from types import SimpleNamespace as NS
-    >>> ctx = NS(ft=True, partial_phases={0}, rows_failed=set(), config=NS(chunk_bits=10))
+    >>> ctx = NS(ft=True, partial_phases={0}, rows_failed={}, config=NS(chunk_bits=10))
     >>> round_chunk_bits(ctx, 0, 0), round_chunk_bits(ctx, 0, 1), round_chunk_bits(ctx, 1, 0)
     (10, 0, 0)
-    >>> ctx.rows_failed.add(0); round_chunk_bits(ctx, 0, 0)
+    >>> ctx.rows_failed[0] = 0.001; round_chunk_bits(ctx, 0, 0)
     5
     """
     if not (ctx.ft and round_no == 0 and phase in ctx.partial_phases):
         return 0
     bits = int(ctx.config.chunk_bits)
-    return min(bits, FAILED_CHUNK_BITS) if phase in ctx.rows_failed else bits
+    if phase in ctx.rows_failed:
+        return failed_chunk_bits(bits, ctx.rows_failed[phase])
+    return bits
 
 
 def collect_summaries(frames: list[Any]) -> list[Any]:
