@@ -33,6 +33,7 @@ MODULES = [
     "xorack.spark.sink_types",
     "xorack.spark.replays",
     "xorack.spark.optimistic",
+    "xorack.spark.join_ops",
     "xorack.spark.tracked_rounds",
     "xorack.spark.lineage",
     "xorack.spark.report",

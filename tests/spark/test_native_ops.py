@@ -698,7 +698,8 @@ def test_a_record_cannot_complete_while_one_of_its_rows_is_on_its_way(spark, how
 
     import numpy as np
 
-    from xorack.spark.ops import LookupJoin, Select
+    from xorack.spark.join_ops import LookupJoin
+    from xorack.spark.ops import Select
 
     lineage = "_ft_src long, _ft_rec long, _ft_ev long, _ft_keep boolean"
     rows = [("a b c d", 3, 1, 101, 0, True), ("e", 1, 2, 202, 0, True), ("", 5, 3, 303, 7, True)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import ops
+from . import join_ops, ops
 from .barrier import AggregateSpec, JoinSpec, LimitSpec
 from .context import PipelineConfig
 from .lineage import LINEAGE
@@ -466,7 +466,7 @@ class PlanBuilder:
             cond: Any = on
             clash = sorted(set(left.columns) & set(right.columns))
         else:
-            cond = tuple(ops.join_keys(on, list(left.columns), list(right.columns)))
+            cond = tuple(join_ops.join_keys(on, list(left.columns), list(right.columns)))
             clash = sorted((set(left.columns) & set(right.columns)) - set(cond))
         if clash:
             raise ops.TrackedOperationError(
@@ -525,12 +525,12 @@ class PlanBuilder:
                 "join: without `on` Spark makes a cross join, which is not supported between "
                 "tracked DataFrames; give column names or a Column condition"
             )
-        how = ops.tracked_join_type(how)
+        how = join_ops.tracked_join_type(how)
         lcols, rcols = list(left.columns), list(right.columns)
         semi = how in ("left_semi", "left_anti")
-        cond = ops.join_condition(on)
+        cond = join_ops.join_condition(on)
         if cond is None:
-            keys = tuple(ops.join_keys(on, lcols, rcols))
+            keys = tuple(join_ops.join_keys(on, lcols, rcols))
             clash = sorted((set(lcols) & set(rcols)) - set(keys))
             spec = JoinSpec(keys, how)
             out_keys = keys
@@ -542,7 +542,7 @@ class PlanBuilder:
                 )
             clash = sorted(set(lcols) & set(rcols))
             spec = JoinSpec((), how, cond, qualifiers)
-            pairs = ops.equi_keys(cond, (qualifiers[0], lcols), (qualifiers[1], rcols))
+            pairs = join_ops.equi_keys(cond, (qualifiers[0], lcols), (qualifiers[1], rcols))
             # the next phase is partitioned by the equi-keys it can name unambiguously
             side = [lk for lk, _ in pairs] if how != "right" else [rk for _, rk in pairs]
             out_keys = tuple(dict.fromkeys(k for k in side if semi or k not in clash))

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import ops
+from . import join_ops, ops
 from .arrow_stage import ArrowFunction
 from .declare import PlanBuilder
 from .node import Node
@@ -221,12 +221,12 @@ class Tracked:
                 )
             b = self._builder
             if b.streaming(self._node) and b.streaming(other._node):  # a stream-stream join
-                kind = ops.tracked_join_type(how)
+                kind = join_ops.tracked_join_type(how)
                 return self._on(b.stream_join(self._node, other._node, on, kind))
             qualifiers = (self._qualifier, other._qualifier)
             node = b.tracked_join(self._node, other._node, on, how, qualifiers)
             return self._on(node)
-        how = ops.join_type(how)
+        how = join_ops.join_type(how)
         if not hasattr(other, "columns") or not hasattr(other, "join"):
             raise TypeError(f"join: expected a DataFrame or a Tracked, got {type(other)}")
         if getattr(other, "isStreaming", False):
@@ -234,14 +234,14 @@ class Tracked:
                 "join: the other side is a streaming DataFrame; a lookup join takes a static one "
                 "(a stream-stream join needs both sides tracked, which is not supported yet)"
             )
-        if ops.join_condition(on) is not None:
+        if join_ops.join_condition(on) is not None:
             raise ops.TrackedOperationError(
                 "join: with an untracked DataFrame `on` takes column names (an equi-join on "
                 "columns both sides have); rename the lookup's key columns to match "
                 "(other.withColumnRenamed('k2', 'k')), or filter after the join"
             )
-        keys = tuple(ops.join_keys(on, self.columns, list(other.columns)))
-        return self._native("join", lambda name: ops.LookupJoin(other, keys, how, name))
+        keys = tuple(join_ops.join_keys(on, self.columns, list(other.columns)))
+        return self._native("join", lambda name: join_ops.LookupJoin(other, keys, how, name))
 
     def groupBy(self, *cols: Any) -> GroupedTracked:
         """``DataFrame.groupBy(*cols)`` (column names or Columns — an expression is grouped by
@@ -270,55 +270,10 @@ class Tracked:
         bad = [c for i, c in enumerate(cols) if not isinstance(c, str) and not ops.is_column(c)]
         if bad:
             raise TypeError(f"groupBy: takes column names and Columns, got {bad!r}")
-        t, keys = self._grouping_columns(cols, windows)
+        t, keys = _grouping_columns(self, cols, windows)
         names = [c for c in keys if isinstance(c, str)]
         check_columns("groupBy", t.columns, tuple(names), "groupBy")
         return GroupedTracked(t, tuple(keys), windows[0] if windows else None)
-
-    def _grouping_columns(self, cols: tuple[Any, ...], windows: list[int]) -> tuple[Tracked, list]:
-        """The frame to group and its grouping keys: a Column that names a column is that name;
-        any other expression is added as a column of Spark's name for it (as its output column
-        is named by Spark's ``groupBy``), then grouped by name. The time window stays."""
-        exprs: dict[str, Any] = {}
-        keys: list[Any] = []
-        for i, c in enumerate(cols):
-            if isinstance(c, str) or i in windows:
-                keys.append(c)
-                continue
-            name = self._column_name(c)
-            if name is not None:
-                keys.append(name)
-                continue
-            got = self._expression_name(c)
-            if got in self.columns or got in exprs:
-                raise ops.TrackedOperationError(
-                    f"groupBy: the expression {c} is named {got!r} like a column it would hide; "
-                    "alias it to a new name (groupBy(expr.alias('name')))"
-                )
-            exprs[got] = c
-            keys.append(got)
-        return (self.withColumns(exprs) if exprs else self), keys
-
-    def _expression_name(self, c: Any) -> str:
-        """The name Spark gives the expression ``c`` on this frame (an analysis, no job)."""
-        proto = self._builder.prototype(self._node).alias(self._qualifier)
-        return str(self._builder.analyze(f"groupBy({c})", lambda: proto.select(c).columns[0]))
-
-    def _column_name(self, c: Any) -> str | None:
-        """The column a Column merely names (``F.col("k")``, ``t.k``, ``t["k"]``), else None."""
-        try:
-            node = c._jc.node()
-            if node.getClass().getSimpleName() != "UnresolvedAttribute":
-                return None
-            parts = node.nameParts()
-            names = [str(parts.apply(i)) for i in range(parts.size())]
-        except Exception:  # not a classic Column (Spark Connect): added as an expression
-            return None
-        if len(names) == 2 and names[0] == self._qualifier and names[1] in self.columns:
-            return names[1]
-        if len(names) == 1 and names[0] in self.columns:
-            return names[0]
-        return None
 
     def withWatermark(self, eventTime: str, delayThreshold: str) -> Tracked:
         """``DataFrame.withWatermark(eventTime, delayThreshold)``: the event-time column of a
@@ -625,6 +580,56 @@ class Tracked:
         if name in self._node.columns:  # t.k: the column, as on a DataFrame
             return self[name]
         raise AttributeError(unsupported(name, self.columns))
+
+
+def _grouping_columns(
+    t: Tracked, cols: tuple[Any, ...], windows: list[int]
+) -> tuple[Tracked, list]:
+    """The frame to group and its grouping keys: a Column that names a column is that name;
+    any other expression is added as a column of Spark's name for it (as its output column
+    is named by Spark's ``groupBy``), then grouped by name. The time window stays."""
+    exprs: dict[str, Any] = {}
+    keys: list[Any] = []
+    for i, c in enumerate(cols):
+        if isinstance(c, str) or i in windows:
+            keys.append(c)
+            continue
+        name = _column_name(t, c)
+        if name is not None:
+            keys.append(name)
+            continue
+        got = _expression_name(t, c)
+        if got in t.columns or got in exprs:
+            raise ops.TrackedOperationError(
+                f"groupBy: the expression {c} is named {got!r} like a column it would hide; "
+                "alias it to a new name (groupBy(expr.alias('name')))"
+            )
+        exprs[got] = c
+        keys.append(got)
+    return (t.withColumns(exprs) if exprs else t), keys
+
+
+def _expression_name(t: Tracked, c: Any) -> str:
+    """The name Spark gives the expression ``c`` on the frame ``t`` (an analysis, no job)."""
+    proto = t._builder.prototype(t._node).alias(t._qualifier)
+    return str(t._builder.analyze(f"groupBy({c})", lambda: proto.select(c).columns[0]))
+
+
+def _column_name(t: Tracked, c: Any) -> str | None:
+    """The column a Column merely names (``F.col("k")``, ``t.k``, ``t["k"]``), else None."""
+    try:
+        node = c._jc.node()
+        if node.getClass().getSimpleName() != "UnresolvedAttribute":
+            return None
+        parts = node.nameParts()
+        names = [str(parts.apply(i)) for i in range(parts.size())]
+    except Exception:  # not a classic Column (Spark Connect): added as an expression
+        return None
+    if len(names) == 2 and names[0] == t._qualifier and names[1] in t.columns:
+        return names[1]
+    if len(names) == 1 and names[0] in t.columns:
+        return names[0]
+    return None
 
 
 def _ancestors(node: Node) -> set[int]:
