@@ -197,7 +197,8 @@ def failure_rate(abort_path: str) -> float | None:
     >>> d = tempfile.mkdtemp(); a = os.path.join(d, "r.lost")
     >>> failure_rate(a) is None
     True
-    >>> _ = open(a + SHARE_SUFFIX, "w").write("1 10000\\n11 10000\\n")
+    >>> with open(a + SHARE_SUFFIX, "w") as f:
+    ...     _ = f.write("1 10000\\n11 10000\\n")
     >>> failure_rate(a)
     0.0005
     """
