@@ -139,8 +139,8 @@ def check_speculation(spark: Any) -> None:
     finishes after the records completed is recognized and counts nowhere, but one that runs
     while they are pending makes them time out and replay, and an optimistic round's metrics
     are not verified with it)."""
-    try:
-        conf = spark.sparkContext.getConf()  # the scheduler's own settings
+    try:  # the scheduler's own settings (one py4j call; getConf() copies them all)
+        conf = spark.sparkContext._jsc.sc().conf()
     except Exception:  # no SparkContext here (Spark Connect): the server's settings are unseen
         return
     on = str(conf.get("spark.speculation", "false")).strip().lower() == "true"
