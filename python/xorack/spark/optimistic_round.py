@@ -495,7 +495,8 @@ class OptimisticRound:
                 ctx.of(job.barrier).fast_out = job.path
                 if job.sink is None:  # read by the next phase (or by several native sinks)
                     derived = ctx.of(ctx.plan.derived_source(job.barrier))
-                    derived.df = ctx.spark.read.parquet(job.path)
+                    # with the schema it was written with: no Spark job to read a footer
+                    derived.df = ctx.spark.read.schema(job.frame.schema).parquet(job.path)
                     rows = (optimistic.observed(job.events) or {}).get("rows")
                     if rows is not None:  # a small output in few partitions, as Spark's
                         # adaptive execution would coalesce it (a task per partition costs)
