@@ -674,8 +674,51 @@ def test_windows_under_a_random_split_into_micro_batches_equal_plain_spark(spark
     closed = _closed(spark, directory, _tumbling)
     out = str(tmp_path / "windows.parquet")
     p = _tracked(spark, directory, _tumbling, ParquetSink(out))
-    report = p.start_stream(timeout=60.0, available_now=True).wait(timeout=WAIT)
+    run = p.start_stream(timeout=60.0, available_now=True)
+    report = run.wait(timeout=WAIT)
     got = sorted(_key(r) for r in spark.read.parquet(out).collect())
     _check_against_spark(got, plain, closed)
     assert report.lost == 0
     assert report.dead_lettered == sum(_is_poison(i) for i in range(FILES * LINES))
+    # micro-batches of a few seconds of event time: some moved the watermark past no window's
+    # end, and wrote nothing (no job), with the same windows as plain Spark
+    assert run.windows.skipped_emits > 0
+    assert run.windows.emits > 0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("10 seconds",),
+        ("10 seconds", "5 seconds"),
+        ("1 minute 30 seconds", "30 seconds", "-5 seconds"),
+        ("7 seconds", "3 seconds", "1 second"),
+    ],
+    ids=["tumbling", "sliding", "sliding-negative-offset", "uneven-offset"],
+)
+def test_a_window_closes_in_a_range_exactly_when_spark_has_a_window_ending_there(spark, args):
+    """The check that lets a micro-batch skip the emission (no window of the grid ends in
+    (watermark, new watermark]) against Spark's own windows: rows one microsecond before each
+    whole second cover every window end of the range (ends fall on whole seconds here)."""
+    import random
+
+    from pyspark.sql import functions as F
+
+    from xorack.spark.windows import WindowSpec, closes_any, window_ends
+
+    base = 1_795_694_400_000_000  # 2026-11-26 12:00:00 UTC, in microseconds
+    second = 1_000_000
+    ts = [base + s * second - 1 for s in range(-200, 201)]
+    column = F.window("ts", *args)
+    rows = spark.createDataFrame([(t,) for t in ts], "us long").select(
+        F.timestamp_micros("us").alias("ts")
+    )
+    ends = {r[0] for r in rows.select(F.unix_micros(column.getField("end"))).distinct().collect()}
+    spec = WindowSpec(groups=(column, "word"), at=0, kind="window", time="ts", exprs=())
+    assert window_ends(spec) is not None
+    rng = random.Random(23)
+    for _ in range(400):
+        lo = base + rng.randrange(-100 * second, 100 * second, rng.choice([1, 1000, second]))
+        hi = lo + rng.choice([0, 1, 999, second, 3 * second, rng.randrange(0, 40 * second)])
+        want = any(lo < e <= hi for e in ends)
+        assert closes_any(spec, lo, hi) == want, (args, lo - base, hi - base)

@@ -21,7 +21,7 @@ from .report import RunReport
 from .rows import RowOperation, Source
 from .stream_dedup import DedupState
 from .stream_join import JoinState
-from .windows import WindowStaging, horizon_of, write_emitted
+from .windows import WindowStaging, closes_any, horizon_of, write_emitted
 
 #: A resumable stream's marks in its FT state (job_state): the watermark windows closed by,
 #: plain Spark's watermark and the largest event time seen, a window write or a native sink's
@@ -195,6 +195,7 @@ class StreamState:
         self.evict_us = 0
         self.watermark_us = 0  # the watermark the windows close by (held back)
         self.emits = 0  # writes of closed windows
+        self.skipped_emits = 0  # watermark moves that passed no window's end (no write)
         self.joined = 0  # writes of a stream-stream join's new rows
         self.deduped = 0  # writes of a dropDuplicates' new keys
         self._workdir: str | None = None
@@ -547,10 +548,24 @@ class StreamState:
             self.watermark_us = new
             self._note({MARK_WATERMARK: str(new)})
             return
+        # a window is written once the watermark passes its end: when no window of the grid
+        # ends in (watermark, new] there is nothing to write (the sinks were written once
+        # already, so each exists), and no job runs
+        closing = [
+            agg
+            for agg in self.windowed
+            if not self.emits or closes_any(agg.spec, self.watermark_us, new)
+        ]
         ended_df = self._ended_frame()
         evicted: dict[str, Any] = {}  # the sessions written, whose rows leave the staging
+        if not closing:
+            self.watermark_us = new
+            self._note({MARK_WATERMARK: str(new)})
+            self.skipped_emits += 1
+            self._compact(ended_df, evicted)
+            return
         self._note({MARK_EMIT: str(new)})
-        for agg in self.windowed:
+        for agg in closing:
             (staging,) = ctx.of(agg).staging
             assert isinstance(staging, WindowStaging)
             rows = staging.staged(ctx.spark, ended_df)

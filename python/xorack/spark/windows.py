@@ -191,20 +191,27 @@ class WindowSpec:
                 (t < f.lit(int(hi_us))) & (t + f.lit(int(horizon)) > f.lit(int(lo_us)))
             )
         own = rows.select("*", w.alias(WIN))  # a sliding window copies the row per window
-        live = own.where(f.col(f"{WIN}.end") > f.col(WM))
+        mine = f.col(f"{WIN}.end")
         if self.kind == "window":
+            # a row's own window is its group's: the windows outside (lo, hi] are left out
+            # before they are aggregated (one filter, one plan analysis less)
+            live = own.where(
+                (mine > f.col(WM))
+                & (mine > micros_literal(lo_us))
+                & (mine <= micros_literal(hi_us))
+            )
             groups = [
                 f.col(WIN).alias(self.window_name) if i == self.at else f.col(q(g))
                 for i, g in enumerate(self.groups)
             ]
-            out = live.groupBy(*groups).agg(*self.exprs)
-        else:  # sessions merge the rows that are not late
-            out = live.drop(WIN).groupBy(*self.groups).agg(*self.exprs)
-            # Spark's optimizer pushes a filter on the session's end below the merging of the
-            # sessions (onto each row's own [ts, ts + gap)), which would cut the sessions
-            # short: the sessions are materialized before they are filtered
-            out = out.localCheckpoint(eager=True)
-        out = out.toDF(*self.names)
+            return live.groupBy(*groups).agg(*self.exprs).toDF(*self.names)
+        # sessions merge the rows that are not late
+        live = own.where(mine > f.col(WM))
+        out = live.drop(WIN).groupBy(*self.groups).agg(*self.exprs)
+        # Spark's optimizer pushes a filter on the session's end below the merging of the
+        # sessions (onto each row's own [ts, ts + gap)), which would cut the sessions short:
+        # the sessions are materialized before they are filtered
+        out = out.localCheckpoint(eager=True).toDF(*self.names)
         end = f.col(q(self.window_name)).getField("end")
         return out.where((end > micros_literal(lo_us)) & (end <= micros_literal(hi_us)))
 
@@ -230,6 +237,14 @@ class WindowStaging(Staging):
     watermark_us: int | None = None
     time: str = ""  # the event-time column (compaction keeps the rows of open windows)
     ids: bool = False  # each row gets an id of its own (a stream-stream join's side)
+    #: the schema of the staged files, once this run wrote one: they are read with it, so
+    #: Spark lists them without a job reading their footers (None: inferred, as after a restart)
+    files: Any = None
+
+    def read(self, spark: Any, paths: Sequence[str]) -> Any:
+        """The staged files at ``paths`` (all of one schema), ghosts included."""
+        reader = spark.read if self.files is None else spark.read.schema(self.files)
+        return reader.parquet(*paths)
 
     def write(self, df: Any, tag: str) -> str:
         f = _f()
@@ -242,6 +257,8 @@ class WindowStaging(Staging):
                 RID_NO, f.monotonically_increasing_id()
             )
         out.write.mode("overwrite").parquet(path)
+        if self.files is None:
+            self.files = out.schema
         self.paths.append(path)
         return path
 
@@ -262,7 +279,7 @@ class WindowStaging(Staging):
         directories stay until :meth:`commit` and :meth:`drop_before`)."""
         f = _f()
         path = os.path.join(self.root, "_" + tag)  # hidden from a restart until committed
-        rows = spark.read.parquet(*self.paths).where(f.col(KEEP))
+        rows = self.read(spark, self.paths).where(f.col(KEEP))
         if ended is not None:
             rows = rows.join(ended, SRC, "left_anti")
         rows.where(keep).write.mode("overwrite").parquet(path)
@@ -294,7 +311,7 @@ class WindowStaging(Staging):
         the rows of attempts in ``ended``; returns its path (:meth:`commit` names it)."""
         f = _f()
         path = os.path.join(self.root, "_" + tag)
-        rows = spark.read.parquet(*self.paths).where(f.col(KEEP))
+        rows = self.read(spark, self.paths).where(f.col(KEEP))
         if ended is not None:
             rows = rows.join(ended, SRC, "left_anti")
         s = sessions.alias("s")
@@ -323,7 +340,7 @@ class WindowStaging(Staging):
             for c in extra:
                 df = df.withColumn(c, f.lit(0).cast("long"))
             return df.where(f.lit(False))
-        df = spark.read.parquet(*paths).where(_f().col(KEEP))
+        df = self.read(spark, paths).where(_f().col(KEEP))
         if ended is not None:
             df = df.join(ended, SRC, "left_anti")
         return df.selectExpr(*map(q, self.payload), WM, *extra)
@@ -339,6 +356,47 @@ def _duration_of(column: Any) -> int | None:
         return delay_micros(m.group(1))
     except ValueError:
         return None
+
+
+_WINDOW_ARGS = re.compile(
+    r"^Column<'window\((?:`(?:[^`]|``)+`|[^,()]+), '([^']+)', '([^']+)', '([^']+)'\)"
+)
+
+
+def _signed_micros(text: str) -> int:
+    """:func:`delay_micros` of a duration that may be negative (a window's start offset)."""
+    s = text.strip()
+    return -delay_micros(s[1:]) if s.startswith("-") else delay_micros(s)
+
+
+def window_ends(spec: WindowSpec) -> tuple[int, int] | None:
+    """``(slide, offset)`` in microseconds such that the windows of a time window ``spec``
+    end exactly at the instants ``offset + k * slide`` (Spark's windows start at
+    ``startTime + k * slide`` and last their duration), or None (a session window, or a
+    window Column this cannot read: every range may then hold an end)."""
+    if spec.kind != "window":
+        return None
+    m = _WINDOW_ARGS.match(repr(spec.groups[spec.at]))
+    if m is None:
+        return None
+    try:
+        duration, slide, start = (_signed_micros(x) for x in m.groups())
+    except ValueError:
+        return None
+    if slide <= 0 or duration <= 0:
+        return None
+    return slide, (start + duration) % slide
+
+
+def closes_any(spec: WindowSpec, lo_us: int, hi_us: int) -> bool:
+    """Whether a window of ``spec`` can end in ``(lo_us, hi_us]`` (what :meth:`WindowSpec.emit`
+    writes): False only when no window of a time window's grid ends there, so that a
+    micro-batch that moves the watermark without passing a window's end runs no job."""
+    ends = window_ends(spec)
+    if ends is None:
+        return hi_us > lo_us
+    slide, offset = ends
+    return (hi_us - offset) // slide > (lo_us - offset) // slide
 
 
 def horizon_of(spec: WindowSpec) -> int | None:
@@ -496,10 +554,12 @@ __all__ = [
     "WindowStaging",
     "after_barrier_refusal",
     "apply_after",
+    "closes_any",
     "delay_micros",
     "horizon_of",
     "kept_dirs",
     "micros_literal",
+    "window_ends",
     "window_of",
     "window_of_repr",
     "write_dir",
