@@ -110,7 +110,8 @@ def test_a_row_failing_once_after_the_branch_point_falls_back_exactly(spark, tmp
     _, report, got = _run(spark, tmp_path, build, ft=True)
     assert report.optimistic_rounds == 0
     assert report.phase_reasons[0] is Reason.ROW_FAILED
-    assert report.lost == 0 and report.completed == N
+    assert report.lost == 0
+    assert report.completed == N
     assert report.replayed > 0
     _, _, plain = _run(spark, tmp_path, build, ft=False, faulty=False)
     assert got == plain
@@ -178,4 +179,5 @@ def test_a_branch_point_spark_cannot_compute_alike_twice_runs_tracked_rounds(spa
     drawn.select("r").sink(ParquetSink(str(tmp_path / "d")), name="d")
     head = q.explain().splitlines()[1]
     assert head.startswith("phase 0: tracked rounds [branch_point] 'drawn' is a branch point")
-    assert "rand(7" in head and "each time Spark computes the rows" in head
+    assert "rand(7" in head
+    assert "each time Spark computes the rows" in head
