@@ -485,10 +485,10 @@ class OptimisticRound:
         for node, count in self.builder.stage_births:  # their births are in the stage's events
             account.records += int(count.value)
             self.records.append((node, int(count.value)))
-        for node, seen in self.builder.tees:  # the fan-out events of its branch points
+        for point, seen in self.builder.tees:  # the fan-out events of its branch points
             got = optimistic.observed(seen)
             if got is None:
-                account.missing.append(f"the branch point {node.name!r}")
+                account.missing.append(f"the branch point {point.name!r}")
                 continue
             account.staged ^= got["x"]
         for job in self.builder.outputs:
