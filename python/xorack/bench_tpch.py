@@ -12,7 +12,7 @@ interleaved in one session so that drift on a noisy machine hits them alike:
 The order of the three rotates from round to round, so that none always runs first (on files
 not yet in the page cache) or always right after another variant read the same files.
 
-Queries: TPC-H Q1, Q3, Q5, Q6, Q10, Q12, Q14 with the specification's validation parameters
+Queries: TPC-H Q1, Q3, Q5, Q6, Q10, Q12, Q14, Q21 with the specification's validation parameters
 (a sink keeps no order: ``ORDER BY`` is left out where there is no ``LIMIT``, and the rows are
 compared sorted; a top-n breaks ties by its key). ``lineitem ⋈ orders`` is a tracked join (a
 barrier); the dimensions join by column names. The data comes from ``tpchgen-cli`` (PyPI, in
@@ -26,7 +26,7 @@ Every variant's result must equal plain Spark's (exactly for TPC-H, whose amount
 within 1e-9 relative for PageRank's doubles): :class:`ResultMismatch` otherwise.
 
 >>> sorted(QUERIES)
-['pagerank', 'q1', 'q10', 'q12', 'q14', 'q3', 'q5', 'q6']
+['pagerank', 'q1', 'q10', 'q12', 'q14', 'q21', 'q3', 'q5', 'q6']
 """
 
 from __future__ import annotations
@@ -225,6 +225,50 @@ def q14(t: Tables) -> Any:
     )
 
 
+def q21(t: Tables) -> Any:
+    """Suppliers who kept orders waiting (SAUDI ARABIA): ``lineitem`` read twice — the late
+    lines ``l1`` and the other suppliers' lines ``l2`` of the same order, a branch point.
+    ``exists`` (another supplier) and ``not exists`` (another supplier late too) as one join:
+    a late line is kept when it meets another supplier's line and none of them is late."""
+    from pyspark.sql import functions as F
+
+    late = F.col("l_receiptdate") > F.col("l_commitdate")
+    nation = t.nation.where(F.col("n_name") == "SAUDI ARABIA").select(
+        F.col("n_nationkey").alias("s_nationkey")
+    )
+    suppliers = _keyed(t.supplier, {"s_suppkey": "l_suppkey"}).join(nation, "s_nationkey")
+    orders = t.orders.where(F.col("o_orderstatus") == "F").select(
+        F.col("o_orderkey").alias("l_orderkey")
+    )
+    l1 = (
+        t.lineitem.where(late)
+        .join(orders, "l_orderkey", "left_semi")
+        .join(suppliers.select("l_suppkey", "s_name"), "l_suppkey")
+        .select("l_orderkey", "l_linenumber", "l_suppkey", "s_name")
+        .alias("l1")
+    )
+    l2 = t.lineitem.select(
+        F.col("l_orderkey").alias("l2_orderkey"),
+        F.col("l_suppkey").alias("l2_suppkey"),
+        F.when(late, 1).otherwise(0).alias("l2_late"),
+    ).alias("l2")
+    cond = (F.col("l1.l_orderkey") == F.col("l2.l2_orderkey")) & (
+        F.col("l1.l_suppkey") != F.col("l2.l2_suppkey")
+    )
+    pairs = l1.join(l2, cond).select("l_orderkey", "l_linenumber", "s_name", "l2_late")
+    waiting = (
+        pairs.groupBy("l_orderkey", "l_linenumber", "s_name")
+        .agg(F.max("l2_late").alias("others_late"))
+        .where(F.col("others_late") == 0)
+    )
+    return (
+        waiting.groupBy("s_name")
+        .agg(F.count("*").alias("numwait"))
+        .orderBy(F.col("numwait").desc(), "s_name")
+        .limit(100)
+    )
+
+
 def pagerank(ranks: Any, links: Any, iterations: int = PAGERANK_ITERATIONS) -> Any:
     """``iterations`` of PageRank: each a join of the ranks with the links (``id``, ``dst``,
     ``weight``) and a sum of the contributions per destination."""
@@ -251,6 +295,7 @@ TPCH_QUERIES: dict[str, tuple[Callable[[Tables], Any], tuple[str, ...]]] = {
     "q10": (q10, ("lineitem", "orders")),
     "q12": (q12, ("lineitem", "orders")),
     "q14": (q14, ("lineitem",)),
+    "q21": (q21, ("lineitem",)),
 }
 QUERIES = (*TPCH_QUERIES, "pagerank")
 

@@ -848,11 +848,11 @@ def test_explain_gives_the_typed_reason_the_run_reports(spark, tmp_path):
     words.sink(SQLiteSink(str(tmp_path / "a.db"), "a"), name="a")
     words.sink(SQLiteSink(str(tmp_path / "b.db"), "b"), name="b")
     assert _heads(p.explain()) == [
-        "phase 0: tracked rounds [branch_point] 'select' is a branch point"
+        "phase 0: tracked rounds [python_sink] sink 'a' is written from Python"
     ]
     report = p.run()
-    assert report.phase_reasons == {0: Reason.BRANCH_POINT}
-    assert report.tracked_phases == ["phase 0: 'select' is a branch point"]
+    assert report.phase_reasons == {0: Reason.PYTHON_SINK}
+    assert report.tracked_phases == ["phase 0: sink 'a' is written from Python"]
     _assert_complete(report)
 
 

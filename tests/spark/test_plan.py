@@ -90,11 +90,28 @@ def test_each_node_kind_gives_its_own_reason():
     sink = NativeSinkNode("out", (tee_a,), ("word",), WORDS, sink=None, caps=caps)
     plan = Plan((lines, grouped, tee_a, tee_b, unread, sink), (lines,))
     scope = plan.scope(0)
-    assert lines.blocker(scope) == (Reason.BRANCH_POINT, "'lines' is a branch point")
+    assert lines.blocker(scope) is None  # a branch point Spark computes alike per reader
     assert grouped.blocker(scope) == (Reason.GROUPED_STAGE, "apply_in_pandas stage 'dedupe'")
     assert unread.blocker(scope) == (Reason.UNREAD, "the rows of 'c' reach no sink")
     assert tee_a.blocker(scope) is None
     assert sink.blocker(scope) is None
+
+
+def test_a_branch_point_after_a_python_stage_or_a_transform_is_refused():
+    """An optimistic round computes a branch point once per reader: a Python stage before it
+    would send its events twice, an untracked transform could give other rows."""
+    caps = SinkCapabilities(native=True)
+    for kind in (PandasStage, Transform):
+        lines = _source("lines", 0)
+        fn = (lambda pdf: pdf) if kind is PandasStage else (lambda df: df)
+        step = kind("step", (lines,), ("word",), WORDS, fn=fn)
+        a = NativeSinkNode("a", (step,), ("word",), WORDS, sink=None, caps=caps)
+        b = NativeSinkNode("b", (step,), ("word",), WORDS, sink=None, caps=caps)
+        plan = Plan((lines, step, a, b), (lines,))
+        reason, detail = step.blocker(plan.scope(0))
+        assert reason is Reason.BRANCH_POINT
+        assert detail.startswith("'step' is a branch point: the ")
+        assert "'step' would run once per reader" in detail
 
 
 def test_a_barrier_meeting_rows_of_two_phases_and_a_sink_fed_by_two():

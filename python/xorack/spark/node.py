@@ -91,13 +91,19 @@ class Node:
         into the round's accumulator), or None."""
         raise NotImplementedError
 
+    def recomputed(self) -> str | None:
+        """Why Spark computing this node's rows once more (an optimistic round's branch point
+        after it is computed once per reader) could give other rows, or count the node's
+        events twice; None when it gives the same rows, with the same ids."""
+        return None
+
     def blocker(self, scope: Scope) -> tuple[Reason, str] | None:
-        """Why an optimistic round cannot carry this node, or None. A row node must have one
-        reader: a branch point needs tracked rounds' tee, and rows that reach no sink would
-        go unaccounted."""
+        """Why an optimistic round cannot carry this node, or None. A row node must have a
+        reader (rows that reach no sink would go unaccounted); a branch point (several
+        readers) must be computed alike for each of them (:func:`branch_blocker`)."""
         readers = scope.readers.get(id(self), 0)
         if readers > 1:
-            return Reason.BRANCH_POINT, f"{self.name!r} is a branch point"
+            return branch_blocker(self, scope)
         if not readers:
             return Reason.UNREAD, f"the rows of {self.name!r} reach no sink"
         return None
@@ -105,6 +111,25 @@ class Node:
     def describe(self) -> str:
         """The node in one line for ``explain()``."""
         return f"{self.label} {self.name!r}"
+
+
+def branch_blocker(point: Node, scope: Scope) -> tuple[Reason, str] | None:
+    """Why an optimistic round cannot carry the branch point ``point``, or None. The round does
+    not materialize it: Spark computes its rows once per reader (as plain Spark does), so every
+    node of the phase up to it must give the same rows, with the same ids, each time, and send
+    no event of its own (:meth:`Node.recomputed`)."""
+    stack, seen = [point], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen or id(node) not in scope.here:
+            continue
+        seen.add(id(node))
+        why = node.recomputed()
+        if why is not None:
+            where = "" if node is point else f" after {node.name!r}"
+            return Reason.BRANCH_POINT, f"{point.name!r} is a branch point{where}: {why}"
+        stack.extend(node.parents)
+    return None
 
 
 def roots(node: Node) -> list[Node]:
@@ -132,4 +157,4 @@ def event_time_of(event_times: dict[str, str], node: Node) -> str | None:
     return None
 
 
-__all__ = ["Node", "Scope", "event_time_of", "roots"]
+__all__ = ["Node", "Scope", "branch_blocker", "event_time_of", "roots"]

@@ -28,9 +28,11 @@ Spark task reads its partition again): per-record acking, replays, dead letters.
 optimistic round is not an attempt of any record; the cost of a lost one is its jobs.
 
 A phase runs optimistically when it only holds sources, native operators, untracked
-transforms, unions, ``map_in_pandas`` / ``map_in_arrow`` stages, barriers and native sinks, with no
-branch point (``Pipeline(optimistic=False)`` turns it off). Sinks written from Python, grouped
-stages (``apply_in_pandas``), streaming and resumable jobs always run tracked rounds.
+transforms, unions, ``map_in_pandas`` / ``map_in_arrow`` stages, barriers and native sinks; a
+branch point only when Spark computes it alike for each reader (no Python stage or ``transform``
+before it, see ``node.branch_blocker``); ``Pipeline(optimistic=False)`` turns it off. Sinks
+written from Python, grouped stages (``apply_in_pandas``), streaming and resumable jobs always
+run tracked rounds.
 
 >>> a = RoundAccount(records=2, births=5, staged=4, python=1)
 >>> a.verdict() is None

@@ -17,7 +17,8 @@ import numpy as np
 from . import ops, optimistic
 from .context import RunContext
 from .guard import tally_param
-from .lineage import EVENT, KEEP, q
+from .lineage import EV, EVENT, KEEP, REC, SRC, q
+from .node import Node
 from .outputs import Aggregate, Barrier, NativeSinkNode, PythonSinkNode, Sink
 from .report import PhaseNote, Reason, RunReport
 from .row_errors import RowGuard, row_error
@@ -92,15 +93,55 @@ class OptimisticBuilder:
         # sources whose rows a Python stage tags, and the accumulator counting them
         self.stage_births: list[tuple[Source, Any]] = []
         self._born: dict[int, tuple[Any, int]] = {}  # sources whose ids a Python stage draws
+        # branch points: the observation of their fan-out events, and each reader's copy
+        self.tees: list[tuple[Node, Any]] = []
+        self._copies: dict[int, dict[int, Any]] = {}
 
     def build(self) -> None:
         built: dict[int, Any] = {}
         ctx = self.ctx
         for node in ctx.plan.phase_nodes(self.phase, skip=lambda s: ctx.of(s).written):
-            inputs = [built.get(id(p)) for p in node.parents]
+            inputs = [self._input(built, p, node) for p in node.parents]
             if node.parents and all(x is None for x in inputs):
                 continue
-            built[id(node)] = node.optimistic(self, inputs)
+            df = node.optimistic(self, inputs)
+            if df is not None and len(ctx.plan.readers(node)) > 1:
+                self._copies[id(node)] = self.tee(node, df)
+            built[id(node)] = df
+
+    def _input(self, built: dict[int, Any], parent: Node, node: Node) -> Any:
+        """``parent``'s frame as ``node`` reads it (its own copy after a branch point)."""
+        copies = self._copies.get(id(parent))
+        return built.get(id(parent)) if copies is None else copies[id(node)]
+
+    def tee(self, node: Node, df: Any) -> dict[int, Any]:
+        """A branch point's rows, one copy per reader (by the reader's identity), computed in
+        the JVM and not materialized: Spark computes ``df`` once per reader, as plain Spark
+        would (:func:`~xorack.spark.node.branch_blocker` makes sure each time gives the same
+        rows with the same ids). Reader ``j``'s copy of a live row is a child record with its
+        own id ``c_j = xxhash64(salt, rec, j)``, no pending event, no ghost: a fresh source's
+        row for the reader. What the branch point's rows owe — each row's pending event, a
+        live row's ack and its children's ids ``c_0 ^ … ^ c_(k-1)`` — is XORed once, by an
+        observation on ``df`` (Spark reports one evaluation of it; they are all alike). A copy
+        lost or doubled on its way to a sink leaves its ``c_j`` uncancelled, so the round
+        stays exactly accounted."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        readers = self.ctx.plan.readers(node)
+        salt = optimistic.round_salt(f"{node.name}/tee")
+        child = [f"xxhash64({salt}L, {REC}, {j})" for j in range(len(readers))]
+        owed = f"({EVENT} ^ CASE WHEN {KEEP} THEN {' ^ '.join(child)} ELSE 0L END)"
+        seen = Observation()
+        self.tees.append((node, seen))
+        live = df.observe(seen, F.expr(f"bit_xor({owed})").alias("x")).where(F.col(KEEP))
+        payload = [q(c) for c in node.columns]
+        return {
+            id(reader): live.selectExpr(
+                *payload, SRC, f"{child[j]} AS {REC}", f"0L AS {EV}", f"true AS {KEEP}"
+            )
+            for j, reader in enumerate(readers)
+        }
 
     def add_output(self, out: FastOutput) -> None:
         self.outputs.append(out)
@@ -444,6 +485,12 @@ class OptimisticRound:
         for node, count in self.builder.stage_births:  # their births are in the stage's events
             account.records += int(count.value)
             self.records.append((node, int(count.value)))
+        for point, seen in self.builder.tees:  # the fan-out events of its branch points
+            got = optimistic.observed(seen)
+            if got is None:
+                account.missing.append(f"the branch point {point.name!r}")
+                continue
+            account.staged ^= got["x"]
         for job in self.builder.outputs:
             if job.src:  # its events are in the accumulator (see DerivedTagger)
                 continue

@@ -16,6 +16,7 @@ from .arrow_stage import ArrowStageRunner, declared_arrow_schema
 from .lineage import EV, KEEP, LINEAGE, q
 from .node import Node, Scope, event_time_of
 from .report import Reason
+from .reproducible import context_expression
 from .schema import num_partitions
 from .stages import (
     PART,
@@ -98,6 +99,15 @@ def folded_on_driver(df: Any, column: str) -> bool:
         children = plan.children()
         stack.extend(children.apply(i) for i in range(children.size()))
     return False
+
+
+def recomputed_input(df: Any) -> str | None:
+    """Why reading ``df`` twice could give other rows (an expression of its plan that reads
+    a row's position or file, draws at random, or the time of the query), else None."""
+    found = context_expression(df)
+    if found is None:
+        return None
+    return f"{found[0]} may give other values each time Spark computes the rows"
 
 
 def lineage_of(cols: tuple[str, ...], ft: bool) -> list[str]:
@@ -188,6 +198,11 @@ class Source(Node):
     def optimistic(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
         return b.source(self)
 
+    def recomputed(self) -> str | None:
+        # a barrier's output is read from its files; an input is read again as plain Spark
+        # reads it, unless its own plan computes what another read gives otherwise
+        return None if self.df is None else recomputed_input(self.df)
+
     def blocker(self, scope: Scope) -> tuple[Reason, str] | None:
         why = super().blocker(scope)
         if why is None and self.df is not None and self.df.isStreaming:
@@ -226,6 +241,10 @@ class RowOperation(Node):
     def optimistic(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
         return self.op.apply(inputs[0], True)
 
+    def recomputed(self) -> str | None:
+        # refused at declaration but for a lookup join's other side, read as Spark reads it
+        return None if self.proto is None else recomputed_input(self.proto)
+
     def describe(self) -> str:
         return f"native {self.name!r}: {self.op.describe()}"
 
@@ -253,6 +272,12 @@ class Transform(Node):
 
     def optimistic(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
         return self.apply(inputs[0], True)
+
+    def recomputed(self) -> str | None:
+        return (
+            f"the untracked transform {self.name!r} would run once per reader, and nothing "
+            "checks that it gives the same rows each time"
+        )
 
 
 @dataclass(eq=False)
@@ -322,6 +347,12 @@ class PythonStage(Node):
 
     def optimistic(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
         return b.stage(self, inputs[0])
+
+    def recomputed(self) -> str | None:
+        return (
+            f"the Python stage {self.name!r} would run once per reader, its events counted "
+            "each time"
+        )
 
 
 @dataclass(eq=False)
