@@ -2,9 +2,9 @@
 
 Events with an id (``guid``) and an event time, at-least-once: copies of an event (the same
 row) in its file and in the next one, while the key's state lives (dropped); a new event with
-the id of an earlier one in the next file (the key still lives: dropped) and three files later
+the id of an earlier one in the next file (the key still lives: dropped) and two files later
 (the key expired: written again, in Spark and here); copies of the first file's events in the
-last one, behind the watermark (late: dropped). Delay 5 s; file ``f`` holds event times
+last one, behind the watermark (late: dropped). Delay 1 s; file ``f`` holds event times
 ``10 f + k/2`` s. Spark judges a row of micro-batch ``N`` by the watermark of micro-batch
 ``N - 1`` (``max event time of micro-batches <= N - 2`` minus the delay, for late rows and
 for the keys' expiry alike): the times are chosen a second or more from every boundary.
@@ -40,7 +40,7 @@ EVENTS = 10  # new events per file
 SCHEMA = "guid long, eventTime timestamp, value long, seq long"
 T0 = dt.datetime(2026, 11, 26, 12, 0, 0)
 WAIT = 600.0
-DELAY = "5 seconds"
+DELAY = "1 second"
 
 
 def _poison(seq: int) -> bool:
@@ -65,13 +65,13 @@ def _write_input(tmp_path) -> int:
                 send(f, g, t, 7 * g)
             if g % 4 == 0 and f + 1 < FILES:  # a copy in the next one (the key lives)
                 send(f + 1, g, t, 7 * g)
-            if k in (2, 7) and f + 1 < FILES:  # a new event of the id, the key still alive
+            if k in (4, 7) and f + 1 < FILES:  # a new event of the id, the key still alive
                 send(f + 1, g, t + dt.timedelta(seconds=10), 7 * g + 1)
-            if k in (1, 6) and f + 3 < FILES:  # the key expired: written again
-                later = t + dt.timedelta(seconds=30, milliseconds=250)
-                send(f + 3, g, later, 7 * g + 2)
+            if k in (1, 2) and f + 2 < FILES:  # the key expired: written again
+                later = t + dt.timedelta(seconds=20, milliseconds=250)
+                send(f + 2, g, later, 7 * g + 2)
                 if g % 2 == 0:  # and its copy dropped
-                    send(f + 3, g, later, 7 * g + 2)
+                    send(f + 2, g, later, 7 * g + 2)
             if f == 0 and g % 2 == 0:  # late copies
                 send(FILES - 1, g, t, 7 * g)
     d = tmp_path / "events"
@@ -101,6 +101,9 @@ def _flaky(pdf: pd.DataFrame) -> pd.DataFrame:
     attempt = current_attempt(pdf)
     bad = pdf["seq"].map(_poison).to_numpy(bool)
     bad |= (pdf["seq"] % 5 == 0).to_numpy() & (attempt == 1)
+    # the first event fails twice: pending two micro-batches, it holds the watermark of the
+    # late rows back (below the expiry of keys that plain Spark's watermark has expired)
+    bad |= (pdf["seq"] == 0).to_numpy() & (attempt <= 2)
     if bad.any():
         raise xorack.FailRecord("injected", rows=bad)
     return pdf
@@ -227,7 +230,8 @@ def test_within_watermark_keyed_without_event_time_is_final_while_running(spark,
     spark.sql("DROP VIEW IF EXISTS plain_within_bucket")
     got = sorted(rows(sink.read()))
     assert got == want
-    assert len({(g, v) for g, _, v in got} ^ {(g % 11, 0) for g, _, _ in got}) > 11  # many
+    buckets = [g % 11 for g, _, _ in got]
+    assert len(buckets) > len(set(buckets)) > 1  # written again once expired
     assert set(seen) <= set(got)
     assert report.lost == 0
 
@@ -255,7 +259,7 @@ def test_within_watermark_declarations_refused_in_one_line(spark, tmp_path):
     events = events.withWatermark("eventTime", DELAY)
     with pytest.raises(TrackedOperationError, match="'eventTime' of the watermark no longer"):
         events.select("guid", "value").dropDuplicatesWithinWatermark(["guid"])
-    for bad in ([1], "guid,value".split(",") + [None], []):
+    for bad in ([1], ["guid", None], []):
         with pytest.raises(TypeError, match="subset must be column names"):
             events.dropDuplicatesWithinWatermark(bad)
     with pytest.raises(TypeError, match="subset must be column names"):
