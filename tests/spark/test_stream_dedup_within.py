@@ -262,8 +262,10 @@ def test_within_watermark_declarations_refused_in_one_line(spark, tmp_path):
     for bad in ([1], ["guid", None], []):
         with pytest.raises(TypeError, match="subset must be column names"):
             events.dropDuplicatesWithinWatermark(bad)
-    with pytest.raises(TypeError, match="subset must be column names"):
-        events.dropDuplicatesWithinWatermark({"guid"})
+    for args, kwargs in ((({"guid"},), {}), ((), {"subset": "guid"}), (("guid",), {"subset": []})):
+        with pytest.raises(TypeError, match="subset must be column names"):
+            events.dropDuplicatesWithinWatermark(*args, **kwargs)
+    assert events.dropDuplicatesWithinWatermark(subset=("guid",)).columns == events.columns
     with pytest.raises(StageSchemaError, match=r"missing column\(s\) \['nope'\]"):
         events.dropDuplicatesWithinWatermark("guid", "nope")
 

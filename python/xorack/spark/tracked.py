@@ -362,7 +362,7 @@ class Tracked:
 
     drop_duplicates = dropDuplicates
 
-    def dropDuplicatesWithinWatermark(self, *subset: Any) -> Tracked:
+    def dropDuplicatesWithinWatermark(self, *names: Any, subset: Any = None) -> Tracked:
         """``DataFrame.dropDuplicatesWithinWatermark(subset)`` of a tracked stream with a
         watermark: the first row of each ``subset`` key (all columns when None) is written,
         the key's later rows are dropped until the watermark passes the written row's event
@@ -370,28 +370,34 @@ class Tracked:
         while the stream runs, as ``dropDuplicates`` (:mod:`xorack.spark.stream_dedup`). The
         event-time column must reach it (not necessarily among ``subset``). Like Spark's, it
         is refused on a batch frame (use ``dropDuplicates``) and on a stream without a
-        watermark. ``subset``: a list or tuple of column names, or the names themselves.
+        watermark. ``subset``: a list or tuple of column names (or the names as arguments).
 
         >>> # unique = events.withWatermark("ts", "1 hour").dropDuplicatesWithinWatermark(["guid"])
         """
         what = "dropDuplicatesWithinWatermark"
-        if len(subset) == 1 and (subset[0] is None or isinstance(subset[0], (list, tuple))):
-            names = self.columns if subset[0] is None else list(subset[0])
-        else:
-            names = list(subset) if subset else self.columns
-        bad = [c for c in names if not isinstance(c, str)]
-        if bad or (len(subset) == 1 and subset[0] is not None and not names):
+        given: Any = subset
+        if names and subset is not None:
+            given = (names, subset)  # refused below
+        elif len(names) == 1 and (names[0] is None or isinstance(names[0], (list, tuple))):
+            given = names[0]
+        elif names:
+            given = list(names)
+        cols: list[Any] = self.columns if given is None else []
+        if isinstance(given, (list, tuple)):
+            cols = list(given)
+        bad = [c for c in cols if not isinstance(c, str)]
+        if bad or not cols:
             raise TypeError(
                 f"{what}: subset must be column names (a list or tuple of str, or str "
-                f"arguments, at least one), or None for all columns; got {subset!r}"
+                f"arguments, at least one), or None for all columns; got {given!r}"
             )
-        check_columns(what, self.columns, tuple(names), what)
+        check_columns(what, self.columns, tuple(cols), what)
         if not self._builder.streaming(self._node):
             raise ops.TrackedOperationError(
                 f"{what}: not supported on a batch frame (nor in Spark); use "
-                f"dropDuplicates({names!r})"
+                f"dropDuplicates({cols!r})"
             )
-        keys = tuple(dict.fromkeys(names))
+        keys = tuple(dict.fromkeys(cols))
         return self._on(self._builder.stream_dedup(self._node, keys, within=True))
 
     def orderBy(self, *cols: Any, ascending: Any = None) -> OrderedTracked:
