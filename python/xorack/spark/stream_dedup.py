@@ -24,14 +24,18 @@ differs in the state kept: the row written for a key keeps the key until the wat
 its event time + the delay (``expiresAt``); a row of the key that comes while the key lives is
 dropped, one that comes after is written again (and keeps the key anew). The event-time column
 must reach the operator, but need not be among ``keys``. Spark judges a row by the state of
-its micro-batch, evicted by the watermark the late rows of that micro-batch are judged by; here
-each staged row keeps that watermark (``_ft_wm``), and the keys written keep their expiry
+its micro-batch, evicted by the watermark the late rows of that micro-batch are judged by
+(``StreamingDeduplicateWithinWatermarkExec`` with the watermark propagation of Spark 3.5+).
+Here each staged row keeps that watermark as plain Spark has it (``_ft_swm``; the late rows'
+``_ft_wm`` is held back by pending records, this one is not: a record pending elsewhere must
+not keep alive a key that Spark let expire), and the keys written keep their expiry
 (``_ft_expires``): a settled row is written when its key was never written or every write of
-it expired at its watermark (``expires <= _ft_wm``), taking the settled rows of a key in the
-order above, each written one keeping the key for the next. A key's expiry only grows, so a row
-dropped once stays dropped. Without failures the watermark a row keeps is Spark's; a row staged
-while records are pending keeps the held-back one (at most Spark's), see
-:mod:`xorack.spark.windows`.
+it expired at the row's watermark (``expires <= _ft_swm``), taking the settled rows of a key in
+the order above, each one written keeping the key for the next. A key's expiry only grows, so
+a row dropped once stays dropped. A replayed row is judged by the watermark of the micro-batch
+that replays it (never late, as above): where a key's expiry falls between a row's first
+micro-batch and its replay, Spark (which saw the row in its first micro-batch) may have
+dropped it and xorack writes it.
 """
 
 from __future__ import annotations
@@ -82,8 +86,8 @@ class StreamDedupSpec:
         return f"{self.name}({list(self.keys)}) of a stream"
 
     def compute(self, inputs: Any) -> Any:
-        """Spark's own operator (the declaration's analysis; a batch frame stands in for the
-        stream, where Spark's within-watermark form is ``dropDuplicates``'s)."""
+        """Spark's own operator (the declaration's analysis, over a batch frame: the output is
+        the input's columns, for both forms)."""
         return inputs[0].dropDuplicates(list(self.keys))
 
 
