@@ -219,8 +219,18 @@ class DedupState:
         first = rows.withColumn("_ft_first", f.row_number().over(w)).where("_ft_first = 1")
         if self.spec.within_us is None:
             return first.select(*cols)
+        # the first row of a key has its smallest event time: its write holds the key until
+        # that + the delay; most often no other row of the key comes after that (one pass)
+        t = f.unix_micros(f.col(q(self.spec.time or "")))
+        by_key = Window.partitionBy(*[f.col(q(k)) for k in self.spec.keys])
+        expiry = f.min(t).over(by_key) + f.lit(int(self.spec.within_us))
+        marked = rows.withColumn("_ft_first", f.row_number().over(w))
+        marked = marked.withColumn("_ft_later", f.unix_micros(f.col(SPARK_WM)) >= expiry)
+        marked = marked.localCheckpoint(eager=True)
+        if marked.where("_ft_later AND _ft_first > 1").isEmpty():
+            return marked.where("_ft_first = 1").select(*cols)
         picks = [first.select(*cols).where(f.lit(False))]
-        rows = rows.localCheckpoint(eager=True)
+        rows = marked.drop("_ft_first", "_ft_later")
         while not rows.isEmpty():  # a key's next write: its first row the writes do not hold
             first = rows.withColumn("_ft_first", f.row_number().over(w)).where("_ft_first = 1")
             picks.append(first.select(*cols).localCheckpoint(eager=True))
