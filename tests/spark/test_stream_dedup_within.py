@@ -35,7 +35,7 @@ pytestmark = pytest.mark.spark
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the stage functions below
 
-FILES = 5
+FILES = 4
 EVENTS = 10  # new events per file
 SCHEMA = "guid long, eventTime timestamp, value long, seq long"
 T0 = dt.datetime(2026, 11, 26, 12, 0, 0)

@@ -30,7 +30,8 @@ Here each staged row keeps that watermark as plain Spark has it (``_ft_swm``; th
 ``_ft_wm`` is held back by pending records, this one is not: a record pending elsewhere must
 not keep alive a key that Spark let expire), and the keys written keep their expiry
 (``_ft_expires``): a settled row is written when its key was never written or every write of
-it expired at the row's watermark (``expires <= _ft_swm``), taking the settled rows of a key in
+it expired at the row's watermark (``expires <= _ft_swm``, and below the row's event time),
+taking the settled rows of a key in
 the order above, each one written keeping the key for the next. A key's expiry only grows, so
 a row dropped once stays dropped. A replayed row is judged by the watermark of the micro-batch
 that replays it (never late, as above): where a key's expiry falls between a row's first
@@ -183,8 +184,18 @@ class DedupState:
         r, w = rows.alias("r"), by.alias("w")
         cond = [f.col(f"r.{q(k)}").eqNullSafe(f.col(f"w.{q(k)}")) for k in self.spec.keys]
         if self.spec.within_us is not None:  # the key lives while expiresAt > watermark
-            cond.append(f.col(f"w.{EXPIRES}") > f.unix_micros(f.col(f"r.{SPARK_WM}")))
+            cond.append(f.col(f"w.{EXPIRES}") > self._judged_by("r."))
         return r.join(w, cond, "left_anti")
+
+    def _judged_by(self, prefix: str = "") -> Any:
+        """The watermark a row's key is judged by (microseconds): plain Spark's of its
+        micro-batch, and below its own event time (a row Spark does not drop as late is
+        judged by a watermark below its event time; a replayed row, judged by a later
+        micro-batch, is held to that too, so a copy of an event written is never written
+        again from its replay)."""
+        f = _f()
+        t = f.unix_micros(f.col(prefix + q(self.spec.time or "")))
+        return f.least(f.unix_micros(f.col(prefix + SPARK_WM)), t - f.lit(1))
 
     def _unwritten(self, rows: Any, spark: Any) -> Any:
         """``rows`` that no key written holds."""
@@ -225,7 +236,7 @@ class DedupState:
         by_key = Window.partitionBy(*[f.col(q(k)) for k in self.spec.keys])
         expiry = f.min(t).over(by_key) + f.lit(int(self.spec.within_us))
         marked = rows.withColumn("_ft_first", f.row_number().over(w))
-        marked = marked.withColumn("_ft_later", f.unix_micros(f.col(SPARK_WM)) >= expiry)
+        marked = marked.withColumn("_ft_later", self._judged_by() >= expiry)
         marked = marked.localCheckpoint(eager=True)
         if marked.where("_ft_later AND _ft_first > 1").isEmpty():
             return marked.where("_ft_first = 1").select(*cols)
@@ -234,6 +245,7 @@ class DedupState:
         while not rows.isEmpty():  # a key's next write: its first row the writes do not hold
             first = rows.withColumn("_ft_first", f.row_number().over(w)).where("_ft_first = 1")
             picks.append(first.select(*cols).localCheckpoint(eager=True))
+            rows = rows.join(picks[-1].select(RID_TAG, RID_NO), [RID_TAG, RID_NO], "left_anti")
             rows = self._blocked(rows, self._expiry(picks[-1])).localCheckpoint(eager=True)
         return reduce(lambda a, b: a.unionByName(b), picks)
 
@@ -296,7 +308,7 @@ class DedupState:
                 low = watermark_us
                 if self.staging.paths:
                     staged = spark.read.parquet(*self.staging.paths)
-                    first = staged.agg(f.min(f.unix_micros(f.col(SPARK_WM)))).first()[0]
+                    first = staged.agg(f.min(self._judged_by())).first()[0]
                     low = min(low, int(first)) if first is not None else low
                 keys = keys.where(f.col(EXPIRES) > f.lit(int(low)))
             elif self.spec.time is not None and self.spec.time in self.spec.keys:
