@@ -302,8 +302,6 @@ def test_stream_drop_duplicates_declarations_refused_in_one_line(spark, tmp_path
 
     p = Pipeline(spark)
     events = p.source(_read(spark, tmp_path), name="events")
-    with pytest.raises(AttributeError, match=r"use dropDuplicates\(cols\)"):
-        events.dropDuplicatesWithinWatermark(["guid"])
     with pytest.raises(StageSchemaError, match=r"missing column\(s\) \['nope'\]"):
         events.dropDuplicates(["nope"])
 

@@ -488,21 +488,39 @@ class PlanBuilder:
         spec = StreamJoinSpec(cond, how, spec.times, lags)
         return self._barrier([left, right], spec, StreamJoin, keys=())
 
-    def stream_dedup(self, parent: Node, keys: tuple[str, ...]) -> Source:
+    def stream_dedup(self, parent: Node, keys: tuple[str, ...], within: bool = False) -> Source:
         """``dropDuplicates(keys)`` of a tracked stream (:mod:`.stream_dedup`): the rows keep
         their source's event-time column when it is still there (late rows are dropped, and
-        the keys' state is bounded when it is among ``keys``)."""
+        the keys' state is bounded when it is among ``keys``). ``within``:
+        ``dropDuplicatesWithinWatermark(keys)``, which needs the watermark's column (Spark
+        refuses it without one)."""
+        what = "dropDuplicatesWithinWatermark" if within else "dropDuplicates"
         sources = _sources_of(parent)
         wms = [self._watermarks.get(s.name) for s in sources]
-        if len(sources) > 1 and any(wm is not None for wm in wms):
+        if len(sources) > 1 and (within or any(wm is not None for wm in wms)):
             marked = sum(wm is not None for wm in wms)
             raise ops.TrackedOperationError(
-                f"dropDuplicates: the stream reads {len(sources)} sources, {marked} with a "
+                f"{what}: the stream reads {len(sources)} sources, {marked} with a "
                 "watermark; drop the duplicates of each source before the union"
             )
         wm = wms[0] if len(sources) == 1 else None
         time = wm.column if wm is not None and wm.column in parent.columns else None
-        spec = StreamDedupSpec(keys, time)
+        within_us = None
+        if within:
+            if wm is None:
+                raise ops.TrackedOperationError(
+                    f"{what}: the stream has no watermark; declare withWatermark(column, delay) "
+                    "on its source first (a key is kept until the watermark passes its event "
+                    "time + the delay; Spark refuses it without a watermark too)"
+                )
+            if time is None:
+                raise ops.TrackedOperationError(
+                    f"{what}: the event-time column {wm.column!r} of the watermark no longer "
+                    "reaches it; keep the column up to the deduplication (it need not be "
+                    "among the keys; Spark refuses it too)"
+                )
+            within_us = wm.delay_us // 1000 * 1000  # Spark keeps the delay in milliseconds
+        spec = StreamDedupSpec(keys, time, within_us)
         return self._barrier([parent], spec, StreamDedup, keys=())
 
     def tracked_join(

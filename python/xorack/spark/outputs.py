@@ -20,6 +20,7 @@ from .node import Node, Scope
 from .report import Reason
 from .sink_runner import SUMMARY_SCHEMA, SinkRunner
 from .sinks import SinkCapabilities, create_sink
+from .stream_dedup import DedupStaging
 from .windows import WindowStaging
 
 if TYPE_CHECKING:
@@ -166,8 +167,9 @@ class StreamJoin(Barrier):
 
 @dataclass(eq=False)
 class StreamDedup(Barrier):
-    """``dropDuplicates(keys)`` (or ``distinct()``) of a tracked stream: its rows are staged,
-    and each key is written once, from the rows of records that have settled
+    """``dropDuplicates(keys)`` (or ``distinct()``, or ``dropDuplicatesWithinWatermark(keys)``)
+    of a tracked stream: its rows are staged, and each key is written once (within a watermark:
+    once per expiry), from the rows of records that have settled
     (:mod:`xorack.spark.stream_dedup`)."""
 
     lineage: ClassVar[str] = "n → 1 per key: staged, written once its rows' records settled"
@@ -176,7 +178,8 @@ class StreamDedup(Barrier):
     def open_staging(self, ctx: RunContext, workdir: str) -> list[Staging]:
         (parent,) = self.parents
         root = os.path.join(workdir, self.name, "0")
-        return [WindowStaging(root, parent.schema, time=self.spec.time or "", ids=True)]
+        kind = WindowStaging if self.spec.within_us is None else DedupStaging
+        return [kind(root, parent.schema, time=self.spec.time or "", ids=True)]
 
     def blocker(self, scope: Scope) -> tuple[Reason, str] | None:
         return Reason.STREAMING, f"{self.name!r} drops duplicates of a stream"

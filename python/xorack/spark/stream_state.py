@@ -19,7 +19,7 @@ from .outputs import Aggregate, Sink, StreamDedup, StreamJoin, WindowAggregate
 from .publish import adopt_staged, close_staging, open_staging
 from .report import RunReport
 from .rows import RowOperation, Source
-from .stream_dedup import DedupState
+from .stream_dedup import DedupStaging, DedupState
 from .stream_join import JoinState
 from .windows import WindowStaging, closes_any, horizon_of, write_emitted
 
@@ -352,6 +352,9 @@ class StreamState:
         stamp = min(self.watermark_us, self.evict_us)
         for st in self._stagings():
             st.watermark_us = stamp
+        for ds in self.dedup_states:  # a key's expiry: by plain Spark's watermark, not held
+            if isinstance(ds.staging, DedupStaging):
+                ds.staging.spark_wm_us = self.evict_us
 
     def stage(self, work: Any, tag: str) -> None:
         """Write the round's rows reaching the windowed aggregations, then send their events
@@ -628,13 +631,9 @@ class StreamState:
                     self.compactions += 1
 
     def dedup(self, stats: dict[str, Any]) -> None:
-        """Write the keys of each ``dropDuplicates`` that its settled rows now give and no
-        emission wrote (:mod:`xorack.spark.stream_dedup`); compact its state now and then."""
-        from pyspark.sql import functions as F
-
-        from .lineage import q
-        from .windows import ROW_ID
-
+        """Write the rows of each ``dropDuplicates`` (or ``dropDuplicatesWithinWatermark``) that
+        its settled rows now give and no emission wrote (:mod:`xorack.spark.stream_dedup`);
+        compact its state now and then."""
         ctx = self.ctx
         if not self.dedup_states:
             return
@@ -650,10 +649,7 @@ class StreamState:
                 self._tags += 1
                 name = f"d{ctx.run_tag}{self._tags:07d}"
                 self._note({MARK_JOIN + ds.node.name: name})
-                # the row's id is its key's (written once): a write done again after a crash
-                # that picks another row of the key is absorbed by an idempotent sink
-                key = F.struct(*[F.col(q(k)) for k in ds.spec.keys])
-                new = new.withColumn(ROW_ID, F.xxhash64(F.to_json(key)))
+                new = ds.with_row_id(new)  # a write done again is absorbed by an idempotent sink
                 for node, chain in sinks_after(ctx.plan, ds.node):
                     written = write_emitted(node, new, name=name, chain=chain)
                     self.report.sink_rows[node.name] = (
@@ -668,7 +664,7 @@ class StreamState:
                 hidden = ds.compact_rows(ctx.spark, ended_df, name)
                 self._note({MARK_COMPACTED + ds.node.name: name})  # then a restart commits it
                 ds.staging.drop_before(ds.staging.commit(hidden))
-                ds.compact_keys(ctx.spark, self.watermark_us, name)
+                ds.compact_keys(ctx.spark, min(self.watermark_us, self.evict_us), name)
                 self.compactions += 1
 
     def _compact(self, ended_df: Any, evicted: dict[str, Any]) -> None:

@@ -362,6 +362,44 @@ class Tracked:
 
     drop_duplicates = dropDuplicates
 
+    def dropDuplicatesWithinWatermark(self, *names: Any, subset: Any = None) -> Tracked:
+        """``DataFrame.dropDuplicatesWithinWatermark(subset)`` of a tracked stream with a
+        watermark: the first row of each ``subset`` key (all columns when None) is written,
+        the key's later rows are dropped until the watermark passes the written row's event
+        time + the watermark's delay, and the next row of the key is written again. Exact
+        while the stream runs, as ``dropDuplicates`` (:mod:`xorack.spark.stream_dedup`). The
+        event-time column must reach it (not necessarily among ``subset``). Like Spark's, it
+        is refused on a batch frame (use ``dropDuplicates``) and on a stream without a
+        watermark. ``subset``: a list or tuple of column names (or the names as arguments).
+
+        >>> # unique = events.withWatermark("ts", "1 hour").dropDuplicatesWithinWatermark(["guid"])
+        """
+        what = "dropDuplicatesWithinWatermark"
+        given: Any = subset
+        if names and subset is not None:
+            given = (names, subset)  # refused below
+        elif len(names) == 1 and (names[0] is None or isinstance(names[0], (list, tuple))):
+            given = names[0]
+        elif names:
+            given = list(names)
+        cols: list[Any] = self.columns if given is None else []
+        if isinstance(given, (list, tuple)):
+            cols = list(given)
+        bad = [c for c in cols if not isinstance(c, str)]
+        if bad or not cols:
+            raise TypeError(
+                f"{what}: subset must be column names (a list or tuple of str, or str "
+                f"arguments, at least one), or None for all columns; got {given!r}"
+            )
+        check_columns(what, self.columns, tuple(cols), what)
+        if not self._builder.streaming(self._node):
+            raise ops.TrackedOperationError(
+                f"{what}: not supported on a batch frame (nor in Spark); use "
+                f"dropDuplicates({cols!r})"
+            )
+        keys = tuple(dict.fromkeys(cols))
+        return self._on(self._builder.stream_dedup(self._node, keys, within=True))
+
     def orderBy(self, *cols: Any, ascending: Any = None) -> OrderedTracked:
         """``DataFrame.orderBy(*cols)`` / ``sort``, for ``.limit(n)``: the first n rows in that
         order (a top-n, a barrier). A sink does not keep an order (its rows are written by
@@ -692,9 +730,6 @@ _INSTEAD = {
     "rollup": "group by each level with groupBy(...).agg(...) and union the results",
     "cube": "group by each level with groupBy(...).agg(...) and union the results",
     "observe": "the run report counts rows per stage; aggregate with agg(...) for more",
-    "dropDuplicatesWithinWatermark": (
-        "not supported yet; use dropDuplicates(cols) with the event-time column among cols"
-    ),
     "withMetadata": "set the metadata on the input before p.source() or on the sink's output",
     "isEmpty": "preview with count() (untracked)",
 }
