@@ -390,3 +390,59 @@ def test_drop_duplicates_under_a_random_split_into_micro_batches_equals_plain_sp
     assert sorted((int(r.guid), r.eventTime, int(r.value)) for r in rows) == want
     assert report.lost == 0
     assert _dead(p) == {s for s in range(sent) if _poison(s)}
+
+
+def _fails_thrice(pdf: pd.DataFrame) -> pd.DataFrame:
+    from xorack.spark import current_attempt
+
+    bad = (pdf["guid"] == 1).to_numpy() & (current_attempt(pdf) <= 3)
+    if bad.any():
+        raise xorack.FailRecord("injected thrice", rows=bad)
+    return pdf
+
+
+def test_a_record_held_pending_past_spark_watermark_is_not_late(spark, tmp_path):
+    """A record failing three times while later files move Spark's watermark far past its
+    event time holds the watermark back at its own event time; its fourth attempt is on time
+    (Spark read it on time) and its key is written, as plain Structured Streaming writes it."""
+    from pyspark.sql import functions as F
+
+    d = tmp_path / "events"
+    d.mkdir()
+    for f in range(6):
+        rows = [{"guid": 2 * f + 1, "eventTime": (T0 + dt.timedelta(seconds=60 * f)).isoformat()}]
+        rows.append(
+            {"guid": 2 * f + 2, "eventTime": (T0 + dt.timedelta(seconds=60 * f + 1)).isoformat()}
+        )
+        path = d / f"part-{f:02d}.json"
+        path.write_text("".join(json.dumps({**r, "value": 7, "seq": 0}) + "\n" for r in rows))
+        at = time.time() - 3600 + f
+        os.utime(path, (at, at))
+    keys = ["guid", "eventTime"]
+    plain = (
+        _read(spark, tmp_path)
+        .drop("seq")
+        .withWatermark("eventTime", "10 seconds")
+        .dropDuplicates(keys)
+        .writeStream.outputMode("append")
+        .format("memory")
+        .queryName("plain_dedup_held")
+        .trigger(availableNow=True)
+        .start()
+    )
+    plain.awaitTermination(WAIT)
+    want = sorted(int(r.guid) for r in spark.table("plain_dedup_held").collect())
+    spark.sql("DROP VIEW IF EXISTS plain_dedup_held")
+    assert 1 in want
+
+    out = str(tmp_path / "held.parquet")
+    p = Pipeline(spark, max_attempts=5)
+    events = p.source(_read(spark, tmp_path), name="events", partitions=2)
+    events = events.withWatermark("eventTime", "10 seconds")
+    checked = events.map_in_pandas(_fails_thrice, SCHEMA, name="stage")
+    checked.drop("seq").dropDuplicates(keys).sink(ParquetSink(out), name="unique")
+    report = p.start_stream(timeout=60.0, available_now=True).wait(timeout=WAIT)
+    got = sorted(int(r.guid) for r in spark.read.parquet(out).select(F.col("guid")).collect())
+    assert report.dead_lettered == 0
+    assert report.replayed >= 3
+    assert got == want

@@ -542,8 +542,8 @@ class StreamState:
             if "min_event_time" not in stats:  # an acker that cannot tell: wait
                 return
             pending = stats["min_event_time"]
-            if pending is not None:
-                hold = min(hold, int(pending))
+            if pending is not None:  # strictly below it: a row at or below is late
+                hold = min(hold, int(pending) - 1)
         new = max(self.watermark_us, hold)
         if new <= self.watermark_us:
             return
