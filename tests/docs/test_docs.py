@@ -34,6 +34,7 @@ MODULES = [
     "xorack.spark.replays",
     "xorack.spark.optimistic",
     "xorack.spark.join_ops",
+    "xorack.spark.unsupported",
     "xorack.spark.tracked_rounds",
     "xorack.spark.lineage",
     "xorack.spark.report",
