@@ -41,6 +41,7 @@ MODULES = [
     "xorack.spark.ids",
     "xorack.spark.sinks",
     "xorack.spark.guard",
+    "xorack.spark.prune",
     "xorack.bench_tpch",
 ]
 

@@ -67,8 +67,10 @@ def _failing(column: str, modulus: int):
 #: In CI, three shapes under failures (a tracked join and a top-n, a global aggregate over a
 #: lookup join, an iterative join + aggregate); XORACK_TPCH_QUERIES=all runs every query (the
 #: bench compares every query's result with plain Spark's on each run too).
+#: Q21 is left out: at this scale no supplier is in its nation, its result is empty (the bench
+#: compares it with plain Spark at scale 0.1).
 CHECKED = (
-    bench_tpch.QUERIES
+    tuple(q for q in bench_tpch.QUERIES if q != "q21")
     if os.environ.get("XORACK_TPCH_QUERIES") == "all"
     else ("q3", "q14", "pagerank")
 )

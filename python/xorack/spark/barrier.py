@@ -102,17 +102,23 @@ class JoinSpec:
     how: str
     condition: Any = None
     qualifiers: tuple[str, str] = ("", "")
+    #: the output columns kept (all when empty): those read after the join
+    #: (:mod:`xorack.spark.prune`)
+    keep: tuple[str, ...] = ()
 
     def describe(self) -> str:
+        cut = f".select({', '.join(self.keep)})" if self.keep else ""
         if self.condition is not None:
-            return f"join({self.condition}, {self.how!r})"
-        return f"join({list(self.on)}, {self.how!r})"
+            return f"join({self.condition}, {self.how!r}){cut}"
+        return f"join({list(self.on)}, {self.how!r}){cut}"
 
     def compute(self, inputs: Sequence[Any]) -> Any:
         if self.condition is None:
-            return inputs[0].join(inputs[1], on=list(self.on), how=self.how)
-        left, right = self.qualifiers
-        return inputs[0].alias(left).join(inputs[1].alias(right), self.condition, self.how)
+            out = inputs[0].join(inputs[1], on=list(self.on), how=self.how)
+        else:
+            left, right = self.qualifiers
+            out = inputs[0].alias(left).join(inputs[1].alias(right), self.condition, self.how)
+        return out.selectExpr(*map(q, self.keep)) if self.keep else out
 
 
 @dataclass(frozen=True)

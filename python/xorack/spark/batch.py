@@ -69,7 +69,7 @@ class BatchRun:
                 f"({found.causes} rows, {found.traced} input records behind them): stopped"
             )
         old = self.ctx
-        ctx = RunContext(old.config, old.plan)
+        ctx = RunContext(old.config, old.plan, old.declared)
         for source in old.plan.sources:
             tables = found.excluded.get(source.index)
             if source.derived is None and tables:
@@ -251,7 +251,7 @@ class BatchRun:
         report.wall_seconds = round(time.perf_counter() - start, 3)
         done = json.dumps(report.as_dict())
         # what a repair's declaration must match (xorack.spark.fingerprint)
-        plan = json.dumps(fingerprint(ctx.plan, ctx.config.workdir or "."))
+        plan = json.dumps(fingerprint(ctx.declared, ctx.config.workdir or "."))
         ctx.client.job_state(marks={"report": done, PLAN_MARK: plan}, clear=["ended"])
         return True
 

@@ -73,9 +73,11 @@ class RunContext:
     """One run of a plan (a batch ``run()`` or a streaming query): its acker, staging and
     rounds. Public: the run's parts (rounds, builders, the streaming run) share it."""
 
-    def __init__(self, config: PipelineConfig, plan: Plan) -> None:
+    def __init__(self, config: PipelineConfig, plan: Plan, declared: Plan | None = None) -> None:
         self.config = config
         self.plan = plan
+        #: the plan as declared (``plan`` may be its pruned form, :mod:`xorack.spark.prune`)
+        self.declared = plan if declared is None else declared
         self.spark = config.spark
         self.ft = config.ft
         self.deterministic_ids = config.deterministic_ids

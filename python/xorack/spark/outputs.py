@@ -38,6 +38,9 @@ class Barrier(Node):
     declaration analyzed from ``analyzed_from``, reused when the run feeds the same frames)."""
 
     spec: Any = None
+    #: the payload staged per parent (empty: each parent's whole payload); a tracked join cut
+    #: by :mod:`xorack.spark.prune` stages what its condition and its kept columns read
+    sides: tuple[Any, ...] = ()
 
     terminal: ClassVar[bool] = True
 
@@ -69,9 +72,10 @@ class Barrier(Node):
 
     def open_staging(self, ctx: RunContext, workdir: str) -> list[Staging]:
         """Where this run stages the rows reaching the barrier, one place per parent."""
+        schemas = self.sides or tuple(p.schema for p in self.parents)
         return [
-            Staging(os.path.join(workdir, self.name, str(i)), p.schema)
-            for i, p in enumerate(self.parents)
+            Staging(os.path.join(workdir, self.name, str(i)), schema)
+            for i, schema in enumerate(schemas)
         ]
 
     def output(self, ctx: RunContext, ended_df: Any) -> Any:

@@ -40,6 +40,7 @@ from .guard import FailureTally
 from .optimistic_round import how_phase_runs
 from .outputs import Aggregate
 from .plan import Plan
+from .prune import prune
 from .quiet import quiet_spark_logs
 from .report import REPORT_KEYS, RoundInfo, RunReport
 from .reproducible import check_speculation
@@ -343,9 +344,10 @@ class Pipeline:
 
         >>> # print(p.explain())
         """
-        ctx = RunContext(self.config, self._builder.plan())
         if not self.ft:
-            return "xorack plan, FT off (plain Spark's plan)\n" + ctx.plan.explain()
+            plan = self._builder.plan()
+            return "xorack plan, FT off (plain Spark's plan)\n" + plan.explain()
+        ctx = self._context(self.config)
         ctx.partial_phases = {
             b.parents[0].phase
             for b in ctx.plan.barriers()
@@ -362,8 +364,8 @@ class Pipeline:
 
         >>> # report = p.run(); assert report.lost == 0
         """
-        ctx = RunContext(self.config, self._builder.plan())
-        ctx.plan.sinks()  # a plan without a sink is an error
+        self._builder.plan().sinks()  # a plan without a sink is an error
+        ctx = self._context(self.config)
         if self.ft:
             check_speculation(self.spark)
         self._before, self._run = self._run, ctx
@@ -375,6 +377,14 @@ class Pipeline:
                 self._run = run.ctx
                 report = run.run(on_round)
         return report
+
+    def _context(self, config: PipelineConfig) -> RunContext:
+        """A batch run's context: with FT on, over the plan with each tracked join's output
+        cut to the columns read after it (:mod:`xorack.spark.prune`)."""
+        declared = self._builder.plan()
+        if not config.ft:
+            return RunContext(config, declared)
+        return RunContext(config, prune(declared, self.spark), declared)
 
     def start_stream(
         self,

@@ -1,0 +1,222 @@
+"""Column pruning across phases: a tracked join's output keeps only the columns the rest of
+the pipeline reads.
+
+Spark prunes the columns a query does not need down to its scans. A phase boundary hides
+that from it: the output of a tracked ⋈ tracked join is written for the next phase, and a
+write needs every column, so Spark reads, shuffles and writes all the columns of both sides
+(TPC-H Q3: the 16 columns of ``lineitem``, where the aggregate after the join reads 4). At the
+start of a batch run with FT on, :func:`prune` asks Spark's own optimizer which columns of each
+join's output the nodes after it read, and gives the join a final ``select`` of those. Spark
+then prunes the join's inputs, down to the sources' scans, as it would in plain Spark; in
+tracked rounds each side stages only what the join's condition and the kept columns read.
+
+How the columns are found. The join's output is stood in for by a *probe*: an empty
+``LogicalRDD`` of its schema, which the optimizer cannot fold away as it folds an empty local
+relation. The nodes reached from it are built over the probe as plain Spark builds them (a
+native operation's ``apply``), up to where each branch ends (:func:`_ends`):
+
+* a native sink, a Python sink, a Python stage, a transform, a union, a barrier of another kind:
+  it reads its whole input — every column that reaches it is read;
+* an aggregate, a tracked join, a ``limit``: Spark's own operator over its input (a later
+  join's output already pruned), whose references the optimizer knows.
+
+Each end is optimized, and the columns read from the probe are those the operators directly
+above each occurrence of the probe in the optimized plan reference, climbing through the
+operators that pass every column on (a filter, a sort, a repartition, a limit) up to the first
+``Project`` or ``Aggregate``; any other operator above the probe counts as reading every column.
+So the count can only err towards more columns. The derived source's partitioning keys are kept
+too (a replay is partitioned by them).
+
+What is left alone: a join whose output names a column twice (a ``select`` by name would be
+ambiguous); a streaming plan; a plan the analysis cannot build (any error: nothing is pruned).
+A dead-lettered row of a pruned join's output holds its kept columns only.
+
+>>> from xorack.spark.prune import passes_through
+>>> passes_through("Filter"), passes_through("Join")
+(True, False)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from .node import Node
+from .outputs import Aggregate, Barrier, Limit, TrackedJoin
+from .plan import Plan
+from .rows import RowOperation, Source
+
+log = logging.getLogger(__name__)
+
+#: Catalyst operators whose output is their child's (every column passed on, none computed):
+#: the columns read above one of them are read from below it too.
+_PASS = frozenset(
+    {"Filter", "Sort", "Repartition", "RepartitionByExpression", "LocalLimit", "GlobalLimit"}
+)
+#: Catalyst operators that output only what their expressions name.
+_NARROW = frozenset({"Project", "Aggregate"})
+
+
+def passes_through(operator: str) -> bool:
+    """Whether the Catalyst operator ``operator`` passes its child's columns on unchanged."""
+    return operator in _PASS
+
+
+def prune(plan: Plan, spark: Any) -> Plan:
+    """``plan`` with each tracked join's output cut to the columns read after it (itself
+    when nothing can be cut, or the plan is streaming)."""
+    joins = [n for n in plan.nodes if isinstance(n, TrackedJoin)]
+    if not joins or any(s.df is not None and s.df.isStreaming for s in plan.sources):
+        return plan
+    keep: dict[int, tuple[str, ...]] = {}
+    try:
+        for join in reversed(joins):  # a later join's cut is known when an earlier one ends in it
+            cols = _read_after(plan, spark, join, keep)
+            if cols is not None and len(cols) < len(join.columns):
+                keep[id(join)] = cols
+        sides = {i: _sides(spark, j, keep[id(j)]) for j in joins if (i := id(j)) in keep}
+    except Exception as exc:  # pragma: no cover - Spark refused a probe: prune nothing
+        log.debug("column pruning skipped: %s", exc)
+        return plan
+    return _rewrite(plan, keep, sides) if keep else plan
+
+
+def _read_after(
+    plan: Plan, spark: Any, join: TrackedJoin, keep: dict[int, tuple[str, ...]]
+) -> tuple[str, ...] | None:
+    """The columns of ``join``'s output read after it, in its order; None: all of them."""
+    if len(set(join.columns)) != len(join.columns):
+        return None
+    derived = plan.derived_source(join)
+    probe = _probe(spark, join.schema)
+    ends = _ends(plan, spark, derived, probe, keep)
+    if ends is None:
+        return None
+    rdd = _rdd(probe)
+    read = set(derived.keys)
+    for end in ends:
+        got = _columns_read(end._jdf.queryExecution().optimizedPlan(), rdd)
+        if got is None:
+            return None
+        read |= got
+    return tuple(c for c in join.columns if c in read)
+
+
+def _ends(
+    plan: Plan, spark: Any, derived: Source, probe: Any, keep: dict[int, tuple[str, ...]]
+) -> list[Any] | None:
+    """Where the branches from ``derived`` end, as frames over ``probe`` (see the module's
+    doc); None when an end reads ``derived``'s rows as they are (every column is read)."""
+    frames: dict[int, Any] = {id(derived): probe}
+    ends: list[Any] = []
+    for node in plan.nodes:
+        if not any(id(p) in frames for p in node.parents):
+            continue
+        inputs = [frames.get(id(p)) for p in node.parents]
+        if isinstance(node, RowOperation):
+            frames[id(node)] = node.op.apply(inputs[0], False)
+            continue
+        if isinstance(node, Barrier) and type(node) in (Aggregate, TrackedJoin, Limit):
+            given = [
+                x if x is not None else _probe(spark, p.schema)
+                for x, p in zip(inputs, node.parents, strict=True)
+            ]
+            spec = node.spec
+            if id(node) in keep:
+                spec = dataclasses.replace(spec, keep=keep[id(node)])
+            ends.append(spec.compute(given))
+            continue
+        # anything else reads every column of what reaches it
+        for x in inputs:
+            if x is probe:
+                return None
+            if x is not None:
+                ends.append(x)
+    return ends
+
+
+def _sides(spark: Any, join: TrackedJoin, cut: tuple[str, ...]) -> tuple[Any, ...]:
+    """The payload each side of ``join`` stages in tracked rounds when its output is ``cut``:
+    the columns the join's condition and the kept columns read (a side whose read Spark
+    does not show, or that reads none, stages all of its columns)."""
+    from pyspark.sql.types import StructType
+
+    probes = [_probe(spark, p.schema) for p in join.parents]
+    out = dataclasses.replace(join.spec, keep=cut).compute(probes)
+    optimized = out._jdf.queryExecution().optimizedPlan()
+    sides = []
+    for probe, parent in zip(probes, join.parents, strict=True):
+        read = _columns_read(optimized, _rdd(probe))
+        cols = [c for c in parent.columns if read and c in read] or list(parent.columns)
+        sides.append(StructType([parent.schema[c] for c in cols]))
+    return tuple(sides)
+
+
+def _rdd(probe: Any) -> int:
+    return int(probe._jdf.queryExecution().analyzed().rdd().id())
+
+
+def _probe(spark: Any, schema: Any) -> Any:
+    """An empty frame of ``schema`` the optimizer cannot fold (a ``LogicalRDD``)."""
+    from pyspark.sql.classic.dataframe import DataFrame
+
+    jspark = spark._jsparkSession
+    jdf = jspark.createDataFrame(spark._jsc.emptyRDD(), jspark.parseDataType(schema.json()))
+    return DataFrame(jdf, spark)
+
+
+def _seq(s: Any) -> list[Any]:
+    return [s.apply(i) for i in range(s.size())]
+
+
+def _columns_read(optimized: Any, rdd: int) -> set[str] | None:
+    """The names of the probe's (RDD ``rdd``) columns that ``optimized`` (a Catalyst logical
+    plan) reads; None when an operator above the probe may read them all."""
+    read: set[str] = set()
+    stack: list[tuple[Any, list[Any]]] = [(optimized, [])]
+    while stack:
+        node, above = stack.pop()
+        if node.nodeName() == "LogicalRDD" and node.rdd().id() == rdd:
+            names = {a.exprId().id(): a.name() for a in _seq(node.output())}
+            for op in reversed(above):
+                refs = _seq(op.references().toSeq())
+                read |= {names[a.exprId().id()] for a in refs if a.exprId().id() in names}
+                if op.nodeName() in _NARROW:
+                    break
+                if op.nodeName() not in _PASS:
+                    return None
+            else:
+                return None  # the probe itself is the result: all of it is read
+            continue
+        stack.extend((child, [*above, node]) for child in _seq(node.children()))
+    return read
+
+
+def _rewrite(
+    plan: Plan, keep: dict[int, tuple[str, ...]], sides: dict[int, tuple[Any, ...]]
+) -> Plan:
+    """``plan`` with the joins in ``keep`` (and their derived sources) cut to those columns,
+    each join staging ``sides``."""
+    from pyspark.sql.types import StructType
+
+    new: dict[int, Node] = {}
+    for node in plan.nodes:
+        parents = tuple(new[id(p)] for p in node.parents)
+        cut = keep.get(id(node.derived)) if isinstance(node, Source) else keep.get(id(node))
+        if cut is None:
+            changes: dict[str, Any] = {"parents": parents}
+        else:
+            schema = StructType([node.schema[c] for c in cut])
+            changes = {"parents": parents, "columns": cut, "schema": schema}
+            if isinstance(node, TrackedJoin):
+                changes["spec"] = dataclasses.replace(node.spec, keep=cut)
+                changes["sides"] = sides[id(node)]
+        if isinstance(node, Source) and node.derived is not None:
+            changes["derived"] = new[id(node.derived)]
+        new[id(node)] = dataclasses.replace(node, **changes)
+    sources = tuple(s for s in (new[id(s)] for s in plan.sources) if isinstance(s, Source))
+    return dataclasses.replace(plan, nodes=tuple(new[id(n)] for n in plan.nodes), sources=sources)
+
+
+__all__ = ["passes_through", "prune"]
