@@ -17,7 +17,7 @@ pytest.importorskip("pyspark", reason="pyspark is not installed: install xorack[
 from pyspark import cloudpickle
 from pyspark.sql import functions as F
 
-from xorack.spark.prune import _columns_read, _probe, prune
+from xorack.spark.prune import _columns_read, _optimized, _probe, _token, prune
 
 pytestmark = pytest.mark.spark
 
@@ -151,10 +151,9 @@ def test_a_join_read_by_a_later_join_keeps_that_joins_columns(spark, tmp_path):
 
 def test_columns_read_climbs_only_through_operators_that_pass_columns_on(spark):
     probe = _probe(spark, _items(spark).schema)
-    rdd = probe._jdf.queryExecution().analyzed().rdd().id()
 
     def read(df):
-        return _columns_read(df._jdf.queryExecution().optimizedPlan(), rdd)
+        return _columns_read(_optimized(df), _token(probe))
 
     assert read(probe.where("price > 1").select("tag")) == {"price", "tag"}
     assert read(probe.groupBy("tag").agg(F.sum("price"))) == {"tag", "price"}

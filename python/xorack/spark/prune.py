@@ -39,6 +39,7 @@ A dead-lettered row of a pruned join's output holds its kept columns only.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from typing import Any
 
@@ -93,10 +94,9 @@ def _read_after(
     ends = _ends(plan, spark, derived, probe, keep)
     if ends is None:
         return None
-    rdd = _rdd(probe)
     read = set(derived.keys)
     for end in ends:
-        got = _columns_read(end._jdf.queryExecution().optimizedPlan(), rdd)
+        got = _columns_read(_optimized(end), _token(probe))
         if got is None:
             return None
         read |= got
@@ -144,17 +144,13 @@ def _sides(spark: Any, join: TrackedJoin, cut: tuple[str, ...]) -> tuple[Any, ..
 
     probes = [_probe(spark, p.schema) for p in join.parents]
     out = dataclasses.replace(join.spec, keep=cut).compute(probes)
-    optimized = out._jdf.queryExecution().optimizedPlan()
+    tree = _optimized(out)
     sides = []
     for probe, parent in zip(probes, join.parents, strict=True):
-        read = _columns_read(optimized, _rdd(probe))
+        read = _columns_read(tree, _token(probe))
         cols = [c for c in parent.columns if read and c in read] or list(parent.columns)
         sides.append(StructType([parent.schema[c] for c in cols]))
     return tuple(sides)
-
-
-def _rdd(probe: Any) -> int:
-    return int(probe._jdf.queryExecution().analyzed().rdd().id())
 
 
 def _probe(spark: Any, schema: Any) -> Any:
@@ -163,33 +159,88 @@ def _probe(spark: Any, schema: Any) -> Any:
 
     jspark = spark._jsparkSession
     jdf = jspark.createDataFrame(spark._jsc.emptyRDD(), jspark.parseDataType(schema.json()))
-    return DataFrame(jdf, spark)
+    probe = DataFrame(jdf, spark)
+    probe._xorack_probe = tuple(schema.fieldNames())  # type: ignore[attr-defined]
+    return probe
 
 
-def _seq(s: Any) -> list[Any]:
-    return [s.apply(i) for i in range(s.size())]
+def _token(probe: Any) -> tuple[str, ...]:
+    """What tells the probe in an optimized plan: a ``LogicalRDD`` with its column names (the
+    optimizer's copies of it get new expression ids — a self-join reads it twice —, and the
+    JSON form of a plan does not name the RDD: another relation with the very same names
+    counts as the probe too, which can only add columns)."""
+    return tuple(probe._xorack_probe)
 
 
-def _columns_read(optimized: Any, rdd: int) -> set[str] | None:
-    """The names of the probe's (RDD ``rdd``) columns that ``optimized`` (a Catalyst logical
-    plan) reads; None when an operator above the probe may read them all."""
-    read: set[str] = set()
-    stack: list[tuple[Any, list[Any]]] = [(optimized, [])]
+#: A Catalyst logical plan as (operator, children): one call to the JVM (``toJSON``).
+Tree = tuple[dict[str, Any], list[Any]]
+
+
+def _optimized(frame: Any) -> Tree:
+    """``frame``'s optimized logical plan, read from its JSON form (pre-order)."""
+    nodes = iter(json.loads(frame._jdf.queryExecution().optimizedPlan().toJSON()))
+
+    def build() -> Tree:
+        node = next(nodes)
+        return node, [build() for _ in range(int(node.get("num-children", 0)))]
+
+    return build()
+
+
+def _operator(node: dict[str, Any]) -> str:
+    return str(node.get("class", "")).rsplit(".", 1)[-1]
+
+
+def _attributes(value: Any) -> list[dict[str, Any]]:
+    """The attribute references anywhere in a JSON value (an operator's expressions)."""
+    found: list[dict[str, Any]] = []
+    stack = [value]
     while stack:
-        node, above = stack.pop()
-        if node.nodeName() == "LogicalRDD" and node.rdd().id() == rdd:
-            names = {a.exprId().id(): a.name() for a in _seq(node.output())}
+        v = stack.pop()
+        if isinstance(v, dict):
+            if str(v.get("class", "")).endswith(".AttributeReference"):
+                found.append(v)
+            else:
+                stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return found
+
+
+def _output(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """A relation's output attributes, in order (``output``: one flattened expression per
+    attribute)."""
+    return [a for expr in node.get("output") or () for a in _attributes(expr)[:1]]
+
+
+def _references(node: dict[str, Any]) -> set[int]:
+    """The expression ids an operator's expressions name (its own fields; not its children)."""
+    fields = [v for k, v in node.items() if k not in ("class", "num-children")]
+    return {int(a["exprId"]["id"]) for a in _attributes(fields)}
+
+
+def _columns_read(tree: Tree, token: tuple[str, ...]) -> set[str] | None:
+    """The names of the probe's (:func:`_token`) columns that ``tree`` (:func:`_optimized`)
+    reads; None when an operator above the probe may read them all."""
+    read: set[str] = set()
+    stack: list[tuple[Tree, list[dict[str, Any]]]] = [(tree, [])]
+    while stack:
+        (node, children), above = stack.pop()
+        if _operator(node) == "LogicalRDD":
+            output = [(int(a["exprId"]["id"]), a["name"]) for a in _output(node)]
+            if tuple(name for _, name in output) != token:
+                continue  # another relation
+            names = dict(output)
             for op in reversed(above):
-                refs = _seq(op.references().toSeq())
-                read |= {names[a.exprId().id()] for a in refs if a.exprId().id() in names}
-                if op.nodeName() in _NARROW:
+                read |= {names[i] for i in _references(op) if i in names}
+                if _operator(op) in _NARROW:
                     break
-                if op.nodeName() not in _PASS:
+                if _operator(op) not in _PASS:
                     return None
             else:
                 return None  # the probe itself is the result: all of it is read
             continue
-        stack.extend((child, [*above, node]) for child in _seq(node.children()))
+        stack.extend((child, [*above, node]) for child in children)
     return read
 
 
