@@ -225,6 +225,37 @@ def test_rows_lost_by_a_transform_make_the_round_fall_back(spark, tmp_path):
     assert _rows(sink.read(spark)) == _rows(want.groupBy("word").agg(F.count("*").alias("n")))
 
 
+def test_a_filter_after_a_source_removes_its_rows_as_they_are_tagged(spark, tmp_path):
+    """A filter that alone reads a source removes its rows where the source's ids are drawn
+    (they are born and acked at once: left out of the births, no ghosts carried on); the
+    report still counts every source record, and the round completes."""
+    p = Pipeline(spark)
+    sink = ParquetSink(str(tmp_path / "out"))
+    kept = p.source(_lines(spark), name="lines").where((F.col("id") % 3 == 0) | F.col("k").isNull())
+    kept.groupBy("k").agg(F.count("*").alias("n"), F.sum("id").alias("ids")).sink(sink)
+    report = p.run()
+    _assert_complete(report)
+    assert report.optimistic_rounds == 1, report.optimistic_fallbacks
+    want = _lines(spark).where((F.col("id") % 3 == 0) | F.col("k").isNull())
+    want = want.groupBy("k").agg(F.count("*").alias("n"), F.sum("id").alias("ids"))
+    assert _rows(sink.read(spark)) == _rows(want)
+
+
+def test_rows_lost_after_a_filter_that_reads_a_source_make_the_round_fall_back(spark, tmp_path):
+    p = Pipeline(spark)
+    sink = ParquetSink(str(tmp_path / "out"))
+    kept = p.source(_lines(spark), name="lines").where(F.col("id") % 2 == 1)
+    counted = _lossy_transform(p, kept).groupBy("k").agg(F.count("*").alias("n"))
+    counted.sink(sink, name="counts")
+    report = p.run()
+    assert report.optimistic_rounds == 0
+    assert "do not cancel" in report.optimistic_fallbacks[0]
+    assert report.lost == 0
+    assert report.completed == N
+    want = _lines(spark).where(F.col("id") % 2 == 1).groupBy("k").agg(F.count("*").alias("n"))
+    assert _rows(sink.read(spark)) == _rows(want)
+
+
 def _dies_once(marker: str):
     def stage(pdf: pd.DataFrame) -> pd.DataFrame:
         from pyspark import TaskContext

@@ -81,6 +81,11 @@ def as_column(c: Any) -> Any:
     return f.col(c) if isinstance(c, str) else c
 
 
+def condition(cond: Any) -> Any:
+    """A filter's condition (a Column, or SQL text) as a Column."""
+    return _condition(cond)
+
+
 def _condition(cond: Any) -> Any:
     f = _f()
     if isinstance(cond, str):

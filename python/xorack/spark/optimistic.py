@@ -233,20 +233,45 @@ def first_line(path: str) -> str | None:
     return text.splitlines()[0] if text else ""
 
 
-def tag_source(df: Any, salt: int, source: int, observation: Any) -> Any:
+_KEPT = "_ft_kept"
+
+
+def tag_source(
+    df: Any,
+    salt: int,
+    source: int,
+    observation: Any,
+    keep: Any = None,
+    qualifier: str | None = None,
+) -> Any:
     """A source's rows with lineage columns drawn in the JVM, observed on the way (their count
     ``n`` and the XOR of their ids ``x``, the births): ``_ft_rec`` = ``xxhash64(salt, source,
     monotonically_increasing_id())`` (distinct rows, distinct ids but for a 2^-64 accident), no
     pending event. ``_ft_src`` is the round's salt for every row: the round acks its records
     as one tree, and Python stages pass the column through. The constant columns are added
-    after the observation, so that Spark folds them into the operators that read them."""
+    after the observation, so that Spark folds them into the operators that read them.
+
+    ``keep``: the condition of a filter that alone reads the source. A row it removes is born
+    and acked as dropped at once: its id would cancel itself in the round's sum. So it is left
+    out of ``x`` and removed right here, and no later operator carries it as a ghost (``n``
+    still counts every source row). ``qualifier``: the name the condition may give the frame
+    (``t["k"]``)."""
     f = _f()
     rec = f"xxhash64({int(salt)}L, {int(source)}, monotonically_increasing_id()) AS {REC}"
     salt_id = int(salt) or 1  # a nonzero id: the kernels refuse id 0
     payload = [q(c) for c in df.columns]
-    tagged = df.selectExpr(*payload, rec).observe(
-        observation, f.expr("count(1)").alias("n"), f.expr(f"bit_xor({REC})").alias("x")
-    )
+    if keep is None:
+        tagged = df.selectExpr(*payload, rec).observe(
+            observation, f.expr("count(1)").alias("n"), f.expr(f"bit_xor({REC})").alias("x")
+        )
+    else:  # the condition evaluated once per row, into a column of its own
+        kept = f.coalesce(keep, f.lit(False)).alias(_KEPT)
+        births = f"bit_xor(CASE WHEN {_KEPT} THEN {REC} ELSE 0L END)"
+        named = df.alias(qualifier) if qualifier else df
+        tagged = named.select(*[f.col(c) for c in payload], f.expr(rec), kept)
+        tagged = tagged.observe(
+            observation, f.expr("count(1)").alias("n"), f.expr(births).alias("x")
+        ).where(f.col(_KEPT))
     return tagged.selectExpr(
         *payload, f"{salt_id}L AS {SRC}", REC, f"0L AS {EV}", f"true AS {KEEP}"
     )

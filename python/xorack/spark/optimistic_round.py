@@ -22,7 +22,7 @@ from .node import Node
 from .outputs import Aggregate, Barrier, NativeSinkNode, PythonSinkNode, Sink
 from .report import PhaseNote, Reason, RunReport
 from .row_errors import RowGuard, row_error
-from .rows import PythonStage, Source, tagged_schema
+from .rows import PythonStage, RowOperation, Source, tagged_schema
 from .schema import empty_frame
 from .stages import ROUND_PROPERTY
 from .tagging import GROUP_XOR, DerivedTagger
@@ -96,6 +96,8 @@ class OptimisticBuilder:
         # branch points: the observation of their fan-out events, and each reader's copy
         self.tees: list[tuple[Node, Any]] = []
         self._copies: dict[int, dict[int, Any]] = {}
+        # filters applied as their source's rows were tagged (:func:`optimistic.tag_source`)
+        self.prefiltered: set[int] = set()
 
     def build(self) -> None:
         built: dict[int, Any] = {}
@@ -165,6 +167,16 @@ class OptimisticBuilder:
 
         seen = Observation()
         self.births.append((node, seen))
+        readers = ctx.plan.readers(node)
+        alone = readers[0] if len(readers) == 1 else None
+        op = alone.op if isinstance(alone, RowOperation) else None
+        qualifier = None
+        if isinstance(op, ops.Qualified):  # the filter's condition may name the frame
+            qualifier, op = op.qualifier, op.op
+        if alone is not None and type(op) is ops.Filter:
+            self.prefiltered.add(id(alone))
+            keep = ops.condition(op.cond)
+            return optimistic.tag_source(prepared, salt, node.index, seen, keep, qualifier)
         return optimistic.tag_source(prepared, salt, node.index, seen)
 
     def stage(self, node: PythonStage, df: Any) -> Any:

@@ -239,6 +239,8 @@ class RowOperation(Node):
         return self.op.apply(inputs[0], b.ctx.ft)
 
     def optimistic(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
+        if id(self) in b.prefiltered:  # a filter its source's tagging applied already
+            return inputs[0]
         return self.op.apply(inputs[0], True)
 
     def recomputed(self) -> str | None:
