@@ -24,11 +24,19 @@ Each end is optimized, and the columns read from the probe are those the operato
 above each occurrence of the probe in the optimized plan reference, climbing through the
 operators that pass every column on (a filter, a sort, a repartition, a limit) up to the first
 ``Project`` or ``Aggregate``; any other operator above the probe counts as reading every column.
-So the count can only err towards more columns. The derived source's partitioning keys are kept
-too (a replay is partitioned by them).
+So the count can only err towards more columns; a plan in which the optimizer folded the
+probe away (``limit(0)``, ``isin([])``) shows nothing, and counts as reading every column. The
+derived source's partitioning keys are kept too (a replay is partitioned by them); a cut to no
+column at all is no cut (an empty ``keep`` means every column).
+
+The plan is then rewritten: a native operation after a cut join gets the schema it has over
+the cut frame (what a barrier after it stages), and each side of a cut join stages what the
+join reads of it, or, when it reads all (or none), what its parent has after the cut.
 
 What is left alone: a join whose output names a column twice (a ``select`` by name would be
-ambiguous); a streaming plan; a plan the analysis cannot build (any error: nothing is pruned).
+ambiguous); a streaming plan; a plan the analysis cannot build (any error: nothing is pruned);
+a plan where a cut would change what a barrier outputs, or what reaches any node other than a
+native operation, an aggregate, a tracked join or a limit (nothing is pruned).
 A dead-lettered row of a pruned join's output holds its kept columns only.
 
 >>> from xorack.spark.prune import passes_through
@@ -74,13 +82,19 @@ def prune(plan: Plan, spark: Any) -> Plan:
     try:
         for join in reversed(joins):  # a later join's cut is known when an earlier one ends in it
             cols = _read_after(plan, spark, join, keep)
-            if cols is not None and len(cols) < len(join.columns):
+            if cols and len(cols) < len(join.columns):  # a cut to none would keep all
                 keep[id(join)] = cols
         sides = {i: _sides(spark, j, keep[id(j)]) for j in joins if (i := id(j)) in keep}
     except Exception as exc:  # pragma: no cover - Spark refused a probe: prune nothing
         log.debug("column pruning skipped: %s", exc)
         return plan
-    return _rewrite(plan, keep, sides) if keep else plan
+    if not keep:
+        return plan
+    try:
+        return _rewrite(plan, spark, keep, sides)
+    except Exception as exc:  # a node the cut would change in a way not followed: prune nothing
+        log.debug("column pruning skipped: %s", exc)
+        return plan
 
 
 def _read_after(
@@ -221,8 +235,11 @@ def _references(node: dict[str, Any]) -> set[int]:
 
 def _columns_read(tree: Tree, token: tuple[str, ...]) -> set[str] | None:
     """The names of the probe's (:func:`_token`) columns that ``tree`` (:func:`_optimized`)
-    reads; None when an operator above the probe may read them all."""
+    reads; None when an operator above the probe may read them all, or when the optimizer
+    folded the probe away (``limit(0)``, ``where(F.col(c).isin([]))``: what the plan reads is
+    not shown)."""
     read: set[str] = set()
+    found = False
     stack: list[tuple[Tree, list[dict[str, Any]]]] = [(tree, [])]
     while stack:
         (node, children), above = stack.pop()
@@ -230,6 +247,7 @@ def _columns_read(tree: Tree, token: tuple[str, ...]) -> set[str] | None:
             output = [(int(a["exprId"]["id"]), a["name"]) for a in _output(node)]
             if tuple(name for _, name in output) != token:
                 continue  # another relation
+            found = True
             names = dict(output)
             for op in reversed(above):
                 read |= {names[i] for i in _references(op) if i in names}
@@ -241,28 +259,59 @@ def _columns_read(tree: Tree, token: tuple[str, ...]) -> set[str] | None:
                 return None  # the probe itself is the result: all of it is read
             continue
         stack.extend((child, [*above, node]) for child in children)
-    return read
+    return read if found else None
+
+
+def _shape(schema: Any) -> list[tuple[str, str]]:
+    return [(f.name, f.dataType.simpleString()) for f in schema.fields]
+
+
+class _Unfollowed(Exception):
+    """A node whose input a cut changes, of a kind :func:`_rewrite` cannot follow."""
 
 
 def _rewrite(
-    plan: Plan, keep: dict[int, tuple[str, ...]], sides: dict[int, tuple[Any, ...]]
+    plan: Plan,
+    spark: Any,
+    keep: dict[int, tuple[str, ...]],
+    sides: dict[int, tuple[Any, ...]],
 ) -> Plan:
     """``plan`` with the joins in ``keep`` (and their derived sources) cut to those columns,
-    each join staging ``sides``."""
+    each join staging ``sides``; a native operation over a cut frame gets the schema it has
+    over it (a barrier after it stages that). Raises :class:`_Unfollowed` when a barrier's
+    output would change, or another kind of node's input."""
     from pyspark.sql.types import StructType
 
     new: dict[int, Node] = {}
     for node in plan.nodes:
         parents = tuple(new[id(p)] for p in node.parents)
+        changed = any(n.schema != p.schema for n, p in zip(parents, node.parents, strict=True))
         cut = keep.get(id(node.derived)) if isinstance(node, Source) else keep.get(id(node))
         if cut is None:
             changes: dict[str, Any] = {"parents": parents}
+            if changed and isinstance(node, RowOperation):
+                schema = node.op.apply(_probe(spark, parents[0].schema), False).schema
+                changes.update(columns=tuple(schema.fieldNames()), schema=schema)
+            elif (
+                changed
+                and isinstance(node, Barrier)
+                and type(node) in (Aggregate, TrackedJoin, Limit)
+            ):
+                out = node.spec.compute([_probe(spark, p.schema) for p in parents]).schema
+                if _shape(out) != _shape(node.schema):  # its output would lack columns
+                    raise _Unfollowed(f"{node.name!r} would output other columns")
+            elif changed:
+                raise _Unfollowed(f"{node.name!r} reads a cut frame")
         else:
             schema = StructType([node.schema[c] for c in cut])
             changes = {"parents": parents, "columns": cut, "schema": schema}
             if isinstance(node, TrackedJoin):
                 changes["spec"] = dataclasses.replace(node.spec, keep=cut)
-                changes["sides"] = sides[id(node)]
+                # a side read whole stages what its parent has (less, when the parent is cut)
+                changes["sides"] = tuple(
+                    StructType([f for f in side.fields if f.name in p.columns]) or p.schema
+                    for side, p in zip(sides[id(node)], parents, strict=True)
+                )
         if isinstance(node, Source) and node.derived is not None:
             changes["derived"] = new[id(node.derived)]
         new[id(node)] = dataclasses.replace(node, **changes)
