@@ -39,9 +39,12 @@ a plan where a cut would change what a barrier outputs, or what reaches any node
 native operation, an aggregate, a tracked join or a limit (nothing is pruned).
 A dead-lettered row of a pruned join's output holds its kept columns only.
 
->>> from xorack.spark.prune import passes_through
->>> passes_through("Filter"), passes_through("Join")
-(True, False)
+>>> from xorack.spark.prune import _operator, _references
+>>> _operator({"class": "org.apache.spark.sql.catalyst.plans.logical.Filter"})
+'Filter'
+>>> ref = {"class": "x.AttributeReference", "name": "k", "exprId": {"id": 7}}
+>>> sorted(_references({"class": "x.Filter", "condition": [{"class": "x.IsNotNull"}, ref]}))
+[7]
 """
 
 from __future__ import annotations
@@ -65,11 +68,6 @@ _PASS = frozenset(
 )
 #: Catalyst operators that output only what their expressions name.
 _NARROW = frozenset({"Project", "Aggregate"})
-
-
-def passes_through(operator: str) -> bool:
-    """Whether the Catalyst operator ``operator`` passes its child's columns on unchanged."""
-    return operator in _PASS
 
 
 def prune(plan: Plan, spark: Any) -> Plan:
@@ -319,4 +317,4 @@ def _rewrite(
     return dataclasses.replace(plan, nodes=tuple(new[id(n)] for n in plan.nodes), sources=sources)
 
 
-__all__ = ["passes_through", "prune"]
+__all__ = ["prune"]
