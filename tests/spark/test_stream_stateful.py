@@ -659,6 +659,83 @@ def test_update_mode_restarted_after_a_crash_equals_plain_structured_streaming(
     assert report.lost == 0
 
 
+def test_window_then_select_where_restarted_after_a_crash_mid_emission_writes_each_row_once(
+    spark, tmp_path, monkeypatch
+):
+    """Operations after the window (select, where, withColumn, drop, withColumnRenamed) into a
+    ParquetSink, and a driver crash in ``stop()``'s last emission (the windows Spark's own
+    watermark closed), after its rows were written and before its watermark was noted. The
+    restarted query (same checkpoint, the last files written since) writes those windows
+    again through the same operations (a write's name is its watermark: its files replace the
+    cut write's, or the restart takes them back when the watermark moved on): every closed
+    window passing the filter is in the sink once, with its value."""
+    import os
+
+    from pyspark.sql import functions as F
+
+    from xorack.spark import stream_state, streaming
+
+    directory = tmp_path / "in"
+    _write_input(directory)
+    want = sorted((r[0], r[2], r[3]) for r in _closed(spark, directory, _tumbling) if r[3] > 7)
+    later = tmp_path / "later"
+    later.mkdir()
+    for f in range(3, FILES):  # the last files come after the restart
+        os.replace(directory / f"part-{f:02d}.json", later / f"part-{f:02d}.json")
+    checkpoint = str(tmp_path / "checkpoint")
+    out = str(tmp_path / "selected.parquet")
+
+    def start():
+        p = Pipeline(spark, max_attempts=3)
+        src = p.source(_read(spark, directory), name="lines", partitions=2)
+        words = src.withWatermark("ts", "5 seconds").map_in_pandas(
+            _split, WORD_SCHEMA, name="split"
+        )
+        counts = words.groupBy(F.window("ts", "10 seconds"), "word").agg(
+            F.count("*").alias("n"), F.max("id").alias("top")
+        )
+        _selected(counts).sink(ParquetSink(out), name="selected")
+        run = p.start_stream(timeout=6.0, available_now=True, checkpoint_location=checkpoint)
+        return run.wait(timeout=WAIT)
+
+    real_write, real_note = stream_state.write_emitted, stream_state.StreamState._note
+    real_finish = streaming.StreamingRun._finish
+    finishing: list = []
+    written: list = []
+
+    def finish(self, drain):
+        finishing.append(1)
+        return real_finish(self, drain)
+
+    def write(*args, **kwargs):
+        rows = real_write(*args, **kwargs)
+        if finishing:  # stop()'s emission wrote its rows: the driver dies
+            written.append(rows)
+            raise RuntimeError("simulated driver crash after an emission's write")
+        return rows
+
+    def note(self, marks):
+        if written:  # dead from the crash on: nothing noted
+            raise RuntimeError("simulated driver crash (dead)")
+        return real_note(self, marks)
+
+    monkeypatch.setattr(streaming.StreamingRun, "_finish", finish)
+    monkeypatch.setattr(stream_state, "write_emitted", write)
+    monkeypatch.setattr(stream_state.StreamState, "_note", note)
+    with pytest.raises(Exception, match="simulated"):
+        start()
+    monkeypatch.undo()
+    assert len(written) == 1
+    assert written[0] > 0  # the crash came after rows were written
+    for f in range(3, FILES):
+        os.replace(later / f"part-{f:02d}.json", directory / f"part-{f:02d}.json")
+    report = start()
+    rows = spark.read.parquet(out).collect()
+    got = sorted((r.start, r.word, int(r["count"])) for r in rows)
+    assert got == want  # each closed window passing the filter once, with its value
+    assert report.lost == 0
+
+
 @pytest.mark.parametrize("seed", [23])
 def test_windows_under_a_random_split_into_micro_batches_equal_plain_spark(spark, tmp_path, seed):
     """Property: the input cut at random into files of 1 to 24 lines (one micro-batch each),
