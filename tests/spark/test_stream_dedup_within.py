@@ -182,6 +182,89 @@ def test_within_watermark_under_failures_equals_plain_structured_streaming(
     assert run.windows.compactions > 0
 
 
+def test_within_watermark_restarted_after_a_crash_mid_emission_equals_plain_spark(
+    spark, tmp_path, monkeypatch
+):
+    """A driver crash after an emission wrote its rows into the sink and before it kept their
+    keys and expiries: the restarted query (same checkpoint, the last file written since)
+    takes the write back and does it again; the sink holds what plain Spark writes over the
+    input minus the poison when it too is stopped before the last file and restarted on its
+    checkpoint (its ``availableNow`` query ends with a micro-batch without data that moves the
+    watermark: keys that a single run would keep alive for the last file expire there)."""
+    from pyspark.sql import functions as F
+
+    from xorack.spark import stream_dedup, stream_state
+
+    sent = _write_input(tmp_path)
+    poison = {s for s in range(sent) if _poison(s)}
+    events_dir, later = tmp_path / "events", tmp_path / "later"
+    later.mkdir()
+
+    def move(src, dst) -> None:  # the last file, out of the source directory or back
+        for f in range(3, FILES):
+            os.replace(src / f"part-{f:02d}.json", dst / f"part-{f:02d}.json")
+
+    checkpoint = str(tmp_path / "checkpoint")
+    out = str(tmp_path / "unique.parquet")
+
+    def start():
+        p = Pipeline(spark, max_attempts=3)
+        events = p.source(_read(spark, tmp_path), name="events", partitions=2)
+        events = events.withWatermark("eventTime", DELAY)
+        checked = events.map_in_pandas(_flaky, SCHEMA, name="stage")
+        checked.drop("seq").dropDuplicatesWithinWatermark(["guid"]).sink(
+            ParquetSink(out), name="unique"
+        )
+        run = p.start_stream(timeout=60.0, available_now=True, checkpoint_location=checkpoint)
+        return run.wait(timeout=WAIT)
+
+    def plain() -> None:
+        events = _read(spark, tmp_path).where(~F.col("seq").isin(sorted(poison))).drop("seq")
+        q = (
+            events.withWatermark("eventTime", DELAY)
+            .dropDuplicatesWithinWatermark(["guid"])
+            .writeStream.outputMode("append")
+            .format("parquet")
+            .option("path", str(tmp_path / "plain.parquet"))
+            .option("checkpointLocation", str(tmp_path / "plain-checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination(WAIT)
+
+    real_note, real_record = stream_state.StreamState._note, stream_dedup.DedupState.record
+    records: list = []
+
+    def note(self, marks):
+        if len(records) >= 2:  # dead from the crash on: nothing noted
+            raise RuntimeError("simulated driver crash (dead)")
+        return real_note(self, marks)
+
+    def record(self, new, name):  # called once the emission's rows are in the sink
+        records.append(name)
+        if len(records) >= 2:
+            raise RuntimeError("simulated driver crash after a write, before its keys were kept")
+        return real_record(self, new, name)
+
+    move(events_dir, later)
+    plain()
+    monkeypatch.setattr(stream_state.StreamState, "_note", note)
+    monkeypatch.setattr(stream_dedup.DedupState, "record", record)
+    with pytest.raises(Exception, match="simulated"):
+        start()
+    monkeypatch.undo()
+    assert len(records) == 2
+    move(later, events_dir)
+    plain()
+    report = start()
+
+    want = _rows(spark.read.parquet(str(tmp_path / "plain.parquet")).collect())
+    got = _rows(spark.read.parquet(out).collect())
+    assert got == want
+    assert _written_again(want)  # keys that expired and came back, written twice
+    assert report.lost == 0
+
+
 def test_within_watermark_keyed_without_event_time_is_final_while_running(spark, tmp_path):
     """No failures, the key (``value % 11``) without the event time, an idempotent sink read
     while the stream runs: no row is ever taken back, and the end equals plain Spark."""
