@@ -265,6 +265,48 @@ def test_within_watermark_restarted_after_a_crash_mid_emission_equals_plain_spar
     assert report.lost == 0
 
 
+def test_within_watermark_in_update_mode_equals_plain_structured_streaming(spark, tmp_path):
+    """``output_mode="update"`` (a deduplication writes each new row once, as in append mode)
+    into a SQLite sink, under failures: plain Structured Streaming's update-mode rows over
+    the input minus the poison."""
+    from pyspark.sql import functions as F
+
+    sent = _write_input(tmp_path)
+    poison = {s for s in range(sent) if _poison(s)}
+    events = _read(spark, tmp_path).where(~F.col("seq").isin(sorted(poison))).drop("seq")
+    q = (
+        events.withWatermark("eventTime", DELAY)
+        .dropDuplicatesWithinWatermark(["guid"])
+        .writeStream.outputMode("update")
+        .format("memory")
+        .queryName("plain_within_update")
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination(WAIT)
+    want = _rows(spark.table("plain_within_update").collect())
+    spark.sql("DROP VIEW IF EXISTS plain_within_update")
+
+    sink = SQLiteSink(str(tmp_path / "unique.db"), "unique")
+    p = Pipeline(spark, max_attempts=3)
+    tracked = p.source(_read(spark, tmp_path), name="events", partitions=2)
+    tracked = tracked.withWatermark("eventTime", DELAY)
+    checked = tracked.map_in_pandas(_flaky, SCHEMA, name="stage")
+    checked.drop("seq").dropDuplicatesWithinWatermark(["guid"]).sink(sink, name="unique")
+    report = p.start_stream(timeout=60.0, available_now=True, output_mode="update").wait(
+        timeout=WAIT
+    )
+    got = sorted(
+        (int(r.guid), pd.Timestamp(r.eventTime).to_pydatetime(), int(r.value))
+        for r in sink.read().itertuples(index=False)
+    )
+    assert got == want
+    assert _written_again(want)  # keys that expired and came back, written twice
+    assert report.lost == 0
+    assert report.replayed > 0
+    assert set(p.dead_letters().column("seq").to_pylist()) == poison
+
+
 def test_within_watermark_keyed_without_event_time_is_final_while_running(spark, tmp_path):
     """No failures, the key (``value % 11``) without the event time, an idempotent sink read
     while the stream runs: no row is ever taken back, and the end equals plain Spark."""
