@@ -104,7 +104,7 @@ def test_pruned_joins_equal_plain_spark_and_keep_what_is_read(spark, tmp_path):
         want = kept if kept is not None else ()
         assert set(join.spec.keep) == set(want), name
     assert ".select(o_id, cust, price)" in p.explain()
-    sides = [[f.name for f in side.fields] for side in joins[0].sides]
+    sides = [[f.name for f in side.fields] for side in joins[0].side_schemas()]
     assert sides == [["o_id", "cust"], ["l_oid", "price"]]  # what tracked rounds stage
     assert joins[3].sides == ()  # nothing cut: every column staged
     report = p.run()

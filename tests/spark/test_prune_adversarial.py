@@ -113,7 +113,7 @@ def test_cut_joins_downstream_shapes_equal_plain_spark(spark, tmp_path):
     plan = prune(p.plan(), spark)  # what the run does, seen: so that nothing cut passes too
     joins = [n for n in plan.nodes if isinstance(n, TrackedJoin)]
     keeps = [set(j.spec.keep) for j in joins]
-    sides = [[side.fieldNames() for side in j.sides] for j in joins]
+    sides = [[side.fieldNames() for side in j.side_schemas()] if j.sides else [] for j in joins]
     assert keeps[0] == set()  # full-join-counted: a cut to no column keeps them all
     assert keeps[1:3] == [{"o_id"}, {"e_tag"}]
     assert sides[1:3] == [[["o_id"], ["l_oid"]], [["o_id"], ["e_tag"]]]

@@ -226,8 +226,16 @@ class Staging:
     """The staged rows of one input of a barrier, or of a native sink, over a run's rounds."""
 
     root: str
-    schema: Any  # payload StructType
+    #: the payload StructType, or a function of no argument that computes it when it is first
+    #: needed (a pruned join's sides: an optimistic round that completes stages nothing)
+    payload_schema: Any
     paths: list[str] = field(default_factory=list)
+
+    @property
+    def schema(self) -> Any:
+        if callable(self.payload_schema):
+            self.payload_schema = self.payload_schema()
+        return self.payload_schema
 
     @property
     def payload(self) -> list[str]:

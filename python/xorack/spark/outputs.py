@@ -39,8 +39,10 @@ class Barrier(Node):
 
     spec: Any = None
     #: the payload staged per parent (empty: each parent's whole payload); a tracked join cut
-    #: by :mod:`xorack.spark.prune` stages what its condition and its kept columns read
-    sides: tuple[Any, ...] = ()
+    #: by :mod:`xorack.spark.prune` stages what its condition and its kept columns read, given
+    #: as a function of no argument: Spark is asked only when a tracked round stages the join
+    #: (:meth:`side_schemas`)
+    sides: Any = ()
 
     terminal: ClassVar[bool] = True
 
@@ -70,12 +72,25 @@ class Barrier(Node):
             return Reason.BARRIER_OF_TWO_PHASES, f"{self.name!r} meets rows of two phases"
         return None
 
+    def side_schemas(self) -> tuple[Any, ...]:
+        """The payload staged per parent (:attr:`sides`, computed once when it is a
+        function)."""
+        if callable(self.sides):
+            self.sides = self.sides()
+        return self.sides or tuple(p.schema for p in self.parents)
+
     def open_staging(self, ctx: RunContext, workdir: str) -> list[Staging]:
-        """Where this run stages the rows reaching the barrier, one place per parent."""
-        schemas = self.sides or tuple(p.schema for p in self.parents)
+        """Where this run stages the rows reaching the barrier, one place per parent (a
+        pruned join's payloads are found when first staged or read)."""
+        root = os.path.join(workdir, self.name)
+        if callable(self.sides):
+            return [
+                Staging(os.path.join(root, str(i)), lambda i=i: self.side_schemas()[i])
+                for i in range(len(self.parents))
+            ]
         return [
-            Staging(os.path.join(workdir, self.name, str(i)), schema)
-            for i, schema in enumerate(schemas)
+            Staging(os.path.join(root, str(i)), schema)
+            for i, schema in enumerate(self.side_schemas())
         ]
 
     def output(self, ctx: RunContext, ended_df: Any) -> Any:
