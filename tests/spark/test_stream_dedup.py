@@ -312,7 +312,6 @@ def test_drop_duplicates_restarted_after_a_crash_mid_emission_writes_each_key_on
     """A driver crash after an emission wrote its rows into the sink and before it kept their
     keys: the restarted query (same checkpoint, more files since) takes the write back and
     does it again; the keys written before stay written, each key once."""
-    from xorack.spark import stream_state
 
     _write_input(tmp_path)
     events = tmp_path / "events"
@@ -334,28 +333,12 @@ def test_drop_duplicates_restarted_after_a_crash_mid_emission_writes_each_key_on
         run = p.start_stream(timeout=60.0, available_now=True, checkpoint_location=checkpoint)
         return run.wait(timeout=WAIT)
 
-    from xorack.spark import stream_dedup
+    from helpers.crashes import crash_after_dedup_write
 
-    real_note, real_record = stream_state.StreamState._note, stream_dedup.DedupState.record
-    records: list = []
-
-    def note(self, marks):
-        if len(records) >= 2:  # dead from the crash on: nothing noted
-            raise RuntimeError("simulated driver crash (dead)")
-        return real_note(self, marks)
-
-    def record(self, new, name):  # called once the emission's rows are in the sink
-        records.append(name)
-        if len(records) >= 2:
-            raise RuntimeError("simulated driver crash after a write, before its keys were kept")
-        return real_record(self, new, name)
-
-    monkeypatch.setattr(stream_state.StreamState, "_note", note)
-    monkeypatch.setattr(stream_dedup.DedupState, "record", record)
+    records = crash_after_dedup_write(monkeypatch)
     with pytest.raises(Exception, match="simulated"):
         start()
-    monkeypatch.setattr(stream_state.StreamState, "_note", real_note)
-    monkeypatch.setattr(stream_dedup.DedupState, "record", real_record)
+    monkeypatch.undo()
     assert len(records) >= 2
     for f in range(3, FILES):
         name = f"part-{f:02d}.json"

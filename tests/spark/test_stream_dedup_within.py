@@ -121,15 +121,21 @@ def _rows(rows) -> list:
     return sorted((int(r.guid), r.eventTime, int(r.value)) for r in rows)
 
 
-def _plain(spark, tmp_path, keys, name, dead=frozenset()) -> list:
-    """Plain Structured Streaming's query over the same files, minus the ``dead`` events."""
+def _plain_frame(spark, tmp_path, keys, dead=frozenset()):
+    """Plain Structured Streaming's deduplication of the same files, minus the ``dead``
+    events."""
     from pyspark.sql import functions as F
 
     events = _read(spark, tmp_path).where(~F.col("seq").isin(sorted(dead))).drop("seq")
+    return events.withWatermark("eventTime", DELAY).dropDuplicatesWithinWatermark(keys)
+
+
+def _plain(spark, tmp_path, keys, name, dead=frozenset(), mode="append") -> list:
+    """The rows plain Structured Streaming writes (output ``mode``) over the same files,
+    minus the ``dead`` events."""
     q = (
-        events.withWatermark("eventTime", DELAY)
-        .dropDuplicatesWithinWatermark(keys)
-        .writeStream.outputMode("append")
+        _plain_frame(spark, tmp_path, keys, dead)
+        .writeStream.outputMode(mode)
         .format("memory")
         .queryName(name)
         .trigger(availableNow=True)
@@ -147,6 +153,17 @@ def _written_again(rows) -> set[int]:
     return set(seen[seen.duplicated()].tolist())
 
 
+def _tracked(spark, tmp_path, sink):
+    """The query as an xorack pipeline: the events through the flaky stage, deduplicated
+    within the watermark into ``sink``; returns the pipeline and the stage's output."""
+    p = Pipeline(spark, max_attempts=3)
+    events = p.source(_read(spark, tmp_path), name="events", partitions=2)
+    events = events.withWatermark("eventTime", DELAY)
+    checked = events.map_in_pandas(_flaky, SCHEMA, name="stage")
+    checked.drop("seq").dropDuplicatesWithinWatermark(["guid"]).sink(sink, name="unique")
+    return p, checked
+
+
 def test_within_watermark_under_failures_equals_plain_structured_streaming(
     spark, tmp_path, monkeypatch
 ):
@@ -158,13 +175,7 @@ def test_within_watermark_under_failures_equals_plain_structured_streaming(
     monkeypatch.setattr(stream_state, "COMPACT_AFTER", 3)
     sent = _write_input(tmp_path)
     out = str(tmp_path / "unique.parquet")
-    p = Pipeline(spark, max_attempts=3)
-    events = p.source(_read(spark, tmp_path), name="events", partitions=2)
-    events = events.withWatermark("eventTime", DELAY)
-    checked = events.map_in_pandas(_flaky, SCHEMA, name="stage")
-    checked.drop("seq").dropDuplicatesWithinWatermark(["guid"]).sink(
-        ParquetSink(out), name="unique"
-    )
+    p, checked = _tracked(spark, tmp_path, ParquetSink(out))
     audited = checked.map_in_pandas(_audit, SCHEMA, name="audit")
     audited.sink(ParquetSink(str(tmp_path / "audit.parquet")), name="audited")
     run = p.start_stream(timeout=60.0, available_now=True)
@@ -191,9 +202,8 @@ def test_within_watermark_restarted_after_a_crash_mid_emission_equals_plain_spar
     input minus the poison when it too is stopped before the last file and restarted on its
     checkpoint (its ``availableNow`` query ends with a micro-batch without data that moves the
     watermark: keys that a single run would keep alive for the last file expire there)."""
-    from pyspark.sql import functions as F
 
-    from xorack.spark import stream_dedup, stream_state
+    from helpers.crashes import crash_after_dedup_write
 
     sent = _write_input(tmp_path)
     poison = {s for s in range(sent) if _poison(s)}
@@ -208,21 +218,13 @@ def test_within_watermark_restarted_after_a_crash_mid_emission_equals_plain_spar
     out = str(tmp_path / "unique.parquet")
 
     def start():
-        p = Pipeline(spark, max_attempts=3)
-        events = p.source(_read(spark, tmp_path), name="events", partitions=2)
-        events = events.withWatermark("eventTime", DELAY)
-        checked = events.map_in_pandas(_flaky, SCHEMA, name="stage")
-        checked.drop("seq").dropDuplicatesWithinWatermark(["guid"]).sink(
-            ParquetSink(out), name="unique"
-        )
+        p, _ = _tracked(spark, tmp_path, ParquetSink(out))
         run = p.start_stream(timeout=60.0, available_now=True, checkpoint_location=checkpoint)
         return run.wait(timeout=WAIT)
 
     def plain() -> None:
-        events = _read(spark, tmp_path).where(~F.col("seq").isin(sorted(poison))).drop("seq")
         q = (
-            events.withWatermark("eventTime", DELAY)
-            .dropDuplicatesWithinWatermark(["guid"])
+            _plain_frame(spark, tmp_path, ["guid"], poison)
             .writeStream.outputMode("append")
             .format("parquet")
             .option("path", str(tmp_path / "plain.parquet"))
@@ -232,24 +234,9 @@ def test_within_watermark_restarted_after_a_crash_mid_emission_equals_plain_spar
         )
         q.awaitTermination(WAIT)
 
-    real_note, real_record = stream_state.StreamState._note, stream_dedup.DedupState.record
-    records: list = []
-
-    def note(self, marks):
-        if len(records) >= 2:  # dead from the crash on: nothing noted
-            raise RuntimeError("simulated driver crash (dead)")
-        return real_note(self, marks)
-
-    def record(self, new, name):  # called once the emission's rows are in the sink
-        records.append(name)
-        if len(records) >= 2:
-            raise RuntimeError("simulated driver crash after a write, before its keys were kept")
-        return real_record(self, new, name)
-
     move(events_dir, later)
     plain()
-    monkeypatch.setattr(stream_state.StreamState, "_note", note)
-    monkeypatch.setattr(stream_dedup.DedupState, "record", record)
+    records = crash_after_dedup_write(monkeypatch)
     with pytest.raises(Exception, match="simulated"):
         start()
     monkeypatch.undo()
@@ -269,30 +256,13 @@ def test_within_watermark_in_update_mode_equals_plain_structured_streaming(spark
     """``output_mode="update"`` (a deduplication writes each new row once, as in append mode)
     into a SQLite sink, under failures: plain Structured Streaming's update-mode rows over
     the input minus the poison."""
-    from pyspark.sql import functions as F
 
     sent = _write_input(tmp_path)
     poison = {s for s in range(sent) if _poison(s)}
-    events = _read(spark, tmp_path).where(~F.col("seq").isin(sorted(poison))).drop("seq")
-    q = (
-        events.withWatermark("eventTime", DELAY)
-        .dropDuplicatesWithinWatermark(["guid"])
-        .writeStream.outputMode("update")
-        .format("memory")
-        .queryName("plain_within_update")
-        .trigger(availableNow=True)
-        .start()
-    )
-    q.awaitTermination(WAIT)
-    want = _rows(spark.table("plain_within_update").collect())
-    spark.sql("DROP VIEW IF EXISTS plain_within_update")
+    want = _plain(spark, tmp_path, ["guid"], "plain_within_update", dead=poison, mode="update")
 
     sink = SQLiteSink(str(tmp_path / "unique.db"), "unique")
-    p = Pipeline(spark, max_attempts=3)
-    tracked = p.source(_read(spark, tmp_path), name="events", partitions=2)
-    tracked = tracked.withWatermark("eventTime", DELAY)
-    checked = tracked.map_in_pandas(_flaky, SCHEMA, name="stage")
-    checked.drop("seq").dropDuplicatesWithinWatermark(["guid"]).sink(sink, name="unique")
+    p, _ = _tracked(spark, tmp_path, sink)
     report = p.start_stream(timeout=60.0, available_now=True, output_mode="update").wait(
         timeout=WAIT
     )
