@@ -61,6 +61,16 @@ def _assert_complete(report, n: int = N) -> None:
     assert report.replayed == 0
 
 
+def _assert_fell_back_unbalanced(report, n: int = N) -> None:
+    """The round lost rows (its sums do not cancel), fell back, and the tracked rounds
+    completed every record."""
+    assert report.optimistic_rounds == 0
+    assert "do not cancel" in report.optimistic_fallbacks[0]
+    assert report.phase_reasons[0] is Reason.UNBALANCED
+    assert report.lost == 0
+    assert report.source_records == report.completed == n
+
+
 def _stored(sink: SQLiteSink) -> Counter:
     return Counter(tuple(r) for r in sink.read()[["word", "n", "ids"]].itertuples(index=False))
 
@@ -135,11 +145,7 @@ def test_rows_lost_after_a_stage_that_draws_the_source_ids_make_the_round_fall_b
 
     _wordcount(p, _lines(spark), stage).sink(sink, name="counts")
     report = p.run()
-    assert report.optimistic_rounds == 0
-    assert "do not cancel" in report.optimistic_fallbacks[0]
-    assert report.phase_reasons[0] is Reason.UNBALANCED
-    assert report.lost == 0
-    assert report.source_records == report.completed == N
+    _assert_fell_back_unbalanced(report)
     plain = _rows(_plain_wordcount(_lines(spark).withColumn("line", F.upper("line"))))
     assert _stored(sink) == plain
 
@@ -215,10 +221,7 @@ def test_rows_lost_by_a_transform_make_the_round_fall_back(spark, tmp_path):
     counted = _lossy_transform(p, words).groupBy("word").agg(F.count("*").alias("n"))
     counted.sink(sink, name="counts")
     report = p.run()
-    assert report.optimistic_rounds == 0
-    assert "do not cancel" in report.optimistic_fallbacks[0]
-    assert report.lost == 0
-    assert report.completed == N
+    _assert_fell_back_unbalanced(report)
     assert report.replayed > 0  # the tracked round 0 lost them too (their chunks failed)
     assert report.vanished_rows.get("lossy", 0) > 0
     want = _lines(spark).select("id", F.explode(F.split("line", " ")).alias("word"))
@@ -248,10 +251,7 @@ def test_rows_lost_after_a_filter_that_reads_a_source_make_the_round_fall_back(s
     counted = _lossy_transform(p, kept).groupBy("k").agg(F.count("*").alias("n"))
     counted.sink(sink, name="counts")
     report = p.run()
-    assert report.optimistic_rounds == 0
-    assert "do not cancel" in report.optimistic_fallbacks[0]
-    assert report.lost == 0
-    assert report.completed == N
+    _assert_fell_back_unbalanced(report)
     want = _lines(spark).where(F.col("id") % 2 == 1).groupBy("k").agg(F.count("*").alias("n"))
     assert _rows(sink.read(spark)) == _rows(want)
 
