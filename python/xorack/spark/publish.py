@@ -7,6 +7,7 @@ exactly what the completed attempts wrote once every record is completed or dead
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -22,6 +23,8 @@ from .lineage import q
 from .outputs import NativeSinkNode, PythonSinkNode
 from .report import RunReport
 from .rows import Source
+
+log = logging.getLogger(__name__)
 
 
 def open_staging(ctx: RunContext) -> str:
@@ -175,6 +178,7 @@ class Publisher:
         lost = np.asarray(self.ctx.lost_round_srcs, dtype=np.uint64)
         ended = np.concatenate([self.ended, lost]) if len(lost) else self.ended
         retract(node, ended, self.report)
+        recount(node, self.report)
 
 
 def retract(node: PythonSinkNode, ended: np.ndarray, report: RunReport) -> None:
@@ -184,6 +188,24 @@ def retract(node: PythonSinkNode, ended: np.ndarray, report: RunReport) -> None:
         report.add_retracted(node.name, int(node.sink.retract(ended)))
 
 
+def recount(node: PythonSinkNode, report: RunReport) -> None:
+    """After an abandoned round (a native row error stopped its Spark job), the rows a sink
+    written from Python holds: that job's tasks that ran wrote rows whose counts never came
+    back. A sink that can count (``count()``) is asked; another keeps the counted rows, and a
+    warning says its figure leaves that job's rows out."""
+    if not report.abandoned_rounds:
+        return
+    count = getattr(node.sink, "count", None)
+    if callable(count):
+        report.sink_rows[node.name] = int(count())
+    else:
+        log.warning(
+            "sink %r: the report's row count leaves out the rows written by a round that a "
+            "native row error abandoned (the sink has no count())",
+            node.name,
+        )
+
+
 __all__ = [
     "Publisher",
     "adopt_staged",
@@ -191,6 +213,7 @@ __all__ = [
     "open_phase",
     "open_staging",
     "phase_has_input",
+    "recount",
     "remove_staged",
     "retract",
 ]

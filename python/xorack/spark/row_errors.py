@@ -26,6 +26,13 @@ and goes on in two steps:
    (``RunawayFailure``); one that a guarded round still meets (an aggregate's own expression,
    an untracked ``transform``, a Python UDF, a sink) stops it with :class:`NativeRowError`.
 
+In a stream (:mod:`xorack.spark.streaming`) the round of a micro-batch or a replay round that
+meets such an error is abandoned the same way and run again at once, guarded: the micro-batch's
+input is persisted first (Spark commits its offsets when the round returns), the records the
+round completed stay completed, and the stream's later rounds stay guarded. An error after a
+stateful operation (over a window's, a join's, a deduplication's output) stops the stream with
+:class:`NativeRowError`.
+
 Why this design and not another:
 
 * bisecting the round (re-running halves of its records until single records fail) needs no

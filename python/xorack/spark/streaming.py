@@ -13,6 +13,10 @@ then drains and returns the report. With ``Pipeline(spark, ft=False)`` the same 
 ``foreachBatch`` without tagging, service or extra columns (for comparison; the report's
 tracking counts are ``None``, as in batch runs with FT off).
 
+A native expression that raises on a row (a malformed cast, ``raise_error``) fails that row's
+record, as in batch runs (:mod:`xorack.spark.row_errors`): the round is abandoned and run again
+at once with the row operations guarded.
+
 In streaming, :func:`xorack.spark.current_round` is the micro-batch id (then the drain rounds)
 and :func:`xorack.spark.current_attempt` ``(pdf)`` gives each row's attempt (a micro-batch mixes
 fresh records and replays).
@@ -25,6 +29,7 @@ fresh records and replays).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import threading
 import time
@@ -36,13 +41,16 @@ from .batch import fill_job
 from .build import RoundBuilder
 from .context import PipelineConfig, RunContext
 from .outputs import Aggregate, Sink, StreamDedup, StreamJoin, WindowAggregate
-from .publish import retract
+from .publish import recount, retract
 from .report import RunReport
+from .row_errors import NativeRowError, RowError, RowGuard, row_error
 from .rows import PythonStage, RowOperation, Source
 from .stages import ATTEMPTS_PROPERTY, ROUND_PROPERTY, encode_attempts, u64
 from .stream_state import StreamState, check_event_time_path, sinks_after, watermark_of
-from .tracked_rounds import run_summaries
+from .tracked_rounds import persist_fresh, raised_while_guarded, run_summaries
 from .windows import after_barrier_refusal
+
+log = logging.getLogger(__name__)
 
 
 class _StoppedBeforeBatch(Exception):
@@ -207,9 +215,7 @@ class StreamingRun:
                 self.windows.begin_batch(int(batch_id))
                 self.windows.before_round()
                 self.windows.before_batch()
-                work = RoundBuilder(ctx, fresh, replays_wanted=True).build()
-                run_summaries(work.summaries, self.report)
-                self.windows.stage(work, f"b{batch_id:07d}")
+                self._round(fresh, f"b{batch_id:07d}")
                 self.windows.saw()
                 self._retract_ended()
                 self.windows.after_round()
@@ -219,7 +225,9 @@ class StreamingRun:
         except _StoppedBeforeBatch:
             raise
         except BaseException as exc:
-            self._error = exc
+            self._error = unisolated(exc)
+            if self._error is not exc:
+                raise self._error from exc
             raise
 
     def _rotate(self) -> None:
@@ -255,9 +263,53 @@ class StreamingRun:
         sc.setLocalProperty(ROUND_PROPERTY, str(round_no))
         self._fresh_attempts()  # set per replay
         self.windows.before_round()
-        work = RoundBuilder(ctx, {}, replays_wanted=True).build()
-        run_summaries(work.summaries, self.report)
-        self.windows.stage(work, f"r{round_no:07d}")
+        self._round({}, f"r{round_no:07d}")
+
+    def _round(self, fresh: dict[int, Any], tag: str) -> None:
+        """A round's work: ``fresh`` input (a micro-batch's) and the replays waiting, through
+        every stage, Python sink and staging. Once a native expression raised on a row, the
+        stream's row operations are guarded (:mod:`xorack.spark.row_errors`): the rows that
+        raise fail their records, after the round's writes. The round that met the error is
+        abandoned (:meth:`_abandon`) and run again at once, guarded: Spark commits the
+        micro-batch only when this returns, with every one of its records persisted."""
+        ctx = self.ctx
+        guard = ctx.guarded.get(0)
+        try:
+            work = RoundBuilder(ctx, fresh, replays_wanted=True, guard=guard).build()
+            run_summaries(work.summaries, self.report)
+            self.windows.stage(work, tag)
+        except Exception as exc:
+            error = row_error(exc)
+            if error is None:
+                raise
+            self._abandon(error, exc, fresh)
+            self._round({}, f"{tag}g")  # the same records, as collateral replays
+            return
+        if guard is not None:
+            guard.settle(ctx.client, None)
+
+    def _abandon(self, error: RowError, exc: BaseException, fresh: dict[int, Any]) -> None:
+        """A round that a native expression failed on a row (Spark stopped its job there):
+        the micro-batch's records are persisted, those of the round still pending are replayed
+        as collateral (no attempt used up) and their rows leave the sinks; the stream's row
+        operations are guarded from now on. Records the round completed stay completed (their
+        rows are in the sinks, final)."""
+        ctx = self.ctx
+        if 0 in ctx.guarded:  # it raised with every row operation guarded
+            raise raised_while_guarded(0, error) from exc
+        log.warning(
+            "micro-batch %d: a native expression raised on a row (%s): the round is abandoned "
+            "(its records replayed, no attempt used up) and the stream goes on with its row "
+            "operations guarded",
+            ctx.round,
+            error.message,
+        )
+        ctx.guarded[0] = RowGuard(ctx.spark, error)
+        if fresh:  # Spark stopped the job: the tasks it did not run persisted nothing
+            persist_fresh(ctx, 0, fresh, np.empty(0, np.uint64), error, exc)
+        ctx.client.expire_all(collateral=True)
+        self._fresh_attempts()
+        self.report.abandoned_rounds += 1
 
     def _replay_when_idle(self) -> None:
         """Replays do not wait for the next micro-batch: when none came for a timeout bucket's
@@ -291,7 +343,7 @@ class StreamingRun:
                     self.windows.after_round(data=False)
                     self._last_activity = time.monotonic()
                 except BaseException as exc:
-                    self._error = exc
+                    self._error = unisolated(exc)
                     return
 
     def wait(self, timeout: float | None = None) -> RunReport:
@@ -346,7 +398,13 @@ class StreamingRun:
                 ctx.ft_layer.stop()
             with self._lock:
                 if self.ft:
-                    self._finish(drain)
+                    try:
+                        self._finish(drain)
+                    except Exception as exc:
+                        error = unisolated(exc)
+                        if error is exc:
+                            raise
+                        raise error from exc
                 else:
                     self.report.untracked()
         finally:
@@ -383,11 +441,29 @@ class StreamingRun:
         for node in ctx.plan.python_sinks():
             if node.phase == 0:
                 retract(node, ended, self.report)
+                recount(node, self.report)
         self.windows.after_round(data=False)  # nothing pending: plain Spark's watermark
         ctx.dead_letters = ctx.fetch_dead_letters()
         self.report.fill(ctx.client.stats())
         if ctx.config.resume:
             fill_job(ctx, self.report)  # the counts of the whole job, over its restarts
+
+
+def unisolated(exc: BaseException) -> BaseException:
+    """``exc`` as a stream raises it: a native row error that reached here (not met in a
+    round's tracked operations, which isolate its row) as a :class:`NativeRowError` saying
+    where it came from; any other error as it is."""
+    if isinstance(exc, NativeRowError):
+        return exc
+    error = row_error(exc)
+    if error is None:
+        return exc
+    return NativeRowError(
+        f"{error.message} — raised after a stateful operation (in the rows a window, join or "
+        "deduplication writes as the watermark passes them, or in a sink): xorack isolates "
+        "the rows of the tracked operations before it only. Fix the data or the expression "
+        "(a try_ function)"
+    )
 
 
 #: Where a stream's FT state lives inside its Spark checkpoint by default.

@@ -278,13 +278,7 @@ class TrackedRounds:
         replays are waiting; those it completed are replayed, and counted once)."""
         ctx, phase = self.ctx, self.phase
         if phase in ctx.guarded:  # it raised with every row operation guarded
-            raise NativeRowError(
-                f"phase {phase}: {error.message} — raised again with the phase's row operations "
-                "guarded: it comes from an expression xorack does not evaluate row by row (in "
-                "the DataFrame given to p.source(), an aggregate, a transform, a Python UDF, a "
-                "sink). Fix the data or the expression (a try_ function), or filter the rows out "
-                "before p.source()"
-            ) from exc
+            raise raised_while_guarded(phase, error) from exc
         log.warning(
             "phase %d round %d: a native expression raised on a row (%s): the round is "
             "abandoned (its records replayed, no attempt used up) and the phase goes on with "
@@ -302,51 +296,10 @@ class TrackedRounds:
             ctx.client.forget_known(ctx.round)
             completed = int(ctx.client.stats().get("completed", 0))
             persisted_again = completed - int(before.get("completed", 0))
-            persisted_again += self._persist_input(fresh, gone, error, exc)
+            persisted_again += persist_fresh(ctx, phase, fresh, gone, error, exc)
             ctx.reread[phase] = ctx.reread.get(phase, 0) + persisted_again
         ctx.client.expire_all(collateral=True)
         ended.append(ctx.client.take_ended())
-
-    def _persist_input(
-        self, fresh: dict[int, Any], gone: np.ndarray, error: RowError, exc: BaseException
-    ) -> int:
-        """Persist every record of a first round's ``fresh`` input (the source taggers alone,
-        one Spark job per source: the records the round had persisted keep their ids and are
-        left as they are). The copies of the ``gone`` attempts (failed by the round: their
-        replays wait already) are completed at once; returns how many."""
-        from pyspark.sql import functions as F
-
-        ctx = self.ctx
-        builder = RoundBuilder(ctx, fresh, replays_wanted=False)
-        frames = [builder.source(s) for s in ctx.plan.sources if s.index in fresh]
-        if not builder.work.reproducible:
-            raise NativeRowError(
-                f"phase {self.phase}: {error.message} — isolating the row reads the input "
-                "again, which must give every record the ids it got the first time: run with "
-                "deterministic_ids=True"
-            ) from exc
-        gone_ids = ids_frame(ctx.spark, gone)
-        copies = 0
-        for df in frames:
-            try:
-                if gone_ids is None:
-                    df.write.format("noop").mode("overwrite").save()
-                    continue
-                rows = df.join(F.broadcast(gone_ids), SRC, "left_semi").select(SRC, REC)
-                table = rows.toArrow()
-            except Exception as again:
-                if row_error(again) is None:
-                    raise
-                raise NativeRowError(
-                    f"phase {self.phase}: {error.message} — raised by the DataFrame given to "
-                    "p.source() itself (read again without the tracked operations): xorack "
-                    "isolates rows in its tracked operations only. Fix the data or the "
-                    "expression (a try_ function), or declare it on the tracked DataFrame"
-                ) from again
-            if table.num_rows:
-                ctx.client.xor(u64(table.column(SRC)), u64(table.column(REC)))
-                copies += table.num_rows
-        return copies
 
     def _release(
         self, ended_now: np.ndarray, partial: list[tuple[PartialStaging, str]]
@@ -368,10 +321,71 @@ class TrackedRounds:
         return np.concatenate([ended_now, collateral])
 
 
+def raised_while_guarded(phase: int, error: RowError) -> NativeRowError:
+    """The error of a native row error met again in a phase whose row operations are guarded:
+    it comes from an expression xorack does not evaluate row by row."""
+    return NativeRowError(
+        f"phase {phase}: {error.message} — raised again with the phase's row operations "
+        "guarded: it comes from an expression xorack does not evaluate row by row (in "
+        "the DataFrame given to p.source(), an aggregate, a transform, a Python UDF, a "
+        "sink). Fix the data or the expression (a try_ function), or filter the rows out "
+        "before p.source()"
+    )
+
+
+def persist_fresh(
+    ctx: RunContext,
+    phase: int,
+    fresh: dict[int, Any],
+    gone: np.ndarray,
+    error: RowError,
+    exc: BaseException,
+) -> int:
+    """Persist every record of a round's ``fresh`` input (the source taggers alone, one Spark
+    job per source: the records the round had persisted keep their ids and are left as they
+    are), after a native expression failed the round on a row (``error``, raised as ``exc``).
+    The copies of the ``gone`` attempts (failed by the round: their replays wait already) are
+    completed at once; returns how many."""
+    from pyspark.sql import functions as F
+
+    builder = RoundBuilder(ctx, fresh, replays_wanted=False)
+    frames = [builder.source(s) for s in ctx.plan.sources if s.index in fresh]
+    if not builder.work.reproducible:
+        raise NativeRowError(
+            f"phase {phase}: {error.message} — isolating the row reads the input "
+            "again, which must give every record the ids it got the first time: run with "
+            "deterministic_ids=True"
+        ) from exc
+    gone_ids = ids_frame(ctx.spark, gone)
+    copies = 0
+    for df in frames:
+        try:
+            if gone_ids is None:
+                df.write.format("noop").mode("overwrite").save()
+                continue
+            rows = df.join(F.broadcast(gone_ids), SRC, "left_semi").select(SRC, REC)
+            table = rows.toArrow()
+        except Exception as again:
+            if row_error(again) is None:
+                raise
+            raise NativeRowError(
+                f"phase {phase}: {error.message} — raised by the DataFrame given to "
+                "p.source() itself (read again without the tracked operations): xorack "
+                "isolates rows in its tracked operations only. Fix the data or the "
+                "expression (a try_ function), or declare it on the tracked DataFrame"
+            ) from again
+        if table.num_rows:
+            ctx.client.xor(u64(table.column(SRC)), u64(table.column(REC)))
+            copies += table.num_rows
+    return copies
+
+
 __all__ = [
     "TrackedRounds",
     "collect_summaries",
     "count_vanished",
+    "persist_fresh",
+    "raised_while_guarded",
     "replays_waiting",
     "run_summaries",
 ]
