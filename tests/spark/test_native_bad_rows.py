@@ -26,7 +26,7 @@ BAD = frozenset({5, 23, 41})
 SCHEMA = "id long, k int, v string, a long, b long, flag boolean"
 
 
-def _input(spark, bad=BAD, n: int = N):
+def _input(spark, bad=BAD, n: int = N, by_range: bool = False):
     """``id``, a group ``k``, and per kind of error the column that makes the bad rows raise:
     ``v`` malformed (a cast), ``b`` zero (a division), ``flag`` set (``raise_error``)."""
 
@@ -35,7 +35,8 @@ def _input(spark, bad=BAD, n: int = N):
             return (i, i % 4, f"x{i}", i + 1, 0, True)
         return (i, i % 4, str(i * 3), i + 1, i % 5 + 1, False)
 
-    return spark.createDataFrame([row(i) for i in range(n)], SCHEMA).repartition(2)
+    df = spark.createDataFrame([row(i) for i in range(n)], SCHEMA)
+    return df.repartitionByRange(2, "id") if by_range else df.repartition(2)
 
 
 # each kind of row error: the tracked (or plain) frame with a column `x` that raises on BAD
@@ -104,6 +105,23 @@ def test_before_a_sink_and_an_aggregate(spark, tmp_path, condition, native):
         rows = sink.read()[plain.columns].itertuples(index=False, name=None)
         assert _rows(spark.createDataFrame(list(rows), plain.schema)) == _rows(plain)
     assert _rows(counts.read(spark)) == _rows(_aggregate(plain))
+
+
+def test_the_report_counts_what_a_python_sink_holds_after_an_abandoned_round(spark, tmp_path):
+    """The bad rows all in the first of two partitions (by range): the abandoned round's job
+    wrote the second partition's rows into the SQLite sink, and their count never came back
+    from the failed job. ``sink_rows`` is what the sink holds."""
+    bad = frozenset({5, 12})
+    p = Pipeline(spark, max_attempts=2)
+    sink = SQLiteSink(os.path.join(tmp_path, "rows.db"), "rows")
+    KINDS["CAST_INVALID_INPUT"](p.source(_input(spark, bad, by_range=True), name="in")).sink(
+        sink, name="rows"
+    )
+    report = p.run()
+    _assert_isolated(p, report, "CAST_INVALID_INPUT", bad)
+    assert report.abandoned_rounds == 1
+    assert sink.count() == N - len(bad)
+    assert report.sink_rows["rows"] == N - len(bad)
 
 
 def test_an_optimistic_round_falls_back_then_isolates(spark, tmp_path):
