@@ -23,6 +23,7 @@ import pandas as pd
 import pytest
 
 import xorack
+from helpers.streams import plain_rows
 from xorack.spark import ParquetSink, Pipeline, SQLiteSink
 from xorack.spark.row_errors import NativeRowError
 
@@ -67,18 +68,8 @@ def _rows(rows) -> Counter:
     return Counter(tuple(r) for r in rows)
 
 
-def _plain(spark, frame, name, mode="append") -> Counter:
-    q = (
-        frame.writeStream.outputMode(mode)
-        .format("memory")
-        .queryName(name)
-        .trigger(availableNow=True)
-        .start()
-    )
-    q.awaitTermination(WAIT)
-    rows = _rows(spark.table(name).collect())
-    spark.sql(f"DROP VIEW IF EXISTS {name}")
-    return rows
+def _plain(spark, frame, name) -> Counter:
+    return _rows(plain_rows(spark, frame, name))
 
 
 def _without(frame, bad=BAD):

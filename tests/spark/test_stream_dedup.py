@@ -22,6 +22,7 @@ import pandas as pd
 import pytest
 
 import xorack
+from helpers.streams import plain_rows
 from xorack.spark import ParquetSink, Pipeline, SQLiteSink
 
 pytest.importorskip("pyspark", reason="pyspark is not installed: install xorack[test]")
@@ -117,17 +118,7 @@ def _plain(spark, tmp_path, keys, watermark, name, dead=None, after=lambda df: d
     events = events.drop("seq")
     if watermark:
         events = events.withWatermark("eventTime", "10 seconds")
-    q = (
-        after(events.dropDuplicates(keys))
-        .writeStream.outputMode("append")
-        .format("memory")
-        .queryName(name)
-        .trigger(availableNow=True)
-        .start()
-    )
-    q.awaitTermination(WAIT)
-    rows = spark.table(name).collect()
-    spark.sql(f"DROP VIEW IF EXISTS {name}")
+    rows = plain_rows(spark, after(events.dropDuplicates(keys)), name)
     return sorted((int(r.guid), r.eventTime, int(r.value)) for r in rows)
 
 
@@ -202,19 +193,8 @@ def test_drop_duplicates_then_a_filter_equals_plain_structured_streaming(spark, 
     dead = _dead(p)
     assert dead >= {s for s in range(sent) if _poison(s)}
     events = _read(spark, tmp_path).where(~F.col("seq").isin(sorted(dead))).drop("seq")
-    q = (
-        _odd_values(events.withWatermark("eventTime", "10 seconds").dropDuplicates(keys))
-        .writeStream.outputMode("append")
-        .format("memory")
-        .queryName("plain_dedup_odd")
-        .trigger(availableNow=True)
-        .start()
-    )
-    q.awaitTermination(WAIT)
-    want = sorted(
-        (int(r.guid), r.eventTime, int(r.v)) for r in spark.table("plain_dedup_odd").collect()
-    )
-    spark.sql("DROP VIEW IF EXISTS plain_dedup_odd")
+    odd = _odd_values(events.withWatermark("eventTime", "10 seconds").dropDuplicates(keys))
+    want = sorted((int(r.guid), r.eventTime, int(r.v)) for r in plain_rows(spark, odd, "dedup_odd"))
     assert want
     assert all(v % 2 == 1 for _, _, v in want)
     frame = sink.read()
@@ -407,15 +387,8 @@ def test_a_record_held_pending_past_spark_watermark_is_not_late(spark, tmp_path)
         .drop("seq")
         .withWatermark("eventTime", "10 seconds")
         .dropDuplicates(keys)
-        .writeStream.outputMode("append")
-        .format("memory")
-        .queryName("plain_dedup_held")
-        .trigger(availableNow=True)
-        .start()
     )
-    plain.awaitTermination(WAIT)
-    want = sorted(int(r.guid) for r in spark.table("plain_dedup_held").collect())
-    spark.sql("DROP VIEW IF EXISTS plain_dedup_held")
+    want = sorted(int(r.guid) for r in plain_rows(spark, plain, "plain_dedup_held"))
     assert 1 in want
 
     out = str(tmp_path / "held.parquet")

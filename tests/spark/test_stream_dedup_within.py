@@ -26,6 +26,7 @@ import pandas as pd
 import pytest
 
 import xorack
+from helpers.streams import plain_rows
 from xorack.spark import ParquetSink, Pipeline, SQLiteSink
 
 pytest.importorskip("pyspark", reason="pyspark is not installed: install xorack[test]")
@@ -133,18 +134,7 @@ def _plain_frame(spark, tmp_path, keys, dead=frozenset()):
 def _plain(spark, tmp_path, keys, name, dead=frozenset(), mode="append") -> list:
     """The rows plain Structured Streaming writes (output ``mode``) over the same files,
     minus the ``dead`` events."""
-    q = (
-        _plain_frame(spark, tmp_path, keys, dead)
-        .writeStream.outputMode(mode)
-        .format("memory")
-        .queryName(name)
-        .trigger(availableNow=True)
-        .start()
-    )
-    q.awaitTermination(WAIT)
-    rows = _rows(spark.table(name).collect())
-    spark.sql(f"DROP VIEW IF EXISTS {name}")
-    return rows
+    return _rows(plain_rows(spark, _plain_frame(spark, tmp_path, keys, dead), name, mode))
 
 
 def _written_again(rows) -> set[int]:
@@ -312,17 +302,8 @@ def test_within_watermark_keyed_without_event_time_is_final_while_running(spark,
         stop.set()
         watcher.join()
     events = _read(spark, tmp_path).withColumn("bucket", F.col("guid") % 11).drop("seq")
-    q = (
-        events.withWatermark("eventTime", DELAY)
-        .dropDuplicatesWithinWatermark(["bucket"])
-        .writeStream.format("memory")
-        .queryName("plain_within_bucket")
-        .trigger(availableNow=True)
-        .start()
-    )
-    q.awaitTermination(WAIT)
-    want = _rows(spark.table("plain_within_bucket").collect())
-    spark.sql("DROP VIEW IF EXISTS plain_within_bucket")
+    plain = events.withWatermark("eventTime", DELAY).dropDuplicatesWithinWatermark(["bucket"])
+    want = _rows(plain_rows(spark, plain, "plain_within_bucket"))
     got = sorted(rows(sink.read()))
     assert got == want
     buckets = [g % 11 for g, _, _ in got]

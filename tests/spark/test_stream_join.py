@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 
 import xorack
+from helpers.streams import plain_rows
 from xorack.spark import ParquetSink, Pipeline, SQLiteSink
 
 pytest.importorskip("pyspark", reason="pyspark is not installed: install xorack[test]")
@@ -120,16 +121,7 @@ def _plain(spark, tmp_path, how, name, after=None):
     )
     if after is not None:
         joined = after(joined)
-    q = (
-        joined.writeStream.outputMode("append")
-        .format("memory")
-        .queryName(name)
-        .trigger(availableNow=True)
-        .start()
-    )
-    q.awaitTermination(WAIT)
-    rows = spark.table(name).collect()
-    spark.sql(f"DROP VIEW IF EXISTS {name}")
+    rows = plain_rows(spark, joined, name)
     return rows if after is not None else sorted(map(_key, rows))
 
 

@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 
 import xorack
+from helpers.streams import plain_rows
 from xorack.spark import ParquetSink, Pipeline
 
 pytest.importorskip("pyspark", reason="pyspark is not installed: install xorack[test]")
@@ -53,16 +54,7 @@ def _read(spark, directory, schema):
 
 
 def _plain(spark, df, name):
-    q = (
-        df.writeStream.outputMode("append")
-        .format("memory")
-        .queryName(name)
-        .trigger(availableNow=True)
-        .start()
-    )
-    q.awaitTermination(WAIT)
-    rows = spark.table(name).collect()
-    spark.sql(f"DROP VIEW IF EXISTS {name}")
+    rows = plain_rows(spark, df, name)
     return sorted(_key(r) for r in rows)
 
 

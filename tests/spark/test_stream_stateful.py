@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 
 import xorack
+from helpers.streams import plain_rows
 from xorack.spark import ParquetSink, Pipeline, SQLiteSink
 
 pytest.importorskip("pyspark", reason="pyspark is not installed: install xorack[test]")
@@ -115,17 +116,7 @@ def _without_poison(lines, drop_poison: bool):
 def _plain(spark, directory, window, name, drop_poison=True):
     """Plain Structured Streaming's windows over the same files (append mode)."""
     lines = _without_poison(_read(spark, directory), drop_poison).withWatermark("ts", "5 seconds")
-    q = (
-        _counted(_words(lines), window)
-        .writeStream.outputMode("append")
-        .format("memory")
-        .queryName(name)
-        .trigger(availableNow=True)
-        .start()
-    )
-    q.awaitTermination(WAIT)
-    rows = spark.table(name).collect()
-    spark.sql(f"DROP VIEW IF EXISTS {name}")
+    rows = plain_rows(spark, _counted(_words(lines), window), name)
     return sorted(_key(r) for r in rows)
 
 
@@ -356,19 +347,10 @@ def test_window_then_select_where_equals_plain_structured_streaming(spark, tmp_p
     directory = tmp_path / "in"
     _write_input(directory)
     lines = _without_poison(_read(spark, directory), True).withWatermark("ts", "5 seconds")
-    q = (
-        _selected(_counted(_words(lines), _tumbling))
-        .writeStream.outputMode("append")
-        .format("memory")
-        .queryName("plain_selected")
-        .trigger(availableNow=True)
-        .start()
-    )
-    q.awaitTermination(WAIT)
+    selected = _selected(_counted(_words(lines), _tumbling))
     plain = sorted(
-        (r.start, r.word, int(r["count"])) for r in spark.table("plain_selected").collect()
+        (r.start, r.word, int(r["count"])) for r in plain_rows(spark, selected, "plain_selected")
     )
-    spark.sql("DROP VIEW IF EXISTS plain_selected")
     want = sorted((r[0], r[2], r[3]) for r in _closed(spark, directory, _tumbling) if r[3] > 7)
     assert plain
     assert len(want) < len(_closed(spark, directory, _tumbling))  # the filter removes some
@@ -433,16 +415,8 @@ def test_complete_mode_word_count_equals_plain_structured_streaming(spark, tmp_p
     poison = [i for i in range(FILES * LINES) if _is_poison(i)]
     lines = _read(spark, directory).where(~F.col("id").isin(poison))
     plain = lines.select(F.explode(F.split("line", " ")).alias("word")).groupBy("word").count()
-    q = (
-        plain.writeStream.outputMode("complete")
-        .format("memory")
-        .queryName("plain_complete")
-        .trigger(availableNow=True)
-        .start()
-    )
-    q.awaitTermination(WAIT)
-    want = sorted((r["word"], int(r["count"])) for r in spark.table("plain_complete").collect())
-    spark.sql("DROP VIEW IF EXISTS plain_complete")
+    rows = plain_rows(spark, plain, "plain_complete", mode="complete")
+    want = sorted((r["word"], int(r["count"])) for r in rows)
 
     sink = SQLiteSink(str(tmp_path / "counts.db"), "counts")
     p = Pipeline(spark, max_attempts=3)
