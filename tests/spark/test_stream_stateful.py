@@ -773,3 +773,77 @@ def test_a_window_closes_in_a_range_exactly_when_spark_has_a_window_ending_there
         hi = lo + rng.choice([0, 1, 999, second, 3 * second, rng.randrange(0, 40 * second)])
         want = any(lo < e <= hi for e in ends)
         assert closes_any(spec, lo, hi) == want, (args, lo - base, hi - base)
+
+
+HELD = LINES + 4  # a line of file 1, event time 12 s: in flight past micro-batch 2
+
+
+def _held_back(pdf: pd.DataFrame) -> pd.DataFrame:
+    """Line ``HELD`` fails its first two attempts; every line is split into its words."""
+    from xorack.spark import current_attempt
+
+    bad = (pdf["id"] == HELD).to_numpy() & (current_attempt(pdf) <= 2)
+    if bad.any():
+        raise xorack.FailRecord("held back", rows=bad)
+    return _split_clean(pdf)
+
+
+def test_a_restart_whose_first_emission_comes_at_another_watermark_takes_the_cut_write_back(
+    spark, tmp_path, monkeypatch
+):
+    """Micro-batch 2's emission is held back by a pending record (line ``HELD``, event time
+    12 s, failed twice): it closes the window [0, 10) at 12 s - 1 µs instead of at Spark's
+    watermark, 14.5 s. The driver dies after that write, before its watermark is noted. On
+    the restart the record's third attempt completes in the micro-batch Spark runs again, so
+    the window is written at 14.5 s, under another name: the cut write must be taken back, or
+    the window would be in the sink twice."""
+    import os
+
+    from xorack.spark import stream_state, streaming
+
+    directory = tmp_path / "in"
+    _write_input(directory)
+    want = _closed(spark, directory, _tumbling, drop_poison=False)
+    checkpoint = str(tmp_path / "checkpoint")
+    out = str(tmp_path / "windows.parquet")
+
+    def start():
+        p = _tracked(spark, directory, _tumbling, ParquetSink(out), fn=_held_back)
+        run = p.start_stream(timeout=60.0, available_now=True, checkpoint_location=checkpoint)
+        return run.wait(timeout=WAIT)
+
+    real_write, real_note = stream_state.write_emitted, stream_state.StreamState._note
+    written: list = []
+
+    def write(*args, **kwargs):
+        rows = real_write(*args, **kwargs)
+        if rows:  # the first emission with windows: the driver dies
+            written.append(kwargs["name"])
+            raise RuntimeError("simulated driver crash after an emission's write")
+        return rows
+
+    def note(self, marks):
+        if written:  # dead from the crash on: nothing noted
+            raise RuntimeError("simulated driver crash (dead)")
+        return real_note(self, marks)
+
+    def finish(self, drain):
+        raise RuntimeError("simulated driver crash (dead: no drain)")
+
+    monkeypatch.setattr(stream_state, "write_emitted", write)
+    monkeypatch.setattr(stream_state.StreamState, "_note", note)
+    monkeypatch.setattr(streaming.StreamingRun, "_finish", finish)
+    with pytest.raises(Exception, match="simulated"):
+        start()
+    monkeypatch.undo()
+    (cut,) = written
+    held = T0 + dt.timedelta(seconds=12) - dt.timedelta(microseconds=1)
+    epoch = dt.datetime(1970, 1, 1)
+    assert cut == f"w{(held - epoch) // dt.timedelta(microseconds=1)}"  # held back
+    assert any(f.startswith(f"{cut}-") for f in os.listdir(out))  # the cut write's files
+    report = start()
+    got = sorted(_key(r) for r in spark.read.parquet(out).collect())
+    assert got == want  # every window the watermark closes, once, with its value
+    assert not any(f.startswith(f"{cut}-") for f in os.listdir(out))  # taken back
+    assert report.lost == 0
+    assert report.dead_lettered == 0
