@@ -110,7 +110,7 @@ def test_before_a_sink_and_an_aggregate(spark, tmp_path, condition, native):
 def test_the_report_counts_what_a_python_sink_holds_after_an_abandoned_round(spark, tmp_path):
     """The bad rows all in the first of two partitions (by range): the abandoned round's job
     wrote the second partition's rows into the SQLite sink, and their count never came back
-    from the failed job. ``sink_rows`` is what the sink holds."""
+    from the failed job. ``sink_rows`` is what the run added to the sink."""
     bad = frozenset({5, 12})
     p = Pipeline(spark, max_attempts=2)
     sink = SQLiteSink(os.path.join(tmp_path, "rows.db"), "rows")
@@ -122,6 +122,16 @@ def test_the_report_counts_what_a_python_sink_holds_after_an_abandoned_round(spa
     assert report.abandoned_rounds == 1
     assert sink.count() == N - len(bad)
     assert report.sink_rows["rows"] == N - len(bad)
+    # the same job again into the same table: its rows are there already (absorbed), and the
+    # report counts what this run added, not what the table held before it
+    again = Pipeline(spark, max_attempts=2)
+    KINDS["CAST_INVALID_INPUT"](again.source(_input(spark, bad, by_range=True), name="in")).sink(
+        sink, name="rows"
+    )
+    second = again.run()
+    assert second.abandoned_rounds == 1
+    assert sink.count() == N - len(bad)
+    assert second.sink_rows["rows"] == 0
 
 
 def test_an_optimistic_round_falls_back_then_isolates(spark, tmp_path):

@@ -32,6 +32,7 @@ from .publish import (
     Publisher,
     adopt_staged,
     close_staging,
+    note_counts,
     open_phase,
     open_staging,
     phase_has_input,
@@ -80,6 +81,7 @@ class BatchRun:
         ctx = self.ctx
         for sink in ctx.plan.python_sinks():
             sink.create()
+        note_counts(ctx)
         start = time.perf_counter()
         report = RunReport(ft=ctx.ft)
         workdir = open_staging(ctx) if ctx.ft else None

@@ -118,6 +118,9 @@ class RunContext:
         # and persisted again, by phase (counted once in the report)
         self.guarded: dict[int, RowGuard] = {}
         self.reread: dict[int, int] = {}
+        # what each Python sink that can count held when the run started (FT on): an
+        # abandoned round's writes are counted from it (xorack.spark.publish.recount)
+        self.sink_counts: dict[str, int] = {}
         self.ended = False  # the run is over (its dead letters are final)
         # input sources' DataFrames replaced for this run (a cascade's later pass leaves the
         # records dead-lettered so far out: xorack.spark.cascade), by source index

@@ -178,7 +178,7 @@ class Publisher:
         lost = np.asarray(self.ctx.lost_round_srcs, dtype=np.uint64)
         ended = np.concatenate([self.ended, lost]) if len(lost) else self.ended
         retract(node, ended, self.report)
-        recount(node, self.report)
+        recount(self.ctx, node, self.report)
 
 
 def retract(node: PythonSinkNode, ended: np.ndarray, report: RunReport) -> None:
@@ -188,16 +188,29 @@ def retract(node: PythonSinkNode, ended: np.ndarray, report: RunReport) -> None:
         report.add_retracted(node.name, int(node.sink.retract(ended)))
 
 
-def recount(node: PythonSinkNode, report: RunReport) -> None:
-    """After an abandoned round (a native row error stopped its Spark job), the rows a sink
-    written from Python holds: that job's tasks that ran wrote rows whose counts never came
-    back. A sink that can count (``count()``) is asked; another keeps the counted rows, and a
-    warning says its figure leaves that job's rows out."""
+def note_counts(ctx: RunContext) -> None:
+    """With FT on, what each sink written from Python that can count (``count()``) holds as
+    the run starts, once created (:func:`recount` counts an abandoned round's writes from
+    it)."""
+    if not ctx.ft:
+        return
+    for node in ctx.plan.python_sinks():
+        count = getattr(node.sink, "count", None)
+        if callable(count):
+            ctx.sink_counts[node.name] = int(count())
+
+
+def recount(ctx: RunContext, node: PythonSinkNode, report: RunReport) -> None:
+    """After an abandoned round (a native row error stopped its Spark job), the rows the run
+    added to a sink written from Python: that job's tasks that ran wrote rows whose counts
+    never came back. A sink that can count is asked (its count now less its count at the
+    start, :func:`note_counts`); another keeps the counted rows, and a warning says its figure
+    leaves that job's rows out."""
     if not report.abandoned_rounds:
         return
-    count = getattr(node.sink, "count", None)
-    if callable(count):
-        report.sink_rows[node.name] = int(count())
+    before = ctx.sink_counts.get(node.name)
+    if before is not None:
+        report.sink_rows[node.name] = int(node.sink.count()) - before
     else:
         log.warning(
             "sink %r: the report's row count leaves out the rows written by a round that a "
@@ -210,6 +223,7 @@ __all__ = [
     "Publisher",
     "adopt_staged",
     "close_staging",
+    "note_counts",
     "open_phase",
     "open_staging",
     "phase_has_input",

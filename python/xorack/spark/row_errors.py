@@ -22,9 +22,10 @@ and goes on in two steps:
    rows alone with plain Spark (Spark's own condition and message, as the reason; a replay of
    the same row is not evaluated again) and fails their records, which are replayed and
    dead-lettered after ``max_attempts`` like any failed record. The runaway guard counts them
-   per operation and condition: an error that every row raises stops the run
+   per operation and condition: in a batch run an error that every row raises stops the run
    (``RunawayFailure``); one that a guarded round still meets (an aggregate's own expression,
-   an untracked ``transform``, a Python UDF, a sink) stops it with :class:`NativeRowError`.
+   an untracked ``transform``, a Java UDF, a sink) stops it with :class:`NativeRowError`. (A
+   Python UDF's exception is not a native row error: Spark's own error stops the run.)
 
 In a stream (:mod:`xorack.spark.streaming`) the round of a micro-batch or a replay round that
 meets such an error is abandoned the same way and run again at once, guarded: the micro-batch's

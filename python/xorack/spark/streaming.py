@@ -41,7 +41,7 @@ from .batch import fill_job
 from .build import RoundBuilder
 from .context import PipelineConfig, RunContext
 from .outputs import Aggregate, Sink, StreamDedup, StreamJoin, WindowAggregate
-from .publish import recount, retract
+from .publish import note_counts, recount, retract
 from .report import RunReport
 from .row_errors import NativeRowError, RowError, RowGuard, row_error
 from .rows import PythonStage, RowOperation, Source
@@ -136,6 +136,7 @@ class StreamingRun:
                     ft.start(self._interval)  # background rotations on wall-clock time
             for node in sinks:
                 node.create()
+            note_counts(ctx)
             self.windows.open()
             writer = merged_stream(streaming).writeStream.foreachBatch(self._on_batch)
             if trigger_seconds is not None:
@@ -441,7 +442,7 @@ class StreamingRun:
         for node in ctx.plan.python_sinks():
             if node.phase == 0:
                 retract(node, ended, self.report)
-                recount(node, self.report)
+                recount(ctx, node, self.report)
         self.windows.after_round(data=False)  # nothing pending: plain Spark's watermark
         ctx.dead_letters = ctx.fetch_dead_letters()
         self.report.fill(ctx.client.stats())
@@ -459,10 +460,11 @@ def unisolated(exc: BaseException) -> BaseException:
     if error is None:
         return exc
     return NativeRowError(
-        f"{error.message} — raised after a stateful operation (in the rows a window, join or "
-        "deduplication writes as the watermark passes them, or in a sink): xorack isolates "
-        "the rows of the tracked operations before it only. Fix the data or the expression "
-        "(a try_ function)"
+        f"{error.message} — raised where xorack does not isolate rows: in a stateful operation "
+        "or after it (an aggregate's own expression, a join condition, the operations over a "
+        "window's, a join's or a deduplication's output, evaluated as the watermark passes "
+        "them) or in a sink; xorack isolates the rows of the row operations before a stateful "
+        "one. Fix the data or the expression (a try_ function)"
     )
 
 
