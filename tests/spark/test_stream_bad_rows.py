@@ -261,3 +261,23 @@ def test_the_records_a_failed_job_never_read_are_persisted_first(
     got = sink.read()
     assert sorted(got["id"]) == [i for i in range(n) if i not in bad]
     assert (got["id"] == got["n"]).all()
+
+
+def test_the_stream_goes_back_unguarded_after_a_clean_micro_batch(spark, tmp_path):
+    """Bad rows in the first and the last file: micro-batch 1 replays the first one's record
+    (it raises again, guarded: dead-lettered), micro-batch 2 passes with no row raising and no
+    replay waiting, so the stream goes on unguarded, and the last file's bad row abandons its
+    round again. The sink equals plain Structured Streaming's minus both rows."""
+    bad = frozenset({7, (FILES - 1) * LINES + 5})
+    d = _write_input(tmp_path, bad)
+    p = Pipeline(spark, max_attempts=2)
+    out = _cast(p.source(_read(spark, d), name="in", partitions=2)).drop("ts")
+    sink = SQLiteSink(str(tmp_path / "rows.db"), "rows")
+    out.sink(sink, name="rows")
+    report = p.start_stream(timeout=60.0, available_now=True).wait(WAIT)
+    _assert_dead(p, report, "CAST_INVALID_INPUT", bad)
+    assert report.abandoned_rounds == 2  # guarded again only when a row raised again
+    plain = _plain(spark, _cast(_without(_read(spark, d), bad)).drop("ts"), "bad_rows_again")
+    got = sink.read()[["id", "v", "b", "n"]].astype(object).itertuples(index=False, name=None)
+    assert Counter(got) == plain
+    assert report.sink_rows["rows"] == sum(plain.values())
