@@ -31,9 +31,9 @@ In a stream (:mod:`xorack.spark.streaming`) the round of a micro-batch or a repl
 meets such an error is abandoned the same way and run again at once, guarded: the micro-batch's
 input is persisted first (Spark commits its offsets when the round returns), the records the
 round completed stay completed, and the stream's later rounds stay guarded until a micro-batch
-passes with no row raising and no replay waiting. An error after a
-stateful operation (over a window's, a join's, a deduplication's output) stops the stream with
-:class:`NativeRowError`.
+passes with no row raising and no replay waiting. An error in a stateful operation or after it
+(an aggregate's own expression, a join condition, the operations over a window's, a join's, a
+deduplication's output) stops the stream with :class:`NativeRowError`.
 
 Why this design and not another:
 
