@@ -639,7 +639,10 @@ def test_reopen_accounts_for_every_origin_exactly_once(tmp_path, backend):
 def test_threads_hammering_one_layer_lose_nothing(spec, backend):
     import threading
 
-    with FTLayer(spec, backend=backend, clock=ManualClock(), max_attempts=4) as ft:
+    # a replay in flight between one thread's take_replays and its xor times out when the
+    # others rotate three times meanwhile, and is replayed again on its next attempt: attempts
+    # enough that thread scheduling cannot dead-letter a record (4 did, once, on the fallback)
+    with FTLayer(spec, backend=backend, clock=ManualClock(), max_attempts=64) as ft:
         errors: list[BaseException] = []
         origins: list[set[int]] = [set() for _ in range(4)]
 

@@ -176,7 +176,7 @@ class _OldPythonSink:
 def test_sinks_declare_their_capabilities(tmp_path):
     sqlite = capabilities_of(SQLiteSink(str(tmp_path / "x.db")))
     assert sqlite == SinkCapabilities(
-        idempotent=True, retractable=True, round_writable=True, typed=True
+        idempotent=True, retractable=True, round_writable=True, typed=True, counts=True
     )
     parquet = capabilities_of(ParquetSink(str(tmp_path / "p")))
     assert parquet.native
@@ -187,11 +187,12 @@ def test_sinks_declare_their_capabilities(tmp_path):
 def test_a_sink_of_ones_own_gets_capabilities_from_its_protocol():
     assert capabilities_of(_OldNativeSink()) == SinkCapabilities(native=True)
     old = capabilities_of(_OldPythonSink())
-    assert (old.native, old.retractable, old.round_writable, old.typed) == (
+    assert (old.native, old.retractable, old.round_writable, old.typed, old.counts) == (
         False,
         True,
         True,
         True,
+        False,  # no count()
     )
 
 

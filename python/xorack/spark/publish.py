@@ -189,15 +189,14 @@ def retract(node: PythonSinkNode, ended: np.ndarray, report: RunReport) -> None:
 
 
 def note_counts(ctx: RunContext) -> None:
-    """With FT on, what each sink written from Python that can count (``count()``) holds as
-    the run starts, once created (:func:`recount` counts an abandoned round's writes from
+    """With FT on, what each sink written from Python that can count (capability ``counts``)
+    holds as the run starts, once created (:func:`recount` counts an abandoned round's writes from
     it)."""
     if not ctx.ft:
         return
     for node in ctx.plan.python_sinks():
-        count = getattr(node.sink, "count", None)
-        if callable(count):
-            ctx.sink_counts[node.name] = int(count())
+        if node.caps.counts:
+            ctx.sink_counts[node.name] = int(node.sink.count())
 
 
 def recount(ctx: RunContext, node: PythonSinkNode, report: RunReport) -> None:

@@ -96,6 +96,8 @@ class SinkCapabilities:
       refuses an unsupported type at declaration.
     * ``adopts``: ``adopt(spark, directory)`` publishes a directory of Parquet files that Spark
       wrote for it by moving it (no second write).
+    * ``counts``: ``count()`` gives the rows the sink holds (after a round that a native row
+      error abandoned, the report counts what the run added with it).
 
     >>> SQLiteSink.capabilities.retractable, ParquetSink.capabilities.native
     (True, True)
@@ -107,6 +109,7 @@ class SinkCapabilities:
     round_writable: bool = False
     typed: bool = False
     adopts: bool = False
+    counts: bool = False
 
 
 def capabilities_of(sink: Any) -> SinkCapabilities:
@@ -130,6 +133,7 @@ def capabilities_of(sink: Any) -> SinkCapabilities:
             round_writable=bool(getattr(sink, "round_writes", False)),
             typed=_takes_schema(sink),
             adopts=callable(getattr(sink, "adopt", None)),
+            counts=callable(getattr(sink, "count", None)),
         )
     needs = ("create", "write") if caps.native else ("create", "open_writer")
     if not all(callable(getattr(sink, m, None)) for m in needs):
@@ -181,7 +185,7 @@ class SQLiteSink:
     #: :meth:`retract` removes rows by attempt: an optimistic round can write it and take its
     #: rows back (see ``Pipeline(optimistic=)``); a sink of your own may declare the same
     capabilities: ClassVar[SinkCapabilities] = SinkCapabilities(
-        idempotent=True, retractable=True, round_writable=True, typed=True
+        idempotent=True, retractable=True, round_writable=True, typed=True, counts=True
     )
     round_writes: ClassVar[bool] = True  # the same, for code written before capabilities
 
