@@ -29,3 +29,40 @@ def crash_after_dedup_write(monkeypatch: Any, at: int = 2) -> list[str]:
     monkeypatch.setattr(stream_state.StreamState, "_note", note)
     monkeypatch.setattr(stream_dedup.DedupState, "record", record)
     return records
+
+
+def crash_after_window_write(monkeypatch: Any, in_stop: bool) -> list[tuple[str, int]]:
+    """Make a stream's window emission raise once its rows are in the sink and before its
+    watermark is noted, and every FT-state note raise from then on (a dead driver notes
+    nothing). ``in_stop``: the emission of ``stop()``'s drain; else the first emission that
+    writes rows, and the dead driver then drains nothing. Returns each crashed write's name
+    and rows; ``monkeypatch.undo()`` brings the driver back."""
+    from xorack.spark import stream_state, streaming
+
+    real_write, real_note = stream_state.write_emitted, stream_state.StreamState._note
+    real_finish = streaming.StreamingRun._finish
+    finishing: list[bool] = []
+    written: list[tuple[str, int]] = []
+
+    def finish(self: Any, drain: bool) -> Any:
+        if not in_stop:
+            raise RuntimeError("simulated driver crash (dead: no drain)")
+        finishing.append(True)
+        return real_finish(self, drain)
+
+    def write(*args: Any, **kwargs: Any) -> int:
+        rows = real_write(*args, **kwargs)
+        if finishing if in_stop else rows:
+            written.append((kwargs["name"], rows))
+            raise RuntimeError("simulated driver crash after an emission's write")
+        return int(rows)
+
+    def note(self: Any, marks: Any) -> Any:
+        if written:  # dead from the crash on: nothing noted
+            raise RuntimeError("simulated driver crash (dead)")
+        return real_note(self, marks)
+
+    monkeypatch.setattr(streaming.StreamingRun, "_finish", finish)
+    monkeypatch.setattr(stream_state, "write_emitted", write)
+    monkeypatch.setattr(stream_state.StreamState, "_note", note)
+    return written

@@ -205,8 +205,9 @@ def test_an_error_in_the_source_frame_stops_the_stream_with_one_line(spark, tmp_
         SQLiteSink(str(tmp_path / "rows.db"), "rows"), name="rows"
     )
     run = p.start_stream(timeout=60.0, available_now=True)
-    with pytest.raises(NativeRowError, match=r"CAST_INVALID_INPUT.*p\.source\(\) itself"):
+    with pytest.raises(NativeRowError, match=r"CAST_INVALID_INPUT.*p\.source\(\) itself") as e:
         run.wait(WAIT)
+    assert "\n" not in str(e.value)  # one line
 
 
 def test_an_error_after_a_window_stops_the_stream_with_one_line(spark, tmp_path):
@@ -221,8 +222,9 @@ def test_an_error_after_a_window_stops_the_stream_with_one_line(spark, tmp_path)
     raising = counted.withColumn("x", F.when(F.col("top") > 30, F.raise_error(message)))
     raising.sink(ParquetSink(str(tmp_path / "w.parquet")), name="windows")
     run = p.start_stream(timeout=60.0, available_now=True)
-    with pytest.raises(NativeRowError, match=r"USER_RAISED_EXCEPTION.*or after it"):
+    with pytest.raises(NativeRowError, match=r"USER_RAISED_EXCEPTION.*or after it") as e:
         run.wait(WAIT)
+    assert "\n" not in str(e.value)  # one line
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 
 import xorack
+from helpers.crashes import crash_after_window_write
 from helpers.streams import plain_rows
 from xorack.spark import ParquetSink, Pipeline, SQLiteSink
 
@@ -647,8 +648,6 @@ def test_window_then_select_where_restarted_after_a_crash_mid_emission_writes_ea
 
     from pyspark.sql import functions as F
 
-    from xorack.spark import stream_state, streaming
-
     directory = tmp_path / "in"
     _write_input(directory)
     want = sorted((r[0], r[2], r[3]) for r in _closed(spark, directory, _tumbling) if r[3] > 7)
@@ -672,35 +671,12 @@ def test_window_then_select_where_restarted_after_a_crash_mid_emission_writes_ea
         run = p.start_stream(timeout=6.0, available_now=True, checkpoint_location=checkpoint)
         return run.wait(timeout=WAIT)
 
-    real_write, real_note = stream_state.write_emitted, stream_state.StreamState._note
-    real_finish = streaming.StreamingRun._finish
-    finishing: list = []
-    written: list = []
-
-    def finish(self, drain):
-        finishing.append(1)
-        return real_finish(self, drain)
-
-    def write(*args, **kwargs):
-        rows = real_write(*args, **kwargs)
-        if finishing:  # stop()'s emission wrote its rows: the driver dies
-            written.append(rows)
-            raise RuntimeError("simulated driver crash after an emission's write")
-        return rows
-
-    def note(self, marks):
-        if written:  # dead from the crash on: nothing noted
-            raise RuntimeError("simulated driver crash (dead)")
-        return real_note(self, marks)
-
-    monkeypatch.setattr(streaming.StreamingRun, "_finish", finish)
-    monkeypatch.setattr(stream_state, "write_emitted", write)
-    monkeypatch.setattr(stream_state.StreamState, "_note", note)
+    written = crash_after_window_write(monkeypatch, in_stop=True)
     with pytest.raises(Exception, match="simulated"):
         start()
     monkeypatch.undo()
-    assert len(written) == 1
-    assert written[0] > 0  # the crash came after rows were written
+    ((_, rows),) = written
+    assert rows > 0  # the crash came after rows were written
     for f in range(3, FILES):
         os.replace(later / f"part-{f:02d}.json", directory / f"part-{f:02d}.json")
     report = start()
@@ -799,8 +775,6 @@ def test_a_restart_whose_first_emission_comes_at_another_watermark_takes_the_cut
     the window would be in the sink twice."""
     import os
 
-    from xorack.spark import stream_state, streaming
-
     directory = tmp_path / "in"
     _write_input(directory)
     want = _closed(spark, directory, _tumbling, drop_poison=False)
@@ -812,31 +786,11 @@ def test_a_restart_whose_first_emission_comes_at_another_watermark_takes_the_cut
         run = p.start_stream(timeout=60.0, available_now=True, checkpoint_location=checkpoint)
         return run.wait(timeout=WAIT)
 
-    real_write, real_note = stream_state.write_emitted, stream_state.StreamState._note
-    written: list = []
-
-    def write(*args, **kwargs):
-        rows = real_write(*args, **kwargs)
-        if rows:  # the first emission with windows: the driver dies
-            written.append(kwargs["name"])
-            raise RuntimeError("simulated driver crash after an emission's write")
-        return rows
-
-    def note(self, marks):
-        if written:  # dead from the crash on: nothing noted
-            raise RuntimeError("simulated driver crash (dead)")
-        return real_note(self, marks)
-
-    def finish(self, drain):
-        raise RuntimeError("simulated driver crash (dead: no drain)")
-
-    monkeypatch.setattr(stream_state, "write_emitted", write)
-    monkeypatch.setattr(stream_state.StreamState, "_note", note)
-    monkeypatch.setattr(streaming.StreamingRun, "_finish", finish)
+    written = crash_after_window_write(monkeypatch, in_stop=False)
     with pytest.raises(Exception, match="simulated"):
         start()
     monkeypatch.undo()
-    (cut,) = written
+    ((cut, _),) = written
     held = T0 + dt.timedelta(seconds=12) - dt.timedelta(microseconds=1)
     epoch = dt.datetime(1970, 1, 1)
     assert cut == f"w{(held - epoch) // dt.timedelta(microseconds=1)}"  # held back
