@@ -54,6 +54,7 @@ class BatchRun:
         self.derived_persisted = 0  # records the barrier outputs persisted
         self.earlier = earlier  # what the voided passes before this one dead-lettered
         self.cascade: Cascade | None = None  # this pass was voided: what the next leaves out
+        self.fused: set[int] = set()  # phases an earlier phase's optimistic round ran
 
     def next_pass(self) -> BatchRun:
         """The run's next pass, after this one was voided by a cascade: a run of its own over
@@ -101,6 +102,8 @@ class BatchRun:
                     return earlier
                 done_phases = self._done_phases()
             for phase in range(ctx.plan.phase_count() if ctx.ft else 1):
+                if phase in self.fused:  # run by an earlier phase's optimistic round
+                    continue
                 self._phase(phase, phase in done_phases, report, on_round)
             if ctx.ft:
                 self.cascade = cascade.find(ctx)
@@ -222,8 +225,10 @@ class BatchRun:
         if ctx.ft and phase > 0 and not phase_has_input(ctx, phase):
             log.info("phase %d: nothing to run (written by a round, or straight to sinks)", phase)
             return
-        if ctx.ft and OptimisticRound(ctx, phase).run(report):
-            log.info("phase %d: complete in one optimistic round", phase)
+        opt = OptimisticRound(ctx, phase)
+        if ctx.ft and opt.run(report):
+            self.fused.update(opt.phases[1:])
+            log.info("phases %s: complete in one optimistic round", opt.phases)
             return
         why = report.phase_reasons.get(phase)
         said = why.value if why else ("optimistic=False" if ctx.ft else "FT off")

@@ -98,6 +98,11 @@ class OptimisticBuilder:
         self._copies: dict[int, dict[int, Any]] = {}
         # filters applied as their source's rows were tagged (:func:`optimistic.tag_source`)
         self.prefiltered: set[int] = set()
+        # barrier outputs that the same round computes in an earlier phase (not written):
+        # their rows go on in Spark's own partitioning (see :meth:`OptimisticRound._fuse`)
+        self.fused: set[int] = set()
+        # its barrier outputs that a later phase of the round reads (not written: accounted)
+        self.inner: list[FastOutput] = []
 
     def build(self) -> None:
         built: dict[int, Any] = {}
@@ -154,7 +159,7 @@ class OptimisticBuilder:
         if df is None or ctx.plan.direct(node):
             return None
         salt = optimistic.round_salt(node.name)
-        prepared = node.prepare(df, ctx)
+        prepared = df if id(node) in self.fused else node.prepare(df, ctx)
         if ctx.plan.births_in_stage(node):
             # its rows go straight into a Python stage, which draws their ids there and counts
             # them: no ids and no observed metric in the JVM (an observed metric splits the
@@ -328,6 +333,25 @@ def round_writes(ctx: RunContext, derived: Source) -> bool:
     )
 
 
+def fusable(ctx: RunContext, phase: int) -> bool:
+    """Whether the plan lets an optimistic round of ``phase - 1`` take ``phase`` in (see
+    :meth:`OptimisticRound._fuse`): every source of ``phase`` is a barrier output read once,
+    by a node of the phase (not straight by native sinks, nor written by the round into a
+    Python sink), and both phases can run an optimistic round."""
+    if not FUSE or phase <= 0:
+        return False
+    sources = [s for s in ctx.plan.sources if s.phase == phase]
+    if not sources:
+        return False
+    for source in sources:
+        if source.derived is None or ctx.plan.direct(source) or round_writes(ctx, source):
+            return False
+        if len(ctx.plan.readers(source)) != 1:
+            return False
+    rounds = OptimisticRound(ctx, phase - 1), OptimisticRound(ctx, phase)
+    return all(r.blocker() is None for r in rounds)
+
+
 def how_phase_runs(ctx: RunContext, phase: int) -> str:
     """How a batch run will run ``phase`` (``explain()``'s words), from the plan alone: before
     it runs, a round's outcome is unknown, so an optimistic round says what follows a fall
@@ -335,6 +359,14 @@ def how_phase_runs(ctx: RunContext, phase: int) -> str:
     sources = [s for s in ctx.plan.sources if s.phase == phase]
     if phase > 0 and sources and all(ctx.plan.direct(s) for s in sources):
         return "no rounds of its own: the barrier's output goes straight to its native sinks"
+    if fusable(ctx, phase):
+        head = phase - 1
+        while fusable(ctx, head):
+            head -= 1
+        return (
+            f"in phase {head}'s optimistic round, the same Spark job (should that round fall "
+            "back: an optimistic round of its own, tracked rounds if it falls back)"
+        )
     note = OptimisticRound(ctx, phase).blocker()
     if phase > 0 and sources and all(round_writes(ctx, s) for s in sources):
         earlier = OptimisticRound(ctx, phase - 1).blocker()
@@ -349,16 +381,39 @@ def how_phase_runs(ctx: RunContext, phase: int) -> str:
     return f"tracked rounds [{note.reason.value}] {note.detail}"
 
 
-class OptimisticRound:
-    """A phase run once as plain Spark would, acked as one XOR tree."""
+#: Whether an optimistic round takes the phases after its own into the same Spark job when
+#: they can run one too (:meth:`OptimisticRound._fuse`); False: a round per phase.
+FUSE = True
 
-    def __init__(self, ctx: RunContext, phase: int) -> None:
+
+class OptimisticRound:
+    """A phase run once as plain Spark would, acked as one XOR tree; with the phases after it
+    when each reads only barrier outputs the round computes (:meth:`_fuse`)."""
+
+    def __init__(self, ctx: RunContext, phase: int, fuse: bool | None = None) -> None:
         self.ctx = ctx
         self.phase = phase
+        self.fuse = FUSE if fuse is None else fuse
         self.group = f"xorack-optimistic-{os.urandom(6).hex()}"
         self.records: list[tuple[Source, int]] = []
-        self.builder: OptimisticBuilder | None = None
+        self.builders: list[OptimisticBuilder] = []
         self.abort: str | None = None  # where its runners say that a row failed
+
+    @property
+    def phases(self) -> list[int]:
+        """The phases this round runs (its own, then those fused into it)."""
+        return [b.phase for b in self.builders] or [self.phase]
+
+    @property
+    def inner(self) -> list[FastOutput]:
+        """The barrier outputs the round computes and reads in a later phase of its own: their
+        events are accounted, they are not jobs of their own."""
+        return [job for b in self.builders for job in b.inner]
+
+    @property
+    def outputs(self) -> list[FastOutput]:
+        """The round's writes (its jobs), every phase's."""
+        return [job for b in self.builders for job in b.outputs]
 
     def blocker(self) -> PhaseNote | None:
         """Why the phase cannot run an optimistic round, or None when it can."""
@@ -393,34 +448,134 @@ class OptimisticRound:
         note = self.blocker()
         if note is None:
             try:
-                self.builder = self._build()
+                self.builders = [self._build()]
             except NotOptimistic as e:
                 note = PhaseNote(self.phase, e.reason, e.detail)
         if note is not None:
             if self.ctx.config.optimistic:
                 report.note(note)
             return False
-        assert self.builder is not None
-        if not self.builder.outputs:
+        if not self.outputs:
             return False  # nothing of this phase runs (its outputs go to native sinks)
+        if self.fuse:
+            self._fuse()
         why = self._execute()  # a row failed: the round was cancelled
         if why is None:
             why = self._account().verdict()
+        if why is not None and len(self.builders) > 1:
+            return self._fused_fell_back(why, report)
         if why is not None:
-            if why[0] is Reason.ROW_FAILED:  # its tracked rounds expect failed records
-                rate = optimistic.failure_rate(self.abort) if self.abort else None
-                self.ctx.rows_failed[self.phase] = rate
-                if rate is not None:
-                    seen = f"about {rate:.2%}" if rate >= 1e-4 else "under 0.01 %"
-                    why = (why[0], f"{why[1]}; {seen} of its records fail")
             self._discard(report)
-            report.note(PhaseNote(self.phase, *why))
-            log.info("phase %d: the optimistic round fell back: %s", self.phase, why[1])
+            self._fall_back(why, report)
             return False
         self._accept(report)
-        report.rounds += 1
-        report.optimistic_rounds += 1
+        report.rounds += len(self.builders)
+        report.optimistic_rounds += len(self.builders)
+        report.fused_phases += len(self.builders) - 1
         return True
+
+    def _fall_back(self, why: tuple[Reason, str], report: RunReport) -> None:
+        """Note why the phase's round fell back (its outputs discarded): its tracked rounds
+        run next."""
+        if why[0] is Reason.ROW_FAILED:  # its tracked rounds expect failed records
+            rate = optimistic.failure_rate(self.abort) if self.abort else None
+            self.ctx.rows_failed[self.phase] = rate
+            if rate is not None:
+                seen = f"about {rate:.2%}" if rate >= 1e-4 else "under 0.01 %"
+                why = (why[0], f"{why[1]}; {seen} of its records fail")
+        report.note(PhaseNote(self.phase, *why))
+        log.info("phase %d: the optimistic round fell back: %s", self.phase, why[1])
+
+    def _fused_fell_back(self, why: tuple[Reason, str], report: RunReport) -> bool:
+        """A fused round that fell back: its outputs are deleted and its phases go again, a
+        round each (the first of them that fails falls back to tracked rounds). When the
+        first row that failed is a stage's of this round's own phase, that phase's round would
+        fail it again: the phase goes to its tracked rounds at once."""
+        failing = self._failing_phase(why)
+        phases = self.phases
+        self._discard(report)
+        self._unfuse()
+        self.builders, self.records = [], []
+        report.fused_fallbacks += 1
+        log.info("phases %s: the fused optimistic round fell back (%s)", phases, why[1])
+        if failing == self.phase:
+            self._fall_back(why, report)
+            return False
+        return OptimisticRound(self.ctx, self.phase, fuse=False).run(report)
+
+    def _failing_phase(self, why: tuple[Reason, str]) -> int | None:
+        """The phase of the stage whose row failed first in a round cancelled for it (the
+        abort file's first line, ``stage NAME: reason``), else None (not known)."""
+        if why[0] is not Reason.ROW_FAILED or self.abort is None:
+            return None
+        line = optimistic.first_line(self.abort) or ""
+        named = [
+            n for n in self.ctx.plan.nodes if isinstance(n, PythonStage) and n.phase in self.phases
+        ]
+        hits = {n.phase for n in named if line.startswith(f"stage {n.name}: ")}
+        return hits.pop() if len(hits) == 1 else None
+
+    def _fuse(self) -> None:
+        """Take the phases after this one into the round while the next reads nothing but
+        barrier outputs the round computes, each read once (no branch point), and can run an
+        optimistic round itself: such an output is not written for the next phase to read
+        back, its rows go on in the same Spark job, born there as the next phase's records
+        (their ids drawn in the JVM, observed as any source's). Plain Spark runs such a
+        query as one job too. The round is still one XOR tree: the births of every phase
+        against the events of every phase."""
+        ctx = self.ctx
+        last = ctx.plan.phase_count() - 1
+        while self.builders[-1].phase < last:
+            phase = self.builders[-1].phase + 1
+            inner = self._inner_outputs(phase)
+            if inner is None:
+                return
+            for job in inner:
+                assert job.barrier is not None
+                ctx.of(ctx.plan.derived_source(job.barrier)).df = job.frame
+            builder = OptimisticBuilder(ctx, phase, self.accumulator, self.abort)
+            builder.fused = {id(ctx.plan.derived_source(j.barrier)) for j in inner if j.barrier}
+            try:
+                builder.build()
+            except NotOptimistic as e:
+                log.info("phase %d: not fused into phase %d's round (%s)", phase, self.phase, e)
+                self._unfuse(inner)
+                return
+            if not builder.outputs:
+                self._unfuse(inner)
+                return
+            for job in inner:
+                for b in self.builders:
+                    if job in b.outputs:
+                        b.outputs.remove(job)
+                        b.inner.append(job)
+            self.builders.append(builder)
+            log.info("phase %d: fused into phase %d's optimistic round", phase, self.phase)
+
+    def _inner_outputs(self, phase: int) -> list[FastOutput] | None:
+        """The round's barrier outputs that ``phase`` reads, when it reads nothing else and
+        reads each of them once; else None (the phase is not fused)."""
+        ctx = self.ctx
+        if not fusable(ctx, phase):
+            return None
+        sources = [s for s in ctx.plan.sources if s.phase == phase]
+        jobs = {id(job.barrier): job for job in self.outputs if job.barrier is not None}
+        inner = []
+        for source in sources:
+            job = jobs.get(id(source.derived)) if source.derived is not None else None
+            if job is None or job.sink is not None or job.src or job.frame is None:
+                return None
+            if ctx.plan.direct(source) or len(ctx.plan.readers(source)) != 1:
+                return None
+            inner.append(job)
+        return inner
+
+    def _unfuse(self, inner: list[FastOutput] | None = None) -> None:
+        """The barrier outputs fused into a later phase no longer feed it (a round that fell
+        back, or a phase that could not be fused)."""
+        for job in self.inner if inner is None else inner:
+            assert job.barrier is not None
+            self.ctx.of(self.ctx.plan.derived_source(job.barrier)).df = None
 
     def _build(self) -> OptimisticBuilder:
         ctx = self.ctx
@@ -443,14 +598,14 @@ class OptimisticRound:
     def _execute(self) -> tuple[Reason, str] | None:
         """Run the round's writes in a job group of their own (the verdict reads its tasks'
         failures, and a failed row cancels it); the reason when a failed row cancelled it."""
-        assert self.builder is not None
         ctx = self.ctx
         sc = ctx.spark.sparkContext
         previous = (
             sc.getLocalProperty("spark.jobGroup.id"),
             sc.getLocalProperty("spark.job.description"),
         )
-        sc.setJobGroup(self.group, f"xorack: optimistic round of phase {self.phase}", False)
+        phases = ", ".join(map(str, self.phases))
+        sc.setJobGroup(self.group, f"xorack: optimistic round of phase {phases}", False)
         ctx.optimistic_group = self.group
         abort = self.abort
         watch = (
@@ -460,7 +615,7 @@ class OptimisticRound:
         )
         try:
             with watch:
-                for job in self.builder.outputs:
+                for job in self.outputs:
                     if job.src:  # a Python sink's writers: their summaries
                         job.summary = job.frame.collect()
                     else:
@@ -472,8 +627,10 @@ class OptimisticRound:
             error = row_error(exc)
             if error is None:
                 raise  # not a round this driver cancelled, nor a row's error: a real error
-            # its tracked rounds fail the raising rows alone
-            ctx.guarded[self.phase] = RowGuard(ctx.spark, error)
+            # its tracked rounds fail the raising rows alone (a fused round's phases go again
+            # a round each: which of them raised is not known)
+            if len(self.builders) == 1:
+                ctx.guarded[self.phase] = RowGuard(ctx.spark, error)
             return Reason.NATIVE_ROW_ERROR, f"a native expression raised on a row: {error.message}"
         finally:
             ctx.optimistic_group = None
@@ -483,10 +640,18 @@ class OptimisticRound:
 
     def _account(self) -> optimistic.RoundAccount:
         """What the round's metrics, accumulators and Spark's task accounting say."""
-        assert self.builder is not None
         sc = self.ctx.spark.sparkContext
         account = optimistic.RoundAccount(task_failures=optimistic.task_failures(sc, self.group))
-        for node, seen in self.builder.births:
+        for builder in self.builders:
+            self._account_phase(builder, account)
+        account.python, account.failed_rows = self.accumulator.value
+        account.reasons = optimistic.reasons_of(dict(self.ctx.tally.value))
+        return account
+
+    def _account_phase(self, builder: OptimisticBuilder, account: optimistic.RoundAccount) -> None:
+        """One phase's births and events (its outputs, and the barrier outputs of it that a
+        later phase of the round reads) into ``account``."""
+        for node, seen in builder.births:
             got = optimistic.observed(seen)
             if got is None:
                 account.missing.append(f"source {node.name!r}")
@@ -494,16 +659,16 @@ class OptimisticRound:
             account.births ^= got["x"]
             account.records += got["n"]
             self.records.append((node, got["n"]))
-        for node, count in self.builder.stage_births:  # their births are in the stage's events
+        for node, count in builder.stage_births:  # their births are in the stage's events
             account.records += int(count.value)
             self.records.append((node, int(count.value)))
-        for point, seen in self.builder.tees:  # the fan-out events of its branch points
+        for point, seen in builder.tees:  # the fan-out events of its branch points
             got = optimistic.observed(seen)
             if got is None:
                 account.missing.append(f"the branch point {point.name!r}")
                 continue
             account.staged ^= got["x"]
-        for job in self.builder.outputs:
+        for job in [*builder.outputs, *builder.inner]:
             if job.src:  # its events are in the accumulator (see DerivedTagger)
                 continue
             got = optimistic.observed(job.events)
@@ -511,17 +676,13 @@ class OptimisticRound:
                 account.missing.append(f"the rows reaching {job.name!r}")
                 continue
             account.staged ^= got["x"]
-        account.python, account.failed_rows = self.accumulator.value
-        account.reasons = optimistic.reasons_of(dict(self.ctx.tally.value))
-        return account
 
     def _discard(self, report: RunReport) -> None:
         """A round that falls back: its outputs are deleted, and the rows it wrote into Python
         sinks retracted once its tasks are over (again at the publish: a task the cancel had
         not stopped yet may have written after that)."""
-        assert self.builder is not None
         ctx = self.ctx
-        jobs = self.builder.outputs
+        jobs = self.outputs
         if any(job.src for job in jobs):
             optimistic.await_tasks(ctx.spark.sparkContext, self.group)
         for job in jobs:
@@ -537,9 +698,8 @@ class OptimisticRound:
     def _accept(self, report: RunReport) -> None:
         """A complete round: its sinks' rows wait for the publish (a Python sink's are in place),
         its barriers' outputs are the next phase's sources, its records count as completed."""
-        assert self.builder is not None
         ctx = self.ctx
-        for job in self.builder.outputs:
+        for job in self.outputs:
             if job.src:  # the barrier's output is in its Python sink: its phase is done
                 assert job.barrier is not None
                 ctx.of(ctx.plan.derived_source(job.barrier)).written = True
@@ -574,6 +734,7 @@ __all__ = [
     "NotOptimistic",
     "OptimisticBuilder",
     "OptimisticRound",
+    "fusable",
     "how_phase_runs",
     "round_writes",
 ]

@@ -155,6 +155,11 @@ class RunReport:
     # one (Pipeline(optimistic=); with optimistic=False, this stays empty)
     optimistic_rounds: int = 0
     optimistic_fallbacks: list[str] = field(default_factory=list)
+    # of those phases, the ones run in an earlier phase's round (the same Spark job: the
+    # barrier output between them never written), and the fused rounds that fell back (their
+    # phases then ran a round each)
+    fused_phases: int = 0
+    fused_fallbacks: int = 0
     tracked_phases: list[str] = field(default_factory=list)
     # the same, typed: phase -> why it ran tracked rounds (blocked, or fell back)
     phase_reasons: dict[int, Reason] = field(default_factory=dict)
