@@ -184,3 +184,48 @@ def test_a_row_failing_in_the_first_phase_sends_it_to_tracked_rounds_at_once(
     assert "of its records fail" in report.optimistic_fallbacks[0]
     assert report.optimistic_rounds == 1
     assert _rows(sink.read(spark)) == _rows(_plain(spark, bumped=False))
+
+
+def _same(pdf: pd.DataFrame) -> pd.DataFrame:
+    return pdf
+
+
+def test_a_phase_writing_two_sinks_is_not_fused(spark, tmp_path):
+    """A pandas stage before an aggregate whose output, after a row operation, reaches two
+    sinks: fused, each sink's job would compute the aggregate and the stage again (its events
+    counted twice: the round could never balance). The phase is not fused, and no round falls
+    back."""
+    p = Pipeline(spark)
+    orders = p.source(_orders(spark), name="orders")
+    orders = orders.map_in_pandas(_same, orders.schema, name="same")
+    totals = orders.groupBy("k").agg(F.count("*").alias("n")).withColumn("x", F.col("n") * 2)
+    a, b = ParquetSink(str(tmp_path / "a")), ParquetSink(str(tmp_path / "b"))
+    totals.sink(a, name="a")
+    totals.where(F.col("k") > 2).sink(b, name="b")
+    report = p.run()
+    assert report.lost == 0
+    assert (report.fused_phases, report.fused_fallbacks, report.optimistic_rounds) == (0, 0, 2)
+    plain = _orders(spark).groupBy("k").agg(F.count("*").alias("n")).withColumn("x", F.col("n") * 2)
+    assert _rows(a.read(spark)) == _rows(plain)
+    assert _rows(b.read(spark)) == _rows(plain.where(F.col("k") > 2))
+
+
+def test_column_names_with_dots_and_spaces_through_two_aggregates(spark, tmp_path):
+    """Aggregate outputs named ``s.x`` and ``we ird`` read by a second aggregate (the lineage
+    columns are put after the payload by quoted name)."""
+
+    def query(orders):
+        first = orders.groupBy("k").agg(F.sum("price").alias("s.x"), F.count("*").alias("we ird"))
+        return (
+            first.where(F.col("`s.x`") > 0)
+            .groupBy((F.col("k") % 2).alias("p q"))
+            .agg(F.sum("`s.x`").alias("t.t"), F.sum("`we ird`").alias("n"))
+        )
+
+    p = Pipeline(spark)
+    sink = ParquetSink(str(tmp_path / "out"))
+    query(p.source(_orders(spark), name="orders")).sink(sink, name="out")
+    report = p.run()
+    assert report.lost == 0
+    assert report.fused_phases == 1
+    assert _rows(sink.read(spark)) == _rows(query(_orders(spark)))

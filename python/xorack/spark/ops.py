@@ -61,7 +61,7 @@ def payload_of(df: Any) -> list[str]:
 def with_lineage_last(df: Any, payload: Sequence[str]) -> Any:
     """``df`` with ``payload`` first and the lineage columns after it."""
     cols = [*payload, *LINEAGE]
-    return df if list(df.columns) == cols else df.select(*cols)
+    return df if list(df.columns) == cols else df.selectExpr(*map(q, cols))
 
 
 def check_output_names(what: str, names: Sequence[str]) -> None:

@@ -517,10 +517,11 @@ class OptimisticRound:
 
     def _fuse(self) -> None:
         """Take the phases after this one into the round while the next reads nothing but
-        barrier outputs the round computes, each read once (no branch point), and can run an
-        optimistic round itself: such an output is not written for the next phase to read
-        back, its rows go on in the same Spark job, born there as the next phase's records
-        (their ids drawn in the JVM, observed as any source's). Plain Spark runs such a
+        barrier outputs the round computes, each read once (no branch point), can run an
+        optimistic round itself, and writes one output (one Spark job): such a barrier
+        output is not written for the next phase to read back, its rows go on in the same
+        Spark job, born there as the next phase's records (their ids drawn in the JVM,
+        observed as any source's). Plain Spark runs such a
         query as one job too. The round is still one XOR tree: the births of every phase
         against the events of every phase."""
         ctx = self.ctx
@@ -541,7 +542,10 @@ class OptimisticRound:
                 log.info("phase %d: not fused into phase %d's round (%s)", phase, self.phase, e)
                 self._unfuse(inner)
                 return
-            if not builder.outputs:
+            if len(builder.outputs) != 1 or builder.tees:
+                # one job must compute the barrier outputs it reads: two jobs (two sinks, a
+                # branch point) would compute them, and everything before them, twice (a
+                # Python stage's events counted twice: the round would never balance)
                 self._unfuse(inner)
                 return
             for job in inner:
