@@ -202,6 +202,7 @@ def test_a_phase_writing_two_sinks_is_not_fused(spark, tmp_path):
     a, b = ParquetSink(str(tmp_path / "a")), ParquetSink(str(tmp_path / "b"))
     totals.sink(a, name="a")
     totals.where(F.col("k") > 2).sink(b, name="b")
+    assert "in phase 0's optimistic round" not in p.explain()
     report = p.run()
     assert report.lost == 0
     assert (report.fused_phases, report.fused_fallbacks, report.optimistic_rounds) == (0, 0, 2)

@@ -337,7 +337,8 @@ def fusable(ctx: RunContext, phase: int) -> bool:
     """Whether the plan lets an optimistic round of ``phase - 1`` take ``phase`` in (see
     :meth:`OptimisticRound._fuse`): every source of ``phase`` is a barrier output read once,
     by a node of the phase (not straight by native sinks, nor written by the round into a
-    Python sink), and both phases can run an optimistic round."""
+    Python sink), the phase ends in one sink or barrier with no branch point before it, and
+    both phases can run an optimistic round."""
     if not FUSE or phase <= 0:
         return False
     sources = [s for s in ctx.plan.sources if s.phase == phase]
@@ -348,6 +349,13 @@ def fusable(ctx: RunContext, phase: int) -> bool:
             return False
         if len(ctx.plan.readers(source)) != 1:
             return False
+    # one output (one Spark job), no branch point: else each job would compute the barrier
+    # outputs it reads, and all before them, again
+    nodes = ctx.plan.phase_nodes(phase, skip=lambda s: ctx.of(s).written)
+    if len([n for n in nodes if isinstance(n, (Sink, Barrier))]) != 1:
+        return False
+    if any(len(ctx.plan.readers(n)) > 1 for n in nodes):
+        return False
     rounds = OptimisticRound(ctx, phase - 1), OptimisticRound(ctx, phase)
     return all(r.blocker() is None for r in rounds)
 
