@@ -539,11 +539,12 @@ class OptimisticRound:
             inner = self._inner_outputs(phase)
             if inner is None:
                 return
+            builder = OptimisticBuilder(ctx, phase, self.accumulator, self.abort)
             for job in inner:
                 assert job.barrier is not None
-                ctx.of(ctx.plan.derived_source(job.barrier)).df = job.frame
-            builder = OptimisticBuilder(ctx, phase, self.accumulator, self.abort)
-            builder.fused = {id(ctx.plan.derived_source(j.barrier)) for j in inner if j.barrier}
+                derived = ctx.plan.derived_source(job.barrier)
+                ctx.of(derived).df = job.frame
+                builder.fused.add(id(derived))
             try:
                 builder.build()
             except NotOptimistic as e:
@@ -573,11 +574,9 @@ class OptimisticRound:
         sources = [s for s in ctx.plan.sources if s.phase == phase]
         jobs = {id(job.barrier): job for job in self.outputs if job.barrier is not None}
         inner = []
-        for source in sources:
-            job = jobs.get(id(source.derived)) if source.derived is not None else None
-            if job is None or job.sink is not None or job.src or job.frame is None:
-                return None
-            if ctx.plan.direct(source) or len(ctx.plan.readers(source)) != 1:
+        for source in sources:  # fusable(): each a barrier output, read once, not direct
+            job = jobs.get(id(source.derived))
+            if job is None or job.sink is not None or job.src:
                 return None
             inner.append(job)
         return inner
