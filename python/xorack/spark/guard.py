@@ -123,4 +123,62 @@ class FailureTally:
         ]
 
 
-__all__ = ["FailureTally", "RunawayFailure", "reason_key", "tally_param"]
+class StreamTally:
+    """The runaway guard of a stream. A stream has no first round whose input is the whole
+    input: each micro-batch brings its own. So a micro-batch is judged on the records its round
+    saw (its fresh rows and the replays that came with it), and the stream stops when one
+    error failed at least ``share`` of a stage's records in two consecutive micro-batches.
+    Replay rounds run while the stream is idle see only the replays (a few poison records, all
+    failing): they are not judged and do not break the chain. Neither is a stage that saw
+    fewer than ``min_records`` records in a micro-batch: with few records a poison record and
+    a systematic error look alike, and a stream's systematic error meets the next, larger
+    micro-batch too.
+
+    >>> t = StreamTally(share=0.5, min_records=2)
+    >>> t.add_round({("split", ""): 10, ("split", "KeyError: 'x'"): 10}, fresh=True)
+    >>> t.add_round({("split", ""): 10, ("split", "KeyError: 'x'"): 10}, fresh=False)
+    >>> t.add_round({("split", ""): 12, ("split", "KeyError: 'x'"): 12}, fresh=True) is not None
+    True
+    """
+
+    def __init__(self, share: float | None = 0.5, min_records: int = 20) -> None:
+        if share is not None and not 0.0 < share <= 1.0:
+            raise ValueError(f"runaway_share must be in (0, 1] or None, got {share!r}")
+        self.share = share
+        self.min_records = int(min_records)
+        self._previous: dict[str, dict[str, float]] = {}  # stage -> error -> share
+
+    def add_round(self, counts: dict[tuple[str, str], int], fresh: bool) -> str | None:
+        """Record one round's counts (``fresh``: a micro-batch's round, with input of its own);
+        the message of a runaway error, or None."""
+        if self.share is None or not fresh:
+            return None
+        seen = {stage: n for (stage, reason), n in counts.items() if reason == SEEN}
+        message = None
+        for stage, n_seen in seen.items():
+            if n_seen < self.min_records:
+                continue  # not judged: the stage keeps its last judgement
+            shares = {
+                reason: n / n_seen
+                for (where, reason), n in counts.items()
+                if where == stage and reason != SEEN and n >= self.min_records
+            }
+            for reason, now in shares.items():
+                before = self._previous.get(stage, {}).get(reason)
+                if before is not None and before >= self.share and now >= self.share:
+                    n = counts[(stage, reason)]
+                    message = (
+                        f"{stage}: the same error failed {before:.0%} of its records in one "
+                        f"micro-batch and {n:,} of {n_seen:,} ({now:.0%}) in the next: {reason}. "
+                        "The stream stopped instead of dead-lettering its input (a systematic "
+                        "error, not a poison record); the failed records were not "
+                        "dead-lettered: with a checkpoint location they wait in its FT state, "
+                        "and a restart on it after the fix replays them. "
+                        f"Pipeline(runaway_share=...) sets the threshold ({self.share:.0%}; "
+                        "None disables the guard)."
+                    )
+            self._previous[stage] = shares
+        return message
+
+
+__all__ = ["FailureTally", "RunawayFailure", "StreamTally", "reason_key", "tally_param"]

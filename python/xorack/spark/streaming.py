@@ -40,6 +40,7 @@ import numpy as np
 from .batch import fill_job
 from .build import RoundBuilder
 from .context import PipelineConfig, RunContext
+from .guard import RunawayFailure, StreamTally, tally_param
 from .outputs import Aggregate, Sink, StreamDedup, StreamJoin, WindowAggregate
 from .publish import note_counts, recount, retract
 from .report import RunReport
@@ -109,6 +110,7 @@ class StreamingRun:
         self._last_activity = time.monotonic()  # when a micro-batch or idle round last ended
         self.idle_rounds = 0  # replay rounds run while no micro-batch came
         self._wake = threading.Event()  # set by stop(): the idle replayer ends
+        self._guard = StreamTally(ctx.config.runaway_share)
         self._idle: threading.Thread | None = None
         self.windows = StreamState(ctx, aggs, self.report, output_mode)
         sinks = plan.python_sinks()
@@ -220,6 +222,11 @@ class StreamingRun:
                 self.windows.saw()
                 self._retract_ended()
                 self.windows.after_round()
+                # the runaway guard, once the round's failed attempts left the sinks (Spark
+                # then leaves the micro-batch uncommitted: every record of it is persisted)
+                runaway = self._guard.add_round(dict(ctx.tally.value), fresh=bool(fresh))
+                if runaway is not None:
+                    raise RunawayFailure(runaway)
                 self.batches += 1
                 self._last_batch = int(batch_id)
                 self._last_activity = time.monotonic()
@@ -278,6 +285,8 @@ class StreamingRun:
         in ``bench_streaming``'s query) only while bad rows come."""
         ctx = self.ctx
         guard = ctx.guarded.get(0)
+        # the round's records seen and failed per stage and error (the runaway guard)
+        ctx.tally = ctx.spark.sparkContext.accumulator({}, tally_param())
         try:
             work = RoundBuilder(ctx, fresh, replays_wanted=True, guard=guard).build()
             run_summaries(work.summaries, self.report)
@@ -291,7 +300,7 @@ class StreamingRun:
             return
         if guard is None:
             return
-        raised = guard.settle(ctx.client, None)
+        raised = guard.settle(ctx.client, ctx.tally)
         if not raised and fresh and not ctx.client.stats().get("replays_waiting"):
             # a micro-batch in which no row raised, and no replay waiting (a record that raised
             # would raise again): the stream goes on unguarded (a row that raises later
@@ -410,7 +419,9 @@ class StreamingRun:
             with self._lock:
                 if self.ft:
                     try:
-                        self._finish(drain)
+                        # a runaway error: its failed records are not replayed to their
+                        # dead letters (they stay pending in the FT state)
+                        self._finish(drain and not isinstance(self._error, RunawayFailure))
                     except Exception as exc:
                         error = unisolated(exc)
                         if error is exc:
