@@ -61,7 +61,7 @@ import numpy as np
 import pyarrow as pa
 
 from .._checks import sorted_distinct
-from .lineage import EVT, KEEP, SRC, q, staged_event
+from .lineage import EVT, KEEP, SRC, q, select_expr, staged_event
 from .ops import reads_star
 from .schema import empty_frame
 
@@ -118,7 +118,7 @@ class JoinSpec:
         else:
             left, right = self.qualifiers
             out = inputs[0].alias(left).join(inputs[1].alias(right), self.condition, self.how)
-        return out.selectExpr(*map(q, self.keep)) if self.keep else out
+        return select_expr(out, map(q, self.keep)) if self.keep else out
 
 
 @dataclass(frozen=True)
@@ -257,7 +257,7 @@ class Staging:
         df = spark.read.parquet(*self.paths).where(_f().col(KEEP))
         if ended is not None:
             df = df.join(ended, SRC, "left_anti")
-        return df.selectExpr(*map(q, self.payload))
+        return select_expr(df, map(q, self.payload))
 
     def remove(self) -> None:
         """Delete the staged rows (local or ``file:`` paths; elsewhere they are left)."""
@@ -302,7 +302,7 @@ class PartialStaging(Staging):
         rows = reduce(lambda a, b: a.unionByName(b), parts)
         merges = [p.merge(i) for i, p in enumerate(self.plan)]
         out = rows.groupBy(*self.keys).agg(*merges)
-        return out.selectExpr(*map(q, self.output.fieldNames()))
+        return select_expr(out, map(q, self.output.fieldNames()))
 
     def remove(self) -> None:
         super().remove()

@@ -8,11 +8,12 @@ with Spark's aliases, ``on`` as names or a condition, the equi-keys of a conditi
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .lineage import KEEP, LINEAGE, POS, fan_out, ghost_payload, q
+from .lineage import KEEP, LINEAGE, POS, fan_out, ghost_payload, q, select_expr
 from .ops import (
     TrackedOperationError,
     _f,
@@ -161,6 +162,15 @@ def _has_broadcast_hint(df: Any) -> bool:
         return False
 
 
+#: The other side of lookup joins as their tracked translation joins it, by the untracked
+#: DataFrame and ``(on, how)``: built once for every round, run and join of the same frame (an
+#: iterative job joins one frame in each iteration; each build is a few dozen py4j calls). A
+#: DataFrame is immutable, and the entry goes with it.
+_LOOKUP_SIDES: weakref.WeakKeyDictionary[Any, dict[tuple[Any, str], Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 @dataclass(frozen=True)
 class LookupJoin:
     """``join(df, on, how)`` with an untracked DataFrame. Inner/left: each match is a child
@@ -178,6 +188,28 @@ class LookupJoin:
     def describe(self) -> str:
         return f"join(<DataFrame>, {list(self.on)}, {self.how!r})"
 
+    def _other_side(self) -> Any:
+        """The other side's distinct keys (semi, anti) or its rows with each match's rank
+        (``_ft_pos``) among its key's and their count (``_ft_n``): inner, left."""
+        built = _LOOKUP_SIDES.setdefault(self.other, {})
+        if (self.on, self.how) in built:
+            return built[(self.on, self.how)]
+        f = _f()
+        keys = list(self.on)
+        if self.how in ("left_semi", "left_anti"):
+            lk = self.other.selectExpr(*map(q, keys)).distinct().withColumn(POS, f.lit(0))
+        else:
+            from pyspark.sql import Window
+
+            right = list(self.other.columns)
+            by = [f.col(q(k)) for k in keys]
+            rank = Window.partitionBy(*by).orderBy(f.xxhash64(*[f.col(q(c)) for c in right]))
+            lk = self.other.withColumn(POS, f.row_number().over(rank) - 1)
+            lk = lk.withColumn("_ft_n", f.count(f.lit(1)).over(Window.partitionBy(*by)))
+        lk = f.broadcast(lk) if _has_broadcast_hint(self.other) else lk
+        built[(self.on, self.how)] = lk
+        return lk
+
     def _check(self, payload: list[str], right: list[str]) -> None:
         check_output_names("join (the other side)", right)
         clash = sorted((set(right) - set(self.on)) & set(payload))
@@ -193,29 +225,20 @@ class LookupJoin:
         return self.apply(proto, ft=False)
 
     def apply(self, df: Any, ft: bool) -> Any:
-        f = _f()
         keys = list(self.on)
         if not ft:
             return df.join(self.other, on=keys, how=self.how)
         payload = payload_of(df)
         right = list(self.other.columns)
         self._check(payload, right)
+        lk = self._other_side()
         if self.how in ("left_semi", "left_anti"):
-            lk = self.other.selectExpr(*map(q, keys)).distinct().withColumn(POS, f.lit(0))
-            lk = f.broadcast(lk) if _has_broadcast_hint(self.other) else lk
             j = df.join(lk, on=keys, how="left")
             passes = f"({POS} IS {'NOT ' if self.how == 'left_semi' else ''}NULL)"
             lineage = fan_out(0, "0", f"({KEEP} AND {passes})", same_id=True)
             order = [*keys, *[c for c in payload if c not in keys]]  # Spark's USING-join order
-            out = j.selectExpr(*map(q, order), *lineage)
-            return out.selectExpr(*ghost_payload(order), *LINEAGE)
-        from pyspark.sql import Window
-
-        by = [f.col(q(k)) for k in keys]
-        rank = Window.partitionBy(*by).orderBy(f.xxhash64(*[f.col(q(c)) for c in right]))
-        lk = self.other.withColumn(POS, f.row_number().over(rank) - 1)
-        lk = lk.withColumn("_ft_n", f.count(f.lit(1)).over(Window.partitionBy(*by)))
-        lk = f.broadcast(lk) if _has_broadcast_hint(self.other) else lk
+            out = select_expr(j, [*map(q, order), *lineage])
+            return select_expr(out, [*ghost_payload(order), *LINEAGE])
         salt = salt_of(self.name)
         j = df.join(lk, on=keys, how="left")
         is_child = f"({KEEP} AND {POS} IS NOT NULL)" if self.how == "inner" else KEEP
@@ -225,9 +248,9 @@ class LookupJoin:
             *[c for c in payload if c not in keys],
             *[c for c in right if c not in keys],
         ]
-        out = j.selectExpr(*map(q, order), *lineage)
+        out = select_expr(j, [*map(q, order), *lineage])
         if self.how == "inner":
-            out = out.selectExpr(*ghost_payload(order), *LINEAGE)
+            out = select_expr(out, [*ghost_payload(order), *LINEAGE])
         return out
 
 

@@ -41,7 +41,8 @@ undetectable; it is not worth a branch).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -61,6 +62,36 @@ def q(name: str) -> str:
     ('`word`', '`a``b`')
     """
     return "`" + name.replace("`", "``") + "`"
+
+
+_SEP = "\u0001"  # between the expressions sent as one string (never in SQL text)
+_SELECT_JVM: dict[int, tuple[Any, Any, Any]] = {}  # by JVM view: (view, splitter, Seq maker)
+
+
+def select_expr(df: Any, exprs: Iterable[str]) -> Any:
+    """``df.selectExpr(*exprs)`` in four py4j round trips whatever the number of expressions:
+    PySpark sends a list to the JVM one element per round trip (py4j's list conversion), which
+    for a frame of 20 columns doubled the cost of the call (4.5 ms against 2.4 ms, warm, on
+    the 2-core machine). The expressions go as one string, split in the JVM into an array
+    that Scala wraps as the ``Seq`` ``selectExpr`` takes. Errors are Spark's own, as from
+    ``selectExpr`` (PySpark converts them on every py4j call)."""
+    exprs = list(exprs)
+    jdf = getattr(df, "_jdf", None)
+    if jdf is None or len(exprs) < 4 or any(_SEP in e for e in exprs):
+        return df.selectExpr(*exprs)
+    try:
+        from pyspark.sql.classic.dataframe import DataFrame
+    except ImportError:  # pragma: no cover - another PySpark layout
+        return df.selectExpr(*exprs)
+    session = df.sparkSession
+    jvm = session._jvm
+    known = _SELECT_JVM.get(id(jvm))
+    if known is None or known[0] is not jvm:
+        splitter = jvm.java.util.regex.Pattern.compile(_SEP)
+        known = _SELECT_JVM[id(jvm)] = (jvm, splitter, jvm.scala.collection.immutable.ArraySeq)
+    _, splitter, seq = known
+    array = splitter.split(_SEP.join(exprs), -1)
+    return DataFrame(jdf.selectExpr(seq.unsafeWrapArray(array)), session)
 
 
 # The rules below are Spark SQL text, parsed once per expression by the JVM (``selectExpr``):
@@ -182,6 +213,7 @@ __all__ = [
     "fan_out",
     "ghost_payload",
     "q",
+    "select_expr",
     "settle",
     "staged_event",
 ]

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .lineage import KEEP, LINEAGE, POS, drop_where, fan_out, ghost_payload, q
+from .lineage import KEEP, LINEAGE, POS, drop_where, fan_out, ghost_payload, q, select_expr
 
 GENERATORS = {
     # name: (outer, with position, inline)
@@ -61,7 +61,7 @@ def payload_of(df: Any) -> list[str]:
 def with_lineage_last(df: Any, payload: Sequence[str]) -> Any:
     """``df`` with ``payload`` first and the lineage columns after it."""
     cols = [*payload, *LINEAGE]
-    return df if list(df.columns) == cols else df.selectExpr(*map(q, cols))
+    return df if list(df.columns) == cols else select_expr(df, map(q, cols))
 
 
 def check_output_names(what: str, names: Sequence[str]) -> None:
@@ -156,6 +156,23 @@ def _plan_nodes(plan: Any) -> list[str]:
     return names
 
 
+def _added_nodes(plan: Any, under: Any) -> list[str] | None:
+    """The class names of the operators of the JVM logical plan ``plan`` above each copy of
+    its input's plan ``under`` (top down), or None when ``under`` is not in it. Walks only the
+    operators an operation added (a few py4j calls), not the input's whole plan."""
+    names: list[str] = []
+    stack, found = [plan], False
+    while stack:
+        node = stack.pop()
+        if bool(node.fastEquals(under)):
+            found = True
+            continue
+        names.append(str(node.getClass().getSimpleName()))
+        children = node.children()
+        stack.extend(children.apply(i) for i in reversed(range(children.size())))
+    return names if found else None
+
+
 def check_row_plan(what: str, out: Any, proto: Any, allowed: frozenset[str]) -> None:
     """A clear error, at declaration, for a row operation whose rows a tracked frame cannot
     anchor or a replay would not reproduce. ``out`` is the operation applied to the payload-only
@@ -166,12 +183,15 @@ def check_row_plan(what: str, out: Any, proto: Any, allowed: frozenset[str]) -> 
     attempt; ``input_file_name()`` reads ``''`` after a tracked source)."""
     try:
         plan = out._jdf.queryExecution().analyzed()
-        nodes = _plan_nodes(plan)
-        below = len(_plan_nodes(proto._jdf.queryExecution().analyzed()))
+        under = proto._jdf.queryExecution().analyzed()
+        added = _added_nodes(plan, under)
+        if added is None:  # the analysis rewrote the input's plan: count both trees
+            nodes = _plan_nodes(plan)
+            added = nodes[: len(nodes) - len(_plan_nodes(under))]
         deterministic = bool(plan.deterministic())
     except Exception:  # not a classic DataFrame (Spark Connect): not inspected
         return
-    extra = set(nodes[: len(nodes) - below]) - allowed
+    extra = set(added) - allowed
     if "Expand" in extra:
         raise TrackedOperationError(
             f"{what}: makes several rows of each input row (a sliding window, F.window(ts, "
@@ -240,6 +260,9 @@ def _generator_of(col: Any) -> _Generator | None:
     if isinstance(col, str) or not hasattr(col, "_jc"):
         return None
     try:
+        text = str(col._jc.toString()).lower()  # one py4j call for the common case: none
+        if not any(f"{name}(" in text for name in GENERATORS):
+            return None
         node = col._jc.node()
     except Exception:  # not a classic Column (Spark Connect): no generator rewrite
         return None
@@ -271,6 +294,8 @@ def _is_star(c: Any) -> bool:
     if isinstance(c, str):
         return c == "*"
     try:
+        if "*" not in str(c._jc.toString()):  # one py4j call for the common case: a column
+            return False
         node = c._jc.node()
         return node.getClass().getSimpleName() == "UnresolvedStar" and str(node.sql()) == "*"
     except Exception:  # not a classic Column
@@ -624,12 +649,12 @@ class Filter:
         payload = payload_of(df)
         if isinstance(self.cond, str):  # SQL text: evaluated once, into a column of its own
             cond = f"CASE WHEN {KEEP} THEN ({self.cond}) END AS _ft_cond"
-            step = df.selectExpr(*map(q, payload), *LINEAGE, cond)
+            step = select_expr(df, [*map(q, payload), *LINEAGE, cond])
         else:
             step = df.withColumn("_ft_cond", live_only(_condition(self.cond)))
         lineage = drop_where("_ft_cond")
         keep = f"({KEEP} AND coalesce(_ft_cond, false))"
-        return step.selectExpr(*ghost_payload(payload, keep), *lineage)
+        return select_expr(step, [*ghost_payload(payload, keep), *lineage])
 
     def guarded(self, df: Any, guard: Any) -> Any:
         """The tracked translation with the condition evaluated by ``guard`` (see
@@ -637,7 +662,7 @@ class Filter:
         cond = _f().expr(self.cond) if isinstance(self.cond, str) else _condition(self.cond)
         step = guard.columns(df, [("_ft_cond", cond)])
         keep = f"({KEEP} AND coalesce(_ft_cond, false))"
-        return step.selectExpr(*ghost_payload(payload_of(df), keep), *drop_where("_ft_cond"))
+        return select_expr(step, [*ghost_payload(payload_of(df), keep), *drop_where("_ft_cond")])
 
 
 def is_column(c: Any) -> bool:
@@ -743,7 +768,7 @@ class FillNull:
             return self._fill(df, list(df.columns))
         payload = payload_of(df)
         out = self._fill(df, payload)
-        return out.selectExpr(*ghost_payload(payload), *LINEAGE)
+        return select_expr(out, [*ghost_payload(payload), *LINEAGE])
 
 
 def present_count(schema: Any, cols: Sequence[str]) -> Any:

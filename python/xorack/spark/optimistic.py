@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from .lineage import EV, EVENT, KEEP, REC, SRC, q
+from .lineage import EV, EVENT, KEEP, REC, SRC, q, select_expr
 from .report import Reason
 
 MASK = (1 << 64) - 1
@@ -261,19 +261,21 @@ def tag_source(
     salt_id = int(salt) or 1  # a nonzero id: the kernels refuse id 0
     payload = [q(c) for c in df.columns]
     if keep is None:
-        tagged = df.selectExpr(*payload, rec).observe(
+        tagged = select_expr(df, [*payload, rec]).observe(
             observation, f.expr("count(1)").alias("n"), f.expr(f"bit_xor({REC})").alias("x")
         )
     else:  # the condition evaluated once per row, into a column of its own
         kept = f.coalesce(keep, f.lit(False)).alias(_KEPT)
         births = f"bit_xor(CASE WHEN {_KEPT} THEN {REC} ELSE 0L END)"
         named = df.alias(qualifier) if qualifier else df
-        tagged = named.select(*[f.col(c) for c in payload], f.expr(rec), kept)
+        # every column of ``df`` (the payload) then the two new ones: withColumns does not send
+        # the payload's names over py4j one column at a time, as a select of Columns does
+        tagged = named.withColumns({REC: f.expr(rec), _KEPT: kept})
         tagged = tagged.observe(
             observation, f.expr("count(1)").alias("n"), f.expr(births).alias("x")
         ).where(f.col(_KEPT))
-    return tagged.selectExpr(
-        *payload, f"{salt_id}L AS {SRC}", REC, f"0L AS {EV}", f"true AS {KEEP}"
+    return select_expr(
+        tagged, [*payload, f"{salt_id}L AS {SRC}", REC, f"0L AS {EV}", f"true AS {KEEP}"]
     )
 
 
@@ -302,21 +304,30 @@ def task_failures(sc: Any, group: str) -> int:
     """Failed task attempts and stage re-attempts of the jobs of ``group`` (a job group). A
     retried task or stage may have applied its accumulator updates or observed metrics twice,
     which a round cannot tell from a correct one, so any retry makes the round fall back."""
-    tracker = sc.statusTracker()
+    # the JVM's tracker itself, asked for the two numbers of a stage it needs (PySpark's
+    # wrapper asks for its eight, and reads arrays an element per py4j call)
+    tracker = sc._jsc.statusTracker()
+    arrays = sc._jvm.java.util.Arrays
     bad = 0
-    for job in tracker.getJobIdsForGroup(group):
+    for job in _ints(arrays.toString(tracker.getJobIdsForGroup(group))):
         info = tracker.getJobInfo(job)
         if info is None:
             bad += 1  # forgotten by Spark: cannot tell, so do not trust it
             continue
-        if info.status != "SUCCEEDED":
+        if str(info.status().toString()) != "SUCCEEDED":
             bad += 1
-        for stage in info.stageIds:
+        for stage in _ints(arrays.toString(info.stageIds())):
             s = tracker.getStageInfo(stage)
             if s is None:
                 continue
-            bad += int(s.numFailedTasks) + int(s.currentAttemptId)
+            bad += int(s.numFailedTasks()) + int(s.currentAttemptId())
     return bad
+
+
+def _ints(text: Any) -> list[int]:
+    """The ints of a Java array's ``Arrays.toString`` (``[1, 2]``)."""
+    inner = str(text).strip()[1:-1]
+    return [int(x) for x in inner.split(",") if x.strip()]
 
 
 def await_tasks(sc: Any, group: str, timeout: float = 60.0, interval: float = 0.05) -> bool:

@@ -17,7 +17,7 @@ import numpy as np
 from . import ops, optimistic
 from .context import RunContext
 from .guard import tally_param
-from .lineage import EV, EVENT, KEEP, REC, SRC, q
+from .lineage import EV, EVENT, KEEP, REC, SRC, q, select_expr
 from .node import Node
 from .outputs import Aggregate, Barrier, NativeSinkNode, PythonSinkNode, Sink
 from .report import PhaseNote, Reason, RunReport
@@ -144,8 +144,8 @@ class OptimisticBuilder:
         live = df.observe(seen, F.expr(f"bit_xor({owed})").alias("x")).where(F.col(KEEP))
         payload = [q(c) for c in node.columns]
         return {
-            id(reader): live.selectExpr(
-                *payload, SRC, f"{child[j]} AS {REC}", f"0L AS {EV}", f"true AS {KEEP}"
+            id(reader): select_expr(
+                live, [*payload, SRC, f"{child[j]} AS {REC}", f"0L AS {EV}", f"true AS {KEEP}"]
             )
             for j, reader in enumerate(readers)
         }
@@ -200,7 +200,7 @@ class OptimisticBuilder:
 
         events = Observation()
         out = optimistic.staged(df, events).where(F.col(KEEP))
-        out = out.selectExpr(*map(q, node.columns))
+        out = select_expr(out, map(q, node.columns))
         path = os.path.join(node.sink.staging_dir, "optimistic")
         return FastOutput(node.name, node, None, path, out, events, events)
 
@@ -219,7 +219,7 @@ class OptimisticBuilder:
         if not spec.keys:  # a global aggregate: one row, even when no live row reaches it
             events = Observation()
             live = optimistic.staged(df, events).where(F.col(KEEP))
-            out = live.selectExpr(*map(q, node.parents[0].columns)).groupBy().agg(*spec.exprs)
+            out = select_expr(live, map(q, node.parents[0].columns)).groupBy().agg(*spec.exprs)
             return self._barrier_output(node, out, events, counted=False)
         grouped = df.groupBy(*spec.keys, KEEP).agg(*spec.exprs, xor)
         got = [fl for fl in grouped.schema.fields if fl.name not in (KEEP, GROUP_XOR)]
@@ -233,7 +233,7 @@ class OptimisticBuilder:
         derived = self.ctx.plan.derived_source(node)
         readers = self.ctx.plan.readers(derived)
         if round_writes(self.ctx, derived):  # the groups' events XORed in Python
-            groups = grouped.selectExpr(*map(q, node.columns), KEEP, GROUP_XOR)
+            groups = select_expr(grouped, [*map(q, node.columns), KEEP, GROUP_XOR])
             reader = readers[0]
             assert isinstance(reader, PythonSinkNode)
             return self._round_sink_output(derived, reader, groups)
@@ -244,7 +244,7 @@ class OptimisticBuilder:
             F.expr(f"count_if({KEEP})").alias("rows"),
         ]
         grouped = grouped.observe(events, *counts)
-        out = grouped.where(F.col(KEEP)).selectExpr(*map(q, node.columns))
+        out = select_expr(grouped.where(F.col(KEEP)), map(q, node.columns))
         return self._barrier_output(node, out, events, counted=True)
 
     def join_output(self, node: Barrier, inputs: list[Any]) -> FastOutput:
@@ -260,7 +260,7 @@ class OptimisticBuilder:
                 continue
             seen.append(Observation())
             x = optimistic.staged(x, seen[-1])
-            lives.append(x.where(F.col(KEEP)).selectExpr(*map(q, par.columns)))
+            lives.append(select_expr(x.where(F.col(KEEP)), map(q, par.columns)))
         out = node.spec.compute(lives)
         return self._barrier_output(node, out, Observations(seen), counted=False)
 
@@ -280,7 +280,7 @@ class OptimisticBuilder:
         sink = readers[0]
         assert isinstance(sink, NativeSinkNode)
         if list(sink.columns) != list(node.columns):
-            out = out.selectExpr(*map(q, sink.columns))
+            out = select_expr(out, map(q, sink.columns))
         path = os.path.join(sink.sink.staging_dir, "optimistic")
         if counted:
             return FastOutput(node.name, sink, node, path, out, events, events)

@@ -260,9 +260,9 @@ class NativeSinkNode(Sink):
             return None
         df = inputs[0]
         if df.columns != list(self.columns):  # FT off: rarely more columns
-            from .lineage import q
+            from .lineage import q, select_expr
 
-            df = df.selectExpr(*map(q, self.columns))
+            df = select_expr(df, map(q, self.columns))
         b.work.plain_writes.append((self, df))
         return None
 

@@ -76,8 +76,16 @@ def _is_time(type_name: str) -> bool:
     return type_name == "date" or type_name.startswith("time")
 
 
+_CURRENT_LIKE: dict[int, Any] = {}  # by JVM view: the lookup is 8 py4j calls
+
+
 def _current_like(spark: Any) -> Any:
-    return spark._jvm.org.apache.spark.sql.catalyst.trees.TreePattern.CURRENT_LIKE()
+    jvm = spark._jvm
+    got = _CURRENT_LIKE.get(id(jvm))
+    if got is None or got[0] is not jvm:
+        pattern = jvm.org.apache.spark.sql.catalyst.trees.TreePattern.CURRENT_LIKE()
+        got = _CURRENT_LIKE[id(jvm)] = (jvm, pattern)
+    return got[1]
 
 
 def context_expression(df: Any) -> tuple[str, str] | None:

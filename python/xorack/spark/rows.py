@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from . import optimistic
 from .arrow_stage import ArrowStageRunner, declared_arrow_schema
-from .lineage import EV, KEEP, LINEAGE, q
+from .lineage import EV, KEEP, LINEAGE, q, select_expr
 from .node import Node, Scope, event_time_of
 from .report import Reason
 from .reproducible import context_expression
@@ -329,7 +329,7 @@ class PythonStage(Node):
         if optimistic_round:  # one projection: the attempt id and the pending columns
             src = optimistic.round_salt(self.name)
             pending = (f"{src}L AS {SRC}", REC, f"0L AS {EV}", f"true AS {KEEP}")
-            return out.selectExpr(*map(q, self.columns), *pending)
+            return select_expr(out, [*map(q, self.columns), *pending])
         return with_pending(out) if ctx.ft else out
 
     def runner_settings(self, ctx: RunContext, round_xor: Any, born: Any) -> dict[str, Any]:
