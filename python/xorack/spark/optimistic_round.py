@@ -17,6 +17,7 @@ import numpy as np
 from . import ops, optimistic
 from .context import RunContext
 from .guard import tally_param
+from .join_ops import LookupJoin
 from .lineage import EV, EVENT, KEEP, REC, SRC, q, select_expr
 from .node import Node
 from .outputs import Aggregate, Barrier, NativeSinkNode, PythonSinkNode, Sink
@@ -95,6 +96,9 @@ class OptimisticBuilder:
         self._born: dict[int, tuple[Any, int]] = {}  # sources whose ids a Python stage draws
         # branch points: the observation of their fan-out events, and each reader's copy
         self.tees: list[tuple[Node, Any]] = []
+        # lookup joins: the observations of what their input rows owe and of their output's
+        # births (:meth:`lookup_join`)
+        self.joins: list[tuple[Node, Any]] = []
         self._copies: dict[int, dict[int, Any]] = {}
         # filters applied as their source's rows were tagged (:func:`optimistic.tag_source`)
         self.prefiltered: set[int] = set()
@@ -149,6 +153,41 @@ class OptimisticBuilder:
             )
             for j, reader in enumerate(readers)
         }
+
+    def lookup_join(self, node: RowOperation, op: LookupJoin, df: Any) -> Any:
+        """An inner or left lookup join (with an untracked DataFrame) as plain Spark runs it:
+        the input's live rows joined with the other side by Spark's own join of that type (so
+        Spark picks plain Spark's strategy, a broadcast of either side included). Each output
+        row is a new record of the round, its id ``xxhash64(salt, parent id, xxhash64(its
+        other-side columns))``: the same rows get the same ids however often Spark computes
+        them. What the input's rows owe (a row's pending event, a live row's ack) is XORed by
+        an observation on the input, the output rows' births by one on the output. The round
+        is one XOR tree checked at its end, so no output row need carry a sibling's id (the
+        chain of :func:`~xorack.spark.lineage.fan_out`, which a tracked round's per-record
+        acking needs), nor the other side a numbering of its rows (a window over it: a shuffle
+        and a sort per round). An output row lost on its way to a sink or a barrier leaves its
+        birth uncancelled; Spark's join itself is trusted, as its aggregates are. Two equal
+        rows of the other side make a parent's two children one id: their births and acks
+        cancel in pairs, so losing one of them is still seen."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        owed, born = Observation(), Observation()
+        self.joins += [(node, owed), (node, born)]
+        payload = list(node.parents[0].columns)
+        live = optimistic.staged(df, owed).where(F.col(KEEP))
+        live = select_expr(live, [*map(q, payload), SRC, REC])
+        joined = live.join(op.other, on=list(op.on), how=op.how)
+        right = [c for c in op.other.columns if c not in op.on]
+        content = f"xxhash64({', '.join(map(q, right))})" if right else "0L"
+        salt = optimistic.round_salt(f"{node.name}/join")
+        child = f"xxhash64({salt}L, {REC}, {content}) AS {REC}"
+        tagged = select_expr(joined, [*map(q, node.columns), SRC, child]).observe(
+            born, F.expr(f"bit_xor({REC})").alias("x")
+        )
+        return select_expr(
+            tagged, [*map(q, node.columns), SRC, REC, f"0L AS {EV}", f"true AS {KEEP}"]
+        )
 
     def add_output(self, out: FastOutput) -> None:
         self.outputs.append(out)
@@ -673,6 +712,12 @@ class OptimisticRound:
         for node, count in builder.stage_births:  # their births are in the stage's events
             account.records += int(count.value)
             self.records.append((node, int(count.value)))
+        for join, seen in builder.joins:  # its lookup joins' inputs' events, outputs' births
+            got = optimistic.observed(seen)
+            if got is None:
+                account.missing.append(f"the lookup join {join.name!r}")
+                continue
+            account.staged ^= got["x"]
         for point, seen in builder.tees:  # the fan-out events of its branch points
             got = optimistic.observed(seen)
             if got is None:

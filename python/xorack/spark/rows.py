@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from . import optimistic
 from .arrow_stage import ArrowStageRunner, declared_arrow_schema
+from .join_ops import LookupJoin
 from .lineage import EV, KEEP, LINEAGE, q, select_expr
 from .node import Node, Scope, event_time_of
 from .report import Reason
@@ -241,6 +242,8 @@ class RowOperation(Node):
     def optimistic(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
         if id(self) in b.prefiltered:  # a filter its source's tagging applied already
             return inputs[0]
+        if isinstance(self.op, LookupJoin) and self.op.how in ("inner", "left"):
+            return b.lookup_join(self, self.op, inputs[0])
         return self.op.apply(inputs[0], True)
 
     def recomputed(self) -> str | None:
