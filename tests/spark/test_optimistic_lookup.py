@@ -25,8 +25,11 @@ N = 400
 
 
 def _orders(spark):
+    """Two partitions, read alike each time: a branch point's readers compute the join again
+    (after a round-robin ``repartition`` the rows' order, and so their ids, could differ
+    between the computations: the round would fall back)."""
     rows = [(i, i % 7, float(i % 13)) for i in range(N)]
-    return spark.createDataFrame(rows, "id long, k int, v double").repartition(3)
+    return spark.createDataFrame(rows, "id long, k int, v double")
 
 
 def _dim(spark):
@@ -64,8 +67,8 @@ def test_a_lookup_join_completes_in_its_optimistic_round_and_equals_plain_spark(
     """Duplicate and several matches, unmatched keys (dropped under inner, nulls under left),
     and the join's output read twice (a branch point): one round, exact."""
     report = _run(spark, tmp_path, how)
-    assert report.tracked_phases == [], report.optimistic_fallbacks
-    assert report.optimistic_rounds >= 1
+    assert report.optimistic_fallbacks == []
+    assert report.optimistic_rounds == 1
 
 
 def test_a_row_lost_after_a_lookup_join_makes_the_round_fall_back(spark, tmp_path):
