@@ -74,15 +74,25 @@ def _tee_before_aggregate(p, items):
 BUILDS = {"two_sinks": _two_sinks, "q21_like": _q21_like, "before_aggregate": _tee_before_aggregate}
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["with_ids", "native_only"])
 @pytest.mark.parametrize("shape", sorted(BUILDS))
-def test_a_branch_point_completes_in_one_optimistic_round(spark, tmp_path, shape):
+def test_a_branch_point_completes_in_one_optimistic_round(
+    spark, tmp_path, shape, native, monkeypatch
+):
+    """With record ids (the tees' copies, their events observed once) and, the default for a
+    phase of Spark's own operations, without (each reader reads the frame as plain Spark)."""
+    from xorack.spark import optimistic_round
+
+    monkeypatch.setattr(optimistic_round, "NATIVE_PHASES", native)
     p, report, got = _run(spark, tmp_path, BUILDS[shape], ft=True)
     assert report.optimistic_rounds >= 1, report.tracked_phases + report.optimistic_fallbacks
     assert report.tracked_phases == report.optimistic_fallbacks == []
     assert report.phase_reasons == {}
-    assert p.explain().splitlines()[1] == (
-        "phase 0: an optimistic round (tracked rounds if it falls back)"
-    )
+    how = p.explain().splitlines()[1]
+    if native:
+        assert how.startswith("phase 0: an optimistic round of Spark's own operations only")
+    else:
+        assert how == "phase 0: an optimistic round (tracked rounds if it falls back)"
     _complete(report)
     _, _, plain = _run(spark, tmp_path, BUILDS[shape], ft=False)
     assert sum(sum(c.values()) for c in plain.values()) > 0

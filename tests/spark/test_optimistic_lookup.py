@@ -60,12 +60,18 @@ def _run(spark, tmp_path, how):
     return report
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["with_ids", "native_only"])
 @pytest.mark.parametrize("how", ["inner", "left"])
 def test_a_lookup_join_completes_in_its_optimistic_round_and_equals_plain_spark(
-    spark, tmp_path, how
+    spark, tmp_path, how, native, monkeypatch
 ):
     """Duplicate and several matches, unmatched keys (dropped under inner, nulls under left),
-    and the join's output read twice (a branch point): one round, exact."""
+    and the join's output read twice (a branch point): one round, exact. With record ids (as
+    in a phase that holds a Python stage or sink), and without (the default for a phase of
+    Spark's own operations only)."""
+    from xorack.spark import optimistic_round
+
+    monkeypatch.setattr(optimistic_round, "NATIVE_PHASES", native)
     report = _run(spark, tmp_path, how)
     assert report.optimistic_fallbacks == []
     assert report.optimistic_rounds == 1

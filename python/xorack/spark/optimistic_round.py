@@ -20,10 +20,10 @@ from .guard import tally_param
 from .join_ops import LookupJoin
 from .lineage import EV, EVENT, KEEP, REC, SRC, q, select_expr
 from .node import Node
-from .outputs import Aggregate, Barrier, NativeSinkNode, PythonSinkNode, Sink
+from .outputs import Aggregate, Barrier, Limit, NativeSinkNode, PythonSinkNode, Sink, TrackedJoin
 from .report import PhaseNote, Reason, RunReport
 from .row_errors import RowGuard, row_error
-from .rows import PythonStage, RowOperation, Source, tagged_schema
+from .rows import PythonStage, RowOperation, Source, Union, tagged_schema
 from .schema import empty_frame
 from .stages import ROUND_PROPERTY
 from .tagging import GROUP_XOR, DerivedTagger
@@ -107,6 +107,9 @@ class OptimisticBuilder:
         self.fused: set[int] = set()
         # its barrier outputs that a later phase of the round reads (not written: accounted)
         self.inner: list[FastOutput] = []
+        # every node of the phase is Spark's own (:func:`native_only`): no record ids, the
+        # sources' rows counted
+        self.plain = NATIVE_PHASES and native_only(ctx, phase)
 
     def build(self) -> None:
         built: dict[int, Any] = {}
@@ -116,7 +119,7 @@ class OptimisticBuilder:
             if node.parents and all(x is None for x in inputs):
                 continue
             df = node.optimistic(self, inputs)
-            if df is not None and len(ctx.plan.readers(node)) > 1:
+            if df is not None and len(ctx.plan.readers(node)) > 1 and not self.plain:
                 self._copies[id(node)] = self.tee(node, df)
             built[id(node)] = df
 
@@ -199,6 +202,13 @@ class OptimisticBuilder:
             return None
         salt = optimistic.round_salt(node.name)
         prepared = df if id(node) in self.fused else node.prepare(df, ctx)
+        if self.plain:  # its rows counted, no ids: nothing in the phase could lose one
+            from pyspark.sql import Observation
+            from pyspark.sql import functions as F
+
+            counted = Observation()
+            self.births.append((node, counted))
+            return prepared.observe(counted, F.count(F.lit(1)).alias("n"))
         if ctx.plan.births_in_stage(node):
             # its rows go straight into a Python stage, which draws their ids there and counts
             # them: no ids and no observed metric in the JVM (an observed metric splits the
@@ -237,10 +247,15 @@ class OptimisticBuilder:
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
+        path = os.path.join(node.sink.staging_dir, "optimistic")
+        if self.plain:  # payload rows only: their count for the report
+            rows = Observation()
+            out = select_expr(df, map(q, node.columns))
+            out = out.observe(rows, F.count(F.lit(1)).alias("rows"))
+            return FastOutput(node.name, node, None, path, out, Observations([]), rows)
         events = Observation()
         out = optimistic.staged(df, events).where(F.col(KEEP))
         out = select_expr(out, map(q, node.columns))
-        path = os.path.join(node.sink.staging_dir, "optimistic")
         return FastOutput(node.name, node, None, path, out, events, events)
 
     def aggregate_output(self, node: Aggregate, df: Any) -> FastOutput:
@@ -250,6 +265,10 @@ class OptimisticBuilder:
         from pyspark.sql import functions as F
 
         spec = node.spec
+        if self.plain:  # Spark's own aggregate of the payload rows, its output rows counted
+            counted = Observation()
+            out = spec.compute([df]).observe(counted, F.count(F.lit(1)).alias("rows"))
+            return self._barrier_output(node, out, counted, counted=True)
         xor = F.expr(f"bit_xor({EVENT})").alias(GROUP_XOR)
         if any(ops.reads_star(e) for e in spec.exprs):  # it would read the lineage too
             raise NotOptimistic(
@@ -296,6 +315,9 @@ class OptimisticBuilder:
         for x, par in zip(inputs, node.parents, strict=True):
             if x is None:  # no rows from that side this round
                 lives.append(empty_frame(self.ctx.spark, par.schema))
+                continue
+            if self.plain:  # payload rows only
+                lives.append(x)
                 continue
             seen.append(Observation())
             x = optimistic.staged(x, seen[-1])
@@ -372,6 +394,35 @@ def round_writes(ctx: RunContext, derived: Source) -> bool:
     )
 
 
+def native_only(ctx: RunContext, phase: int) -> bool:
+    """Whether every node an optimistic round of ``phase`` runs is one of Spark's own
+    operations: sources, native row operations (joins with untracked DataFrames and generators
+    included), unions, aggregates, tracked joins, limits and native sinks; no Python stage, no
+    Python sink, no untracked ``transform``, no aggregate the round writes into a Python sink.
+
+    Such a round draws no record ids. Between its sources and its outputs nothing but Spark's
+    own operators, within one Spark job, touch the rows: the XOR of the events at the outputs
+    would equal the XOR of the births at the sources by construction (Spark neither loses nor
+    doubles a row inside a job it reports successful), so the sum would check nothing that
+    Spark's task accounting does not: the round still falls back when a task failed or was
+    retried, or a native expression raised on a row. Its sources' rows are counted (an
+    observed metric) for the report. A row lost or doubled outside Spark's operators (a Python
+    stage or sink, an untracked ``transform``) is what the XOR catches, and a phase holding one
+    draws its ids as before."""
+    for node in ctx.plan.phase_nodes(phase, skip=lambda s: ctx.of(s).written):
+        if isinstance(node, Source):
+            if node.derived is not None and round_writes(ctx, node):
+                return False
+        elif isinstance(node, Barrier):
+            if type(node) not in (Aggregate, TrackedJoin, Limit):
+                return False  # a stream's window, join or deduplication
+            if round_writes(ctx, ctx.plan.derived_source(node)):
+                return False
+        elif not isinstance(node, (RowOperation, Union, NativeSinkNode)):
+            return False
+    return True
+
+
 def fusable(ctx: RunContext, phase: int) -> bool:
     """Whether the plan lets an optimistic round of ``phase - 1`` take ``phase`` in (see
     :meth:`OptimisticRound._fuse`): every source of ``phase`` is a barrier output read once,
@@ -423,10 +474,19 @@ def how_phase_runs(ctx: RunContext, phase: int) -> str:
                 f"written into its sink by phase {phase - 1}'s optimistic round ({then} if that "
                 "round falls back)"
             )
+    if note is None and NATIVE_PHASES and native_only(ctx, phase):
+        return (
+            "an optimistic round of Spark's own operations only (no record ids: its sources' "
+            "rows counted, Spark's task accounting checked; tracked rounds if it falls back)"
+        )
     if note is None:
         return "an optimistic round (tracked rounds if it falls back)"
     return f"tracked rounds [{note.reason.value}] {note.detail}"
 
+
+#: Whether a phase of Spark's own operations only (:func:`native_only`) runs its optimistic
+#: round without record ids; False: every round draws them.
+NATIVE_PHASES = True
 
 #: Whether an optimistic round takes the phases after its own into the same Spark job when
 #: they can run one too (:meth:`OptimisticRound._fuse`); False: a round per phase.
@@ -706,7 +766,7 @@ class OptimisticRound:
             if got is None:
                 account.missing.append(f"source {node.name!r}")
                 continue
-            account.births ^= got["x"]
+            account.births ^= got.get("x", 0)  # none in a phase of native operations only
             account.records += got["n"]
             self.records.append((node, got["n"]))
         for node, count in builder.stage_births:  # their births are in the stage's events
@@ -731,7 +791,7 @@ class OptimisticRound:
             if got is None:
                 account.missing.append(f"the rows reaching {job.name!r}")
                 continue
-            account.staged ^= got["x"]
+            account.staged ^= got.get("x", 0)  # none in a phase of native operations only
 
     def _discard(self, report: RunReport) -> None:
         """A round that falls back: its outputs are deleted, and the rows it wrote into Python

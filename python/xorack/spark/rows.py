@@ -240,6 +240,8 @@ class RowOperation(Node):
         return self.op.apply(inputs[0], b.ctx.ft)
 
     def optimistic(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
+        if b.plain:  # a phase of Spark's own operations only: as plain Spark runs it
+            return self.op.apply(inputs[0], False)
         if id(self) in b.prefiltered:  # a filter its source's tagging applied already
             return inputs[0]
         if isinstance(self.op, LookupJoin) and self.op.how in ("inner", "left"):
