@@ -287,6 +287,41 @@ def test_a_retried_spark_task_makes_the_round_fall_back(spark, tmp_path):
     assert _rows(sink.read(spark)) == _rows(_plain_wordcount(_lines(spark)))
 
 
+def test_a_retried_task_makes_a_round_of_native_operations_only_fall_back(spark, tmp_path):
+    """A phase of Spark's own operations only draws no ids: what its round checks is Spark's
+    task accounting. A Python UDF inside a native ``withColumn`` kills its worker once: Spark
+    retries the task, the job succeeds, and the round falls back all the same (a retried task
+    may have written or counted twice); its tracked rounds are exact."""
+    marker = str(tmp_path / "died")
+
+    def dies_once(i):
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx.partitionId() == 0 and ctx.attemptNumber() == 0 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(13)  # the Python worker dies mid-task; Spark retries the task
+        return i * 2
+
+    twice = F.udf(dies_once, "long")
+    p = Pipeline(spark)
+    sink = ParquetSink(str(tmp_path / "out"))
+    src = p.source(_lines(spark), name="lines").withColumn("twice", twice("id"))
+    src.groupBy("k").agg(F.sum("twice").alias("s"), F.count("*").alias("n")).sink(sink)
+    assert (
+        p.explain()
+        .splitlines()[1]
+        .startswith("phase 0: an optimistic round of Spark's own operations only")
+    )
+    report = p.run()
+    assert os.path.exists(marker), "the worker did not die: nothing was retried"
+    assert report.optimistic_rounds == 0
+    assert report.phase_reasons == {0: Reason.TASK_FAILED}
+    _assert_complete(report)
+    want = _lines(spark).groupBy("k").agg((F.sum("id") * 2).alias("s"), F.count("*").alias("n"))
+    assert _rows(sink.read(spark)) == _rows(want)
+
+
 def _fails_after_the_count(pdf: pd.DataFrame) -> pd.DataFrame:
     bad = (pdf["word"] == "w3") & (current_round() == 0)
     if bad.any():
