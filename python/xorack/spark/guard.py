@@ -142,9 +142,7 @@ class StreamTally:
     """
 
     def __init__(self, share: float | None = 0.5, min_records: int = 20) -> None:
-        if share is not None and not 0.0 < share <= 1.0:
-            raise ValueError(f"runaway_share must be in (0, 1] or None, got {share!r}")
-        self.share = share
+        self.share = FailureTally(share).share  # its check of the share
         self.min_records = int(min_records)
         self._previous: dict[str, dict[str, float]] = {}  # stage -> error -> share
 

@@ -200,7 +200,6 @@ class OptimisticBuilder:
         df = ctx.source_input(node)
         if df is None or ctx.plan.direct(node):
             return None
-        salt = optimistic.round_salt(node.name)
         prepared = df if id(node) in self.fused else node.prepare(df, ctx)
         if self.plain:  # its rows counted, no ids: nothing in the phase could lose one
             from pyspark.sql import Observation
@@ -209,6 +208,7 @@ class OptimisticBuilder:
             counted = Observation()
             self.births.append((node, counted))
             return prepared.observe(counted, F.count(F.lit(1)).alias("n"))
+        salt = optimistic.round_salt(node.name)
         if ctx.plan.births_in_stage(node):
             # its rows go straight into a Python stage, which draws their ids there and counts
             # them: no ids and no observed metric in the JVM (an observed metric splits the
