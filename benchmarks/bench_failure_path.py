@@ -10,7 +10,8 @@ optimistic round sees the failures and falls back), ``ft on tracked fails``
 ``--variants`` picks some (comma-separated); ``--chunk-records`` is passed to the pipelines
 (a variant's word ``c32`` sets ``chunk_records=32`` for it alone; ``unchunked``: its first
 tracked round after a fall back keeps the configured chunks, as before issue 27 item 4;
-``always32``: it draws 32-record chunks whatever the failure rate, item 4's first cut). The
+``always32``: it draws 32-record chunks whatever the failure rate, item 4's first cut;
+``unkept``: a failed row loses the optimistic round, as before kept rounds). The
 failing lines are chosen by a hash of their text (twins fail together), the same in every run.
 Prints medians and the ratios to plain, the load average, and checks that every variant's
 counts equal plain Spark's.
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk-records", type=int, default=None, help="Pipeline(chunk_records=)")
     args = ap.parse_args(argv)
     from xorack.bench_jobs import make_input, wordcount_plain
-    from xorack.spark import tracked_rounds
+    from xorack.spark import kept, tracked_rounds
     from xorack.spark.session import get_or_create_session
 
     bits = tracked_rounds.FAILED_CHUNK_BITS
@@ -111,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                         if word[0] == "c" and word[1:].isdigit():
                             options = {"chunk_records": int(word[1:])}
                     rate = 0.0 if "clean" in v else args.rate
+                    # "unkept": a failed row loses the optimistic round (before kept rounds)
+                    kept.KEEP = "unkept" not in v
                     # "unchunked": the first tracked round after a fall back keeps the
                     # configured chunks (what ran before issue 27 item 4), for an A/B run
                     tracked_rounds.FAILED_CHUNK_BITS = 64 if "unchunked" in v else bits
@@ -138,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
             ratio = f"  ÷ plain {med / plain:.2f}" if plain else ""
             print(f"  {v:22s} {med:7.2f} s ({min(ts):.2f}-{max(ts):.2f}){ratio}")
         for v, r in reports.items():
-            keys = ("rounds", "optimistic_rounds", "optimistic_fallbacks", "replayed", "lost")
+            keys = (
+                "rounds", "optimistic_rounds", "kept_rounds", "optimistic_fallbacks", "replayed",
+                "lost",
+            )  # fmt: skip
             print(f"  {v}: " + ", ".join(f"{k}={r.get(k)!r}"[:160] for k in keys if k in r))
         print(f"  results match plain: {match}")
         return 0 if match else 1

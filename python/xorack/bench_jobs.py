@@ -16,9 +16,9 @@ and, with ``fallback=True`` (what the other paths cost, for the record):
 * ``ft on, tracked``: ``Pipeline(ft=True, optimistic=False)``: tracked rounds only (every line
   persisted to the embedded acker, the count staged per chunk, acks computed from what was
   staged, the counts merged);
-* ``ft on, 1 line fails``: one line of the input fails its first attempt in a ``map_in_arrow``
-  stage: the optimistic round falls back, and the job runs tracked rounds (the failed line is
-  replayed in a second round).
+* ``ft on, 1 line fails``: one line of the input (and its twins) fails its first attempt in a
+  ``map_in_arrow`` stage that reads the source: the optimistic round keeps its work, and the
+  failed lines are replayed alone in a replay round (:mod:`xorack.spark.kept`).
 
 Ratios are of medians from the same run. ``python -m xorack.bench_jobs --lines 1000000``.
 

@@ -1,7 +1,9 @@
 """The tracked rounds after an optimistic round that failed rows (issue 27, item 4), on real
 local Spark: the first tracked round combines its partial aggregates over small chunks, so a
 few failed records replay few innocent ones, and the result equals plain Spark over the records
-that were not dead-lettered."""
+that were not dead-lettered. The failing stage reads the source and the aggregate merges, so
+such a round would keep its work (:mod:`xorack.spark.kept`): keeping is turned off here, as for
+a shape that cannot keep."""
 
 from __future__ import annotations
 
@@ -19,6 +21,14 @@ from pyspark import cloudpickle
 from pyspark.sql import functions as F
 
 pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(autouse=True)
+def _no_keeping(monkeypatch):
+    from xorack.spark import kept
+
+    monkeypatch.setattr(kept, "KEEP", False)
+
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

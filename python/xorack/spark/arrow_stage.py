@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from ..errors import LineageError
 from .lineage import EV, KEEP, REC, SRC, settle
+from .optimistic import keep_rows
 from .stages import (
     LINEAGE_COLUMNS,
     Rows,
@@ -189,10 +190,15 @@ class ArrowStageRunner:
                 if getattr(client, "failed", False):
                     continue  # an optimistic round that failed a row is lost: skip its work
                 if self.born is not None:
-                    src, rec = born_ids(batch.num_rows, self.born, client)
-                    batch = batch.append_column(SRC, pa.array(i64(src), pa.int64()))
+                    given = u64(batch.column(SRC)) if SRC in batch.schema.names else None
+                    src, rec = born_ids(batch.num_rows, self.born, client, given)
+                    if given is None:
+                        batch = batch.append_column(SRC, pa.array(i64(src), pa.int64()))
                     batch = batch.append_column(REC, pa.array(i64(rec), pa.int64()))
                 yield from self.process(batch, client)
+            finish = getattr(client, "finish", None)  # a keeping round's kept rows
+            if finish is not None:
+                finish()
 
     def _select(self, out: pa.RecordBatch, lineage: bool) -> pa.RecordBatch:
         """The declared columns of one output batch, in order and of the declared types (plus
@@ -254,6 +260,8 @@ class ArrowStageRunner:
 
         # an optimistic round bisects too (see StageRunner.process)
         outs, failures = call_bisecting(traced, batch, self.name, True, ARROW_ROWS)
+        if failures and self.born is not None and keep_rows(client, self.name, batch, failures):
+            failures = []  # kept for a replay round (see StageRunner.process)
         _count(self.tally, f"stage {self.name!r}", in_src, failures)
         outs = [o for o in outs if o.num_rows]
         for o in outs:

@@ -246,6 +246,7 @@ class BatchRun:
         report.discount_derived(self.derived_persisted, self._derived_dead())
         report.discount_reread(sum(ctx.reread.values()))
         report.add_optimistic(ctx.fast_records, ctx.fast_derived)
+        report.add_kept(ctx.kept_failed, ctx.kept_replayed)
         if not ctx.config.resume and ctx.config.ackers == 1:
             with contextlib.suppress(ValueError):  # a sharded standalone acker
                 # a durable storage keeps ended attempts for a resumed job: not needed

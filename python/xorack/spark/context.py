@@ -109,6 +109,11 @@ class RunContext:
         self.optimistic_group: str | None = None  # the job group of a running optimistic round
         self.fast_records = 0  # records of input sources completed by optimistic rounds
         self.fast_derived = 0  # records of barrier outputs completed by optimistic rounds
+        # kept rounds (xorack.spark.kept): the failed attempts and replays of the records they
+        # completed (the FT layer never saw them), and the phases whose keeping fell back
+        self.kept_failed = 0
+        self.kept_replayed = 0
+        self.unkept: set[int] = set()
         # attempt ids of optimistic rounds that fell back after writing Python sinks (their
         # rows are retracted with the ended attempts')
         self.lost_round_srcs: list[int] = []

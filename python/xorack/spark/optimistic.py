@@ -44,11 +44,13 @@ True
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from .lineage import EV, EVENT, KEEP, REC, SRC, q, select_expr
 from .report import Reason
@@ -85,6 +87,78 @@ class RoundToken:
 
     accumulator: Any
     abort_path: str | None = None
+    #: where the one stage that may keep its failed rows for a replay round writes them
+    #: (:class:`KeptRows`, :mod:`xorack.spark.kept`), or None: a failed row loses the round
+    kept: Any = None
+
+
+#: the column of a kept row's error (:class:`KeptRows`)
+REASON = "_ft_reason"
+
+
+@dataclass(frozen=True)
+class KeptRows:
+    """What the runners of a keeping round carry: the stage whose failed rows are kept, where
+    they go (one Parquet file per task that kept some, written at its end), their Arrow schema
+    (the stage's input payload, then ``_ft_src``), the accumulator counting them as they are
+    kept, and the share of a task's rows that may be kept."""
+
+    stage: str
+    path: str
+    schema: pa.Schema
+    count: Any
+    share: float = 0.1
+    slack: int = 16
+
+    def table_of(self, rows: Any, positions: np.ndarray) -> pa.Table:
+        """The rows at ``positions`` of a stage's input batch (a pandas frame or an Arrow
+        record batch), payload and ``_ft_src``, in :attr:`schema`."""
+        names = self.schema.names
+        if isinstance(rows, pa.RecordBatch):
+            part = rows.take(pa.array(positions, pa.int64()))
+            arrays = [part.column(n).cast(f.type) for n, f in zip(names, self.schema, strict=True)]
+            return pa.Table.from_arrays(arrays, schema=self.schema)
+        part = rows.iloc[positions][names]
+        return pa.Table.from_pandas(part, schema=self.schema, preserve_index=False)
+
+    def allows(self, kept: int, seen: int) -> bool:
+        """Whether a task may keep ``kept`` rows of the ``seen`` it read."""
+        return kept <= max(self.slack, self.share * seen)
+
+    @staticmethod
+    def with_reasons(rows: pa.Table, reasons: list[str]) -> pa.Table:
+        return rows.append_column(REASON, pa.array(reasons, pa.string()))
+
+    def write(self, tables: list[pa.Table]) -> bool:
+        """Write a task's kept rows as one Parquet file (the task counted them as it kept
+        them: the driver reads as many, else the round is lost); False when the file cannot
+        be written (the caller then loses the round)."""
+        table = pa.concat_tables(tables)
+        try:
+            import pyarrow.parquet as pq
+
+            os.makedirs(self.path, exist_ok=True)
+            pq.write_table(table, os.path.join(self.path, f"{uuid.uuid4().hex}.parquet"))
+        except OSError:
+            return False
+        return True
+
+
+def keep_rows(client: Any, stage: str, rows: Any, failures: list[tuple[np.ndarray, str]]) -> bool:
+    """In a keeping round, the failed rows of a stage's input batch ``rows`` kept for a replay
+    round (True: the caller drops them as the stage's own filter would, acked as dropped);
+    False: fail them as before (not the keeping stage, over its share, not convertible)."""
+    keep = getattr(client, "keep", None)
+    kept = getattr(client, "kept", None)
+    if keep is None or kept is None or kept.stage != stage:
+        return False
+    positions = np.concatenate([p for p, _ in failures]).astype(np.int64)
+    reasons = [f"stage {stage}: {r}" for p, r in failures for _ in range(len(p))]
+    try:
+        table = kept.table_of(rows, positions)
+    except (pa.ArrowException, KeyError, TypeError, ValueError):
+        return False
+    return bool(keep(stage, table, reasons))
 
 
 class RoundXor:
@@ -106,7 +180,40 @@ class RoundXor:
     def __init__(self, token: RoundToken) -> None:
         self.accumulator = token.accumulator
         self.abort_path = token.abort_path
+        self.kept = token.kept
         self.failed = False
+        self.rows_seen = 0  # this task's source rows (see :meth:`keep`)
+        self.rows_kept = 0
+        self._kept: list[Any] = []  # the rows kept so far, written at the task's end
+
+    def saw(self, n: int) -> None:
+        """Count ``n`` source rows that reached the task's stage (the share :meth:`keep`
+        allows is of these)."""
+        self.rows_seen += int(n)
+
+    def keep(self, stage: str, rows: Any, reasons: list[str]) -> bool:
+        """Keep the failed source rows ``rows`` (an Arrow table: payload and ``_ft_src``) of
+        ``stage`` for a replay round instead of losing the round (:mod:`xorack.spark.kept`);
+        False when the round keeps none of this stage's, or when this task's failed rows
+        exceed the share a round keeps: the caller then fails them as before."""
+        if self.kept is None or self.failed or stage != self.kept.stage:
+            return False
+        if not self.kept.allows(self.rows_kept + rows.num_rows, self.rows_seen):
+            return False
+        self.rows_kept += rows.num_rows
+        self._kept.append(self.kept.with_reasons(rows, reasons))
+        self.kept.count.add(rows.num_rows)  # the driver reads exactly as many, or falls back
+        return True
+
+    def finish(self) -> None:
+        """At the end of the task: write the rows it kept (one file); should that fail, the
+        round is lost (they were dropped from its outputs and nobody else has them)."""
+        if not self._kept or self.kept is None:
+            return
+        tables, self._kept = self._kept, []
+        if not self.kept.write(tables):
+            n = sum(t.num_rows for t in tables)
+            self.fail(np.zeros(n, np.uint64), reason="the rows it failed could not be kept")
 
     def xor(self, src: Any, values: Any, **_: Any) -> None:
         v = np.asarray(values, dtype=np.uint64)

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from . import kept as kept_mod
 from . import ops, optimistic
 from .context import RunContext
 from .guard import tally_param
@@ -61,6 +62,11 @@ class FastOutput:
     rows: Any = None
     src: int = 0
     summary: list[Any] = field(default_factory=list)  # a Python sink's, once written
+    # a keeping round's replay rounds (xorack.spark.kept): the rows they added, or the rows of
+    # the aggregate once merged
+    extra_rows: int = 0
+    merged_rows: int | None = None
+    merged_frame: Any = None  # an aggregate's merged rows the next phase reads (not written)
 
 
 class Observations:
@@ -85,10 +91,23 @@ class OptimisticBuilder:
     (births observed), its operators' tracked translations (Python stages report to the
     round's accumulator), and one write where rows leave the phase."""
 
-    def __init__(self, ctx: RunContext, phase: int, accumulator: Any, abort: str | None) -> None:
+    def __init__(
+        self,
+        ctx: RunContext,
+        phase: int,
+        accumulator: Any,
+        abort: str | None,
+        kept: Any = None,
+        replaced: dict[int, Any] | None = None,
+        suffix: str = "",
+    ) -> None:
         self.ctx = ctx
         self.phase = phase
-        self.token = optimistic.RoundToken(accumulator, abort)
+        self.token = optimistic.RoundToken(accumulator, abort, kept)
+        # a replay round's sources read from its kept rows instead (xorack.spark.kept), and
+        # the suffix of its outputs' paths
+        self.replaced = replaced or {}
+        self.suffix = suffix
         self.outputs: list[FastOutput] = []
         self.births: list[tuple[Source, Any]] = []
         # sources whose rows a Python stage tags, and the accumulator counting them
@@ -201,6 +220,7 @@ class OptimisticBuilder:
         if df is None or ctx.plan.direct(node):
             return None
         prepared = df if id(node) in self.fused else node.prepare(df, ctx)
+        prepared = self.replaced.get(id(node), prepared)
         if self.plain:  # its rows counted, no ids: nothing in the phase could lose one
             from pyspark.sql import Observation
             from pyspark.sql import functions as F
@@ -247,7 +267,7 @@ class OptimisticBuilder:
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
-        path = os.path.join(node.sink.staging_dir, "optimistic")
+        path = os.path.join(node.sink.staging_dir, "optimistic" + self.suffix)
         if self.plain:  # payload rows only: their count for the report
             rows = Observation()
             out = select_expr(df, map(q, node.columns))
@@ -336,13 +356,13 @@ class OptimisticBuilder:
         readers = ctx.plan.readers(derived)
         if not (ctx.plan.direct(derived) and len(readers) == 1):
             assert ctx.workdir is not None  # set by the run with FT on
-            path = os.path.join(ctx.workdir, node.name, "fast")
+            path = os.path.join(ctx.workdir, node.name, "fast" + self.suffix)
             return FastOutput(node.name, None, node, path, out, events)
         sink = readers[0]
         assert isinstance(sink, NativeSinkNode)
         if list(sink.columns) != list(node.columns):
             out = select_expr(out, map(q, sink.columns))
-        path = os.path.join(sink.sink.staging_dir, "optimistic")
+        path = os.path.join(sink.sink.staging_dir, "optimistic" + self.suffix)
         if counted:
             return FastOutput(node.name, sink, node, path, out, events, events)
         rows = Observation()
@@ -450,6 +470,16 @@ def fusable(ctx: RunContext, phase: int) -> bool:
     return all(r.blocker() is None for r in rounds)
 
 
+def round_phases(ctx: RunContext, phase: int, fuse: bool) -> list[int]:
+    """The phases an optimistic round of ``phase`` runs, as far as the plan says (a fused
+    round may stop earlier: :meth:`OptimisticRound._fuse`)."""
+    phases = [phase]
+    last = ctx.plan.phase_count() - 1
+    while fuse and phases[-1] < last and fusable(ctx, phases[-1] + 1):
+        phases.append(phases[-1] + 1)
+    return phases
+
+
 def how_phase_runs(ctx: RunContext, phase: int) -> str:
     """How a batch run will run ``phase`` (``explain()``'s words), from the plan alone: before
     it runs, a round's outcome is unknown, so an optimistic round says what follows a fall
@@ -480,6 +510,13 @@ def how_phase_runs(ctx: RunContext, phase: int) -> str:
             "rows counted, Spark's task accounting checked; tracked rounds if it falls back)"
         )
     if note is None:
+        found = kept_mod.candidate(ctx, round_phases(ctx, phase, FUSE))
+        if found is not None:
+            return (
+                f"an optimistic round (rows the stage {found[1].name!r} fails are replayed "
+                "alone, in rounds of their own, and the rest of its work kept; tracked rounds "
+                "if it falls back)"
+            )
         return "an optimistic round (tracked rounds if it falls back)"
     return f"tracked rounds [{note.reason.value}] {note.detail}"
 
@@ -497,7 +534,14 @@ class OptimisticRound:
     """A phase run once as plain Spark would, acked as one XOR tree; with the phases after it
     when each reads only barrier outputs the round computes (:meth:`_fuse`)."""
 
-    def __init__(self, ctx: RunContext, phase: int, fuse: bool | None = None) -> None:
+    def __init__(
+        self,
+        ctx: RunContext,
+        phase: int,
+        fuse: bool | None = None,
+        replace: dict[int, Any] | None = None,
+        attempt: int = 0,
+    ) -> None:
         self.ctx = ctx
         self.phase = phase
         self.fuse = FUSE if fuse is None else fuse
@@ -505,6 +549,12 @@ class OptimisticRound:
         self.records: list[tuple[Source, int]] = []
         self.builders: list[OptimisticBuilder] = []
         self.abort: str | None = None  # where its runners say that a row failed
+        # where its keeping stage writes the rows it failed (xorack.spark.kept), or None
+        self.kept: kept_mod.KeptRows | None = None
+        # a replay round of a keeping round: its source's input (by the node's identity) is
+        # the kept rows, and it runs as round ``attempt``
+        self.replace = replace or {}
+        self.attempt = attempt
 
     @property
     def phases(self) -> list[int]:
@@ -569,6 +619,8 @@ class OptimisticRound:
         why = self._execute()  # a row failed: the round was cancelled
         if why is None:
             why = self._account().verdict()
+        if why is None and self.kept is not None:  # rows it kept: replayed alone, merged
+            why = kept_mod.Keeper(self).run(report)
         if why is not None and len(self.builders) > 1:
             return self._fused_fell_back(why, report)
         if why is not None:
@@ -580,6 +632,19 @@ class OptimisticRound:
         report.optimistic_rounds += len(self.builders)
         report.fused_phases += len(self.builders) - 1
         return True
+
+    def replay(self) -> tuple[Reason, str] | None:
+        """Run as a keeping round's replay round (:class:`~xorack.spark.kept.Keeper`): built,
+        fused as the first round was, executed and accounted; why it fell back, or None. Its
+        outputs stay where they are for the keeper to merge (or delete)."""
+        try:
+            self.builders = [self._build()]
+        except NotOptimistic as e:
+            return e.reason, e.detail
+        if self.fuse:
+            self._fuse()
+        why = self._execute()
+        return why if why is not None else self._account().verdict()
 
     def _fall_back(self, why: tuple[Reason, str], report: RunReport) -> None:
         """Note why the phase's round fell back (its outputs discarded): its tracked rounds
@@ -638,7 +703,9 @@ class OptimisticRound:
             inner = self._inner_outputs(phase)
             if inner is None:
                 return
-            builder = OptimisticBuilder(ctx, phase, self.accumulator, self.abort)
+            builder = OptimisticBuilder(
+                ctx, phase, self.accumulator, self.abort, self.kept, self.replace, self._suffix
+            )
             for job in inner:
                 assert job.barrier is not None
                 derived = ctx.plan.derived_source(job.barrier)
@@ -691,8 +758,8 @@ class OptimisticRound:
         ctx = self.ctx
         sc = ctx.spark.sparkContext
         ctx.tally = sc.accumulator({}, tally_param())
-        ctx.round = 0
-        sc.setLocalProperty(ROUND_PROPERTY, "0")
+        ctx.round = self.attempt
+        sc.setLocalProperty(ROUND_PROPERTY, str(self.attempt))
         assert ctx.workdir is not None  # set by the run with FT on
         # where a runner says at once that a row failed (the driver then cancels the round's
         # jobs); the executors see the driver's files on one machine, or with a shared workdir
@@ -701,9 +768,17 @@ class OptimisticRound:
             abort = os.path.join(ctx.workdir, f"{self.group}.lost")
         self.abort = abort
         self.accumulator = sc.accumulator((0, 0), optimistic.round_param())
-        builder = OptimisticBuilder(ctx, self.phase, self.accumulator, abort)
+        self.kept = kept_mod.kept_rows(ctx, self, round_phases(ctx, self.phase, self.fuse))
+        builder = OptimisticBuilder(
+            ctx, self.phase, self.accumulator, abort, self.kept, self.replace, self._suffix
+        )
         builder.build()
         return builder
+
+    @property
+    def _suffix(self) -> str:
+        """The suffix of the paths a replay round writes (the first round's have none)."""
+        return f"-replay{self.attempt}" if self.attempt else ""
 
     def _execute(self) -> tuple[Reason, str] | None:
         """Run the round's writes in a job group of their own (the verdict reads its tasks'
@@ -825,14 +900,21 @@ class OptimisticRound:
             if job.sink is not None:
                 got = optimistic.observed(job.rows)
                 ctx.of(job.sink).fast_out = job.path
-                ctx.of(job.sink).fast_rows = None if got is None else got["rows"]
+                rows = None if got is None else got["rows"] + job.extra_rows
+                ctx.of(job.sink).fast_rows = rows if job.merged_rows is None else job.merged_rows
             if job.barrier is not None:
                 ctx.of(job.barrier).fast_out = job.path
                 if job.sink is None:  # read by the next phase (or by several native sinks)
                     derived = ctx.of(ctx.plan.derived_source(job.barrier))
                     # with the schema it was written with: no Spark job to read a footer
                     derived.df = ctx.spark.read.schema(job.frame.schema).parquet(job.path)
+                    if job.merged_frame is not None:  # with a keeping round's replays'
+                        derived.df = job.merged_frame
                     rows = (optimistic.observed(job.events) or {}).get("rows")
+                    if rows is not None:
+                        rows += job.extra_rows
+                    if job.merged_rows is not None:
+                        rows = job.merged_rows
                     if rows is not None:  # a small output in few partitions, as Spark's
                         # adaptive execution would coalesce it (a task per partition costs)
                         wanted = -(-rows // ROWS_PER_PARTITION)
@@ -852,5 +934,6 @@ __all__ = [
     "OptimisticRound",
     "fusable",
     "how_phase_runs",
+    "round_phases",
     "round_writes",
 ]

@@ -160,6 +160,10 @@ class RunReport:
     # phases then ran a round each)
     fused_phases: int = 0
     fused_fallbacks: int = 0
+    # optimistic rounds that kept their work when rows failed (xorack.spark.kept): the replay
+    # rounds they ran for the failed records alone, and the records they replayed
+    kept_rounds: int = 0
+    kept_records: int = 0
     tracked_phases: list[str] = field(default_factory=list)
     # the same, typed: phase -> why it ran tracked rounds (blocked, or fell back)
     phase_reasons: dict[int, Reason] = field(default_factory=dict)
@@ -214,6 +218,13 @@ class RunReport:
         self.repeats = int(stats.get("repeats", 0))
         self.repeats_settled = int(stats.get("repeats_settled", 0))
         self.lost = int(stats.get("pending", 0))
+
+    def add_kept(self, failed: int, replayed: int) -> None:
+        """Failed attempts and replays of the records kept rounds completed (the FT layer
+        counts those of the records they dead-lettered)."""
+        if self.failed is not None and self.replayed is not None:
+            self.failed += failed
+            self.replayed += replayed
 
     def add_summaries(self, rows: list[Any]) -> None:
         """Python sinks' summary rows (sink, partition, rows, duplicates)."""

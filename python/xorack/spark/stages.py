@@ -37,6 +37,7 @@ from .._checks import count_distinct
 from ..errors import FailRecord, LineageError, XorackError
 from .ids import client_of, i64, name_salt, ordinals, u64, with_lineage
 from .lineage import EV, KEEP, REC, SRC, settle
+from .optimistic import keep_rows
 
 LINEAGE_COLUMNS = (SRC, REC)  # what a stage's function sees (the pending columns are settled)
 PART = "_ft_part"  # spark_partition_id() of the source's own partitioning, read by the tagger
@@ -441,10 +442,13 @@ def settle_frame(pdf: pd.DataFrame, client: Any, ack_kept: bool) -> pd.DataFrame
     return out if keep.all() else out[keep]
 
 
-def born_ids(n: int, born: tuple[Any, int], client: Any) -> tuple[np.ndarray, np.ndarray]:
+def born_ids(
+    n: int, born: tuple[Any, int], client: Any, given: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Lineage for ``n`` source rows that reach an optimistic round's Python stage untagged:
     random record ids (their XOR goes into the round's accumulator as their births, which the
-    stage's events then cancel), the round's attempt id, and the count of the source's rows
+    stage's events then cancel), the round's attempt id (or the ids ``given`` with the rows:
+    a replay round's, :mod:`xorack.spark.kept`), and the count of the source's rows
     (``born``: (accumulator, attempt id))."""
     from .. import acker
 
@@ -453,6 +457,11 @@ def born_ids(n: int, born: tuple[Any, int], client: Any) -> tuple[np.ndarray, np
     if n:
         count.add(n)
         client.xor(None, rec)
+        saw = getattr(client, "saw", None)  # a keeping round's share is of these rows
+        if saw is not None:
+            saw(n)
+    if given is not None:
+        return np.asarray(given, dtype=np.uint64), rec
     return np.full(n, src, dtype=np.uint64), rec
 
 
@@ -553,11 +562,15 @@ class StageRunner:
                 if getattr(client, "failed", False):
                     continue  # an optimistic round that failed a row is lost: skip its work
                 if self.born is not None:
-                    src, rec = born_ids(len(pdf), self.born, client)
+                    given = u64(pdf[SRC]) if SRC in pdf.columns else None
+                    src, rec = born_ids(len(pdf), self.born, client, given)
                     pdf[SRC], pdf[REC] = i64(src), i64(rec)
                 done = self.process(pdf, client)
                 if done is not None:
                     yield done
+            finish = getattr(client, "finish", None)  # a keeping round's kept rows
+            if finish is not None:
+                finish()
 
     def _check_columns(self, out: pd.DataFrame) -> None:
         missing = [c for c in self.columns if c not in out.columns]
@@ -601,6 +614,8 @@ class StageRunner:
         # an optimistic round bisects too: it is lost anyway, but the rows that failed tell
         # the driver how often records fail (the chunks of its first tracked round)
         frames, failures = call_bisecting(self.fn, pdf, self.name, self.bisect)
+        if failures and self.born is not None and keep_rows(client, self.name, pdf, failures):
+            failures = []  # kept for a replay round: dropped here, acked as dropped
         _count(self.tally, f"stage {self.name!r}", in_src, failures)
         frames = [f for f in frames if len(f.columns)]
         parents = [output_parents(self.name, f, in_rec) for f in frames]
