@@ -267,11 +267,12 @@ def test_keep_off_falls_back_as_before(spark, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(
     "shape",
-    ["other_sink", "union_other", "right_join", "stage_on_derived"],
+    ["other_sink", "union_other", "right_join", "stage_on_derived", "stage_on_other"],
 )
 def test_shapes_a_replay_could_not_merge_are_not_kept(spark, tmp_path, shape):
     """Outputs the failed records' rows do not reach (a replay would write them again), a
-    union with another source's rows, the source on the right of a left join: no keeping."""
+    union with another source's rows, the source on the right of a left join, a Python stage
+    on the other side of a join (a replay round would run it again): no keeping."""
     p = Pipeline(spark)
     lines = p.source(_lines(spark), name="lines")
     staged = lines.map_in_arrow(_failing(1), lines.schema, name="flaky")
@@ -283,6 +284,11 @@ def test_shapes_a_replay_could_not_merge_are_not_kept(spark, tmp_path, shape):
         staged.union(other).sink(ParquetSink(str(tmp_path / "a")), name="a")
     elif shape == "right_join":
         other.select("id").join(staged, "id", "left").sink(
+            ParquetSink(str(tmp_path / "a")), name="a"
+        )
+    elif shape == "stage_on_other":  # a replay round would run it again, as round 1
+        other = other.map_in_arrow(lambda b: b, other.schema, name="other-stage")
+        staged.join(other.select("id", F.col("k").alias("k2")), "id", "inner").sink(
             ParquetSink(str(tmp_path / "a")), name="a"
         )
     else:  # the stage reads no source: its rows are not records
@@ -389,3 +395,48 @@ def test_random_failures_keep_their_rounds_and_equal_plain_spark_minus_dead_lett
     assert report.failed == sum(min(limits[i % 3], attempts) for i in failing)
     kept = _lines(spark).where(~F.col("id").isin(dead)) if dead else _lines(spark)
     assert _rows(sink.read(spark)) == _rows(_shape(kept, _orders(spark), shape))
+
+
+def test_a_join_that_computes_the_stage_twice_falls_back(spark, tmp_path):
+    """A non-equi join without a broadcast is a cartesian product: Spark computes each
+    partition of the stage's side once per partition of the other side, so its kept rows would
+    be copies. The stage saw more rows than the source holds: the phase falls back, exactly."""
+    p = Pipeline(spark)
+    lines = p.source(_lines(spark), name="lines")
+    staged = lines.map_in_arrow(_failing(1), lines.schema, name="flaky")
+    orders = p.source(_orders(spark).withColumnRenamed("k", "ok"), name="orders")
+    joined = staged.join(orders, staged["k"] < orders["ok"], "inner")
+    sink = ParquetSink(str(tmp_path / "out"))
+    joined.groupBy("priority").agg(F.count(F.lit(1)).alias("n")).sink(sink, name="n")
+    spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
+    try:
+        report = p.run()
+    finally:
+        spark.conf.unset("spark.sql.autoBroadcastJoinThreshold")
+    assert report.phase_reasons == {0: Reason.ROW_FAILED}, report.optimistic_fallbacks
+    assert "computed again by the plan" in report.optimistic_fallbacks[0]
+    assert report.lost == 0
+    lo, od = _lines(spark), _orders(spark).withColumnRenamed("k", "ok")
+    plain = (
+        lo.join(od, lo["k"] < od["ok"], "inner")
+        .groupBy("priority")
+        .agg(F.count(F.lit(1)).alias("n"))
+    )
+    assert _rows(sink.read(spark)) == _rows(plain)
+
+
+def test_a_small_input_failing_whole_is_not_kept_and_the_runaway_guard_stops_it(spark, tmp_path):
+    """Every row of a task failing is a bug's sign, not a few bad records: the round is lost
+    and the tracked rounds' runaway guard stops the run (as without keeping)."""
+    from xorack.spark import RunawayFailure
+
+    def broken(batch):
+        raise KeyError("vlaue")
+
+    p = Pipeline(spark)
+    small = spark.createDataFrame([(i, "x", 0) for i in range(8)], "id long, text string, k int")
+    lines = p.source(small.coalesce(1), name="lines")
+    staged = lines.map_in_arrow(broken, lines.schema, name="typo")
+    staged.sink(ParquetSink(str(tmp_path / "out")), name="rows")
+    with pytest.raises(RunawayFailure):
+        p.run()

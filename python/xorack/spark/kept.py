@@ -12,20 +12,24 @@ its work instead when its shape lets the failed records' share of each output be
   no other stage of the round;
 * every output of the round is **linear** in that source: ``out(S) = out(S - F) ⊕ out(F)``.
   From the source to each output there are only Python stages, native row operations (a
-  lookup join of any type but right or full), unions of rows of that source alone, tracked
-  joins with the source's rows on an inner side (or the preserved side of a left, semi or
-  anti join), then at most one aggregate whose functions are ``count``, ``sum``, ``min`` or
-  ``max`` (their results merge: a sum of counts and sums, a min of minimums) and whose
-  output leaves the round (is written, not read by a phase fused into it), or a native sink;
-  no branch point, no ``transform``, no limit, no Python sink, and no output the source's rows
-  do not reach (the replay would write it again).
+  lookup join of any type but right or full), tracked joins (not ``cross``) with the
+  source's rows on an inner side (or the preserved side of a left, semi or anti join), then
+  at most one aggregate whose functions are ``count``, ``sum``, ``min`` or ``max`` (their
+  results merge: a sum of counts and sums, a min of minimums) and whose output leaves the
+  round (is written, not read by a phase fused into it), or a native sink;
+  no branch point, no ``transform``, no limit, no Python sink, no output the source's rows
+  do not reach (the replay would write it again), and nothing on the other side of a join
+  that a second read could give otherwise (a Python stage, ``rand()``, ``input_file_name()``
+  …: the replay round reads it again).
 
 Such a round runs as any optimistic round, but the stage neither fails its failed rows nor
 cancels the round: it writes them (the source rows themselves, with the error) into the
 round's *kept* directory and drops them — acked as dropped, so the round's XOR still checks
 every other row. When the round is otherwise complete (its births cancel, no task failed,
-every metric came back, and the driver reads exactly as many kept rows as the stage counted),
-its outputs are exact for the records that did not fail. The kept rows are then replayed:
+every metric came back, the driver reads exactly as many kept rows as the stage counted, and
+the stage saw as many rows as the source holds: a plan that computes the stage's input twice,
+as a cartesian product does per partition of its other side, would keep copies), its outputs
+are exact for the records that did not fail. The kept rows are then replayed:
 a *replay round* runs the same phases as an optimistic round whose source is the kept rows
 alone (written as Parquet, read by the executors), each with a new id, in round ``k`` (so
 :func:`~xorack.spark.current_round` says ``k``: their ``k + 1``-th attempt); the other sources
@@ -73,7 +77,7 @@ SHARE = 0.1
 SLACK = 16
 #: functions whose results over two sets of rows merge into their result over the union
 MERGING = ("count", "sum", "min", "max")
-_LINEAR_HOWS = {"inner", "cross"}
+_LINEAR_HOWS = {"inner"}
 _LEFT_HOWS = {"left", "leftouter", "left_outer", "semi", "leftsemi", "left_semi", "anti",
               "leftanti", "left_anti"}  # fmt: skip
 
@@ -119,12 +123,14 @@ def candidate(ctx: RunContext, phases: list[int]) -> tuple[Source, Any] | None:
         if isinstance(node, Source):
             if node.derived is not None and id(node.derived) in down:
                 down.add(id(node))
+            elif node is not source and node.recomputed() is not None:
+                return None  # a replay round reads it again: it must give the same rows
             continue
         reached = [id(p) in down for p in node.parents]
         if not any(reached):
-            if not isinstance(node, (RowOperation, PythonStage)):
-                return None  # an output, or a barrier, the source's rows do not reach
-            continue
+            if not isinstance(node, RowOperation) or node.recomputed() is not None:
+                return None  # an output or a barrier the source's rows do not reach, or what
+            continue  # a replay round would compute otherwise (a Python stage sees round k)
         if isinstance(node, TrackedJoin):
             how = node.spec.how.lower()
             if all(reached) or not (how in _LINEAR_HOWS or (how in _LEFT_HOWS and reached[0])):
@@ -159,9 +165,16 @@ def candidate(ctx: RunContext, phases: list[int]) -> tuple[Source, Any] | None:
 
 
 def _plain_types(schema: Any) -> bool:
+    """Whether a pandas frame of ``schema``'s rows converts back to the same rows: not a float
+    (NaN and null are one value in pandas), a timestamp or a nested value. (A long column that
+    holds a null in a batch is a float in pandas, 2^53 + 1 then 2^53: such a batch's failed
+    rows are not kept, see :meth:`~xorack.spark.optimistic.KeptRows.table_of`.)"""
     from pyspark.sql import types as T
 
-    simple = (T.NumericType, T.StringType, T.BooleanType, T.BinaryType, T.DateType)
+    simple = (
+        T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.DecimalType, T.StringType,
+        T.BooleanType, T.BinaryType, T.DateType,
+    )  # fmt: skip
     return all(isinstance(f.dataType, simple) for f in schema.fields)
 
 
@@ -187,7 +200,7 @@ def kept_rows(ctx: RunContext, rnd: OptimisticRound, phases: list[int]) -> KeptR
         share = min(share, float(runaway) / 2)
     count = ctx.spark.sparkContext.accumulator(0)
     path = os.path.join(str(ctx.workdir), f"{rnd.group}.kept")
-    return KeptRows(stage.name, path, schema, count, share, SLACK)
+    return KeptRows(stage.name, path, schema, count, share, SLACK, replay=rnd.attempt > 0)
 
 
 # ---- the replay rounds -----------------------------------------------------------------------
@@ -238,6 +251,8 @@ class Keeper:
         if why is not None:
             self._discard()
             ctx.unkept.add(first.phase)
+            born = sum(int(c.value) for b in first.builders for _, c in b.stage_births)
+            first.kept_rate = expected / born if born else 0.0
         self._clean()
         return why
 
@@ -255,6 +270,15 @@ class Keeper:
                 "work directory (shared with the executors?)"
             )
         source = self._source()
+        born = sum(int(c.value) for b in first.builders for n, c in b.stage_births if n is source)
+        read = int(ctx.source_input(source).count())
+        if born != read:  # Spark computed the stage's input more than once (a cartesian
+            # product computes a partition once per partition of the other side): its kept
+            # rows may be copies, and its counts are not the records'
+            return Reason.ROW_FAILED, (
+                f"rows failed, and the stage saw {born} rows of {read} records (computed "
+                "again by the plan): they cannot be replayed alone"
+            )
         payload = [n for n in kept.schema.names if n != SRC]
         attempts = max(1, int(ctx.config.max_attempts))
         failures = expected  # every failed attempt of a kept row, the first round's included
@@ -417,7 +441,7 @@ def _move_parts(spark: Any, src: str, dst: str) -> None:
     s, d = path(src), path(dst)
     fs = d.getFileSystem(conf)
     if not fs.exists(s):
-        return
+        raise OSError(f"a replay round's output {src} is missing")
     if not fs.exists(d):
         fs.mkdirs(d)
     for status in fs.listStatus(s):

@@ -555,6 +555,9 @@ class OptimisticRound:
         # the kept rows, and it runs as round ``attempt``
         self.replace = replace or {}
         self.attempt = attempt
+        # the share of its records its keeping stage failed, once its keeping fell back (the
+        # chunks of the tracked rounds that follow are sized from it), else None
+        self.kept_rate: float | None = None
 
     @property
     def phases(self) -> list[int]:
@@ -651,6 +654,8 @@ class OptimisticRound:
         run next."""
         if why[0] is Reason.ROW_FAILED:  # its tracked rounds expect failed records
             rate = optimistic.failure_rate(self.abort) if self.abort else None
+            if rate is None:
+                rate = self.kept_rate
             self.ctx.rows_failed[self.phase] = rate
             if rate is not None:
                 seen = f"about {rate:.2%}" if rate >= 1e-4 else "under 0.01 %"
@@ -678,6 +683,8 @@ class OptimisticRound:
     def _failing_phase(self, why: tuple[Reason, str]) -> int | None:
         """The phase of the stage whose row failed first in a round cancelled for it (the
         abort file's first line, ``stage NAME: reason``), else None (not known)."""
+        if self.kept_rate is not None:  # its keeping stage failed rows: in its own phase
+            return self.phase
         if why[0] is not Reason.ROW_FAILED or self.abort is None:
             return None
         line = optimistic.first_line(self.abort) or ""
