@@ -319,13 +319,14 @@ class Keeper:
                 return Reason.ROW_FAILED, "rows failed again, and the driver could not read them"
             failures += again
             pending = failed
+        for job in first.outputs:  # before the dead letters: should a merge fail, the phase
+            # goes to tracked rounds with nothing of this path left in the FT layer
+            self._merge(job, [o for r in self.rounds for o in r.outputs if o.name == job.name])
         dead = pending.num_rows
         if dead:  # failed on every attempt: dead-lettered with their last error
             self._dead_letter(pending, source.index, payload)
             failures -= dead * attempts  # the FT layer counts theirs
             replays -= dead * (attempts - 1)
-        for job in first.outputs:
-            self._merge(job, [o for r in self.rounds for o in r.outputs if o.name == job.name])
         ctx.fast_records -= dead  # counted by the FT layer, which holds their dead letters
         ctx.kept_failed += failures
         ctx.kept_replayed += replays
