@@ -189,6 +189,7 @@ def kept_rows(ctx: RunContext, rnd: OptimisticRound, phases: list[int]) -> KeptR
     if found is None:
         return None
     source, stage = found
+    rnd.kept_source = source
     try:
         schema = to_arrow_schema(source.schema, prefers_large_types=ctx.arrow_large_types())
     except Exception:  # a type Arrow cannot carry: no keeping
@@ -269,7 +270,8 @@ class Keeper:
                 f"{expected} row(s) failed; the driver read {got} of them from the round's "
                 "work directory (shared with the executors?)"
             )
-        source = self._source()
+        source = first.kept_source
+        assert source is not None
         born = sum(int(c.value) for b in first.builders for n, c in b.stage_births if n is source)
         read = int(ctx.source_input(source).count())
         if born != read:  # Spark computed the stage's input more than once (a cartesian
@@ -332,14 +334,6 @@ class Keeper:
         ctx.kept_replayed += replays
         report.kept_records += expected
         return None
-
-    def _source(self) -> Source:
-        first = self.first
-        assert first.kept is not None
-        found = candidate(self.ctx, first.phases)
-        assert found is not None
-        assert found[1].name == first.kept.stage
-        return found[0]
 
     def _frame(self, rows: pa.Table, path: str, source: Source) -> Any:
         """The replayed rows as the executors read them (a Parquet file in the work

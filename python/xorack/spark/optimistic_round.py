@@ -480,47 +480,6 @@ def round_phases(ctx: RunContext, phase: int, fuse: bool) -> list[int]:
     return phases
 
 
-def how_phase_runs(ctx: RunContext, phase: int) -> str:
-    """How a batch run will run ``phase`` (``explain()``'s words), from the plan alone: before
-    it runs, a round's outcome is unknown, so an optimistic round says what follows a fall
-    back."""
-    sources = [s for s in ctx.plan.sources if s.phase == phase]
-    if phase > 0 and sources and all(ctx.plan.direct(s) for s in sources):
-        return "no rounds of its own: the barrier's output goes straight to its native sinks"
-    if fusable(ctx, phase):
-        head = phase - 1
-        while fusable(ctx, head):
-            head -= 1
-        return (
-            f"in phase {head}'s optimistic round, the same Spark job (should that round fall "
-            "back: an optimistic round of its own, tracked rounds if it falls back)"
-        )
-    note = OptimisticRound(ctx, phase).blocker()
-    if phase > 0 and sources and all(round_writes(ctx, s) for s in sources):
-        earlier = OptimisticRound(ctx, phase - 1).blocker()
-        if earlier is None:
-            then = "tracked rounds" if note is None else f"tracked rounds [{note.reason.value}]"
-            return (
-                f"written into its sink by phase {phase - 1}'s optimistic round ({then} if that "
-                "round falls back)"
-            )
-    if note is None and NATIVE_PHASES and native_only(ctx, phase):
-        return (
-            "an optimistic round of Spark's own operations only (no record ids: its sources' "
-            "rows counted, Spark's task accounting checked; tracked rounds if it falls back)"
-        )
-    if note is None:
-        found = kept_mod.candidate(ctx, round_phases(ctx, phase, FUSE))
-        if found is not None:
-            return (
-                f"an optimistic round (rows the stage {found[1].name!r} fails are replayed "
-                "alone, in rounds of their own, and the rest of its work kept; tracked rounds "
-                "if it falls back)"
-            )
-        return "an optimistic round (tracked rounds if it falls back)"
-    return f"tracked rounds [{note.reason.value}] {note.detail}"
-
-
 #: Whether a phase of Spark's own operations only (:func:`native_only`) runs its optimistic
 #: round without record ids; False: every round draws them.
 NATIVE_PHASES = True
@@ -551,10 +510,12 @@ class OptimisticRound:
         self.abort: str | None = None  # where its runners say that a row failed
         # where its keeping stage writes the rows it failed (xorack.spark.kept), or None
         self.kept: kept_mod.KeptRows | None = None
+        self.kept_source: Source | None = None  # the source whose rows it keeps
         # a replay round of a keeping round: its source's input (by the node's identity) is
         # the kept rows, and it runs as round ``attempt``
         self.replace = replace or {}
         self.attempt = attempt
+        self._suffix = f"-replay{attempt}" if attempt else ""  # of its outputs' paths
         # the share of its records its keeping stage failed, once its keeping fell back (the
         # chunks of the tracked rounds that follow are sized from it), else None
         self.kept_rate: float | None = None
@@ -619,9 +580,7 @@ class OptimisticRound:
             return False  # nothing of this phase runs (its outputs go to native sinks)
         if self.fuse:
             self._fuse()
-        why = self._execute()  # a row failed: the round was cancelled
-        if why is None:
-            why = self._account().verdict()
+        why = self._verdict()
         if why is None and self.kept is not None:  # rows it kept: replayed alone, merged
             why = kept_mod.Keeper(self).run(report)
         if why is not None and len(self.builders) > 1:
@@ -646,7 +605,11 @@ class OptimisticRound:
             return e.reason, e.detail
         if self.fuse:
             self._fuse()
-        why = self._execute()
+        return self._verdict()
+
+    def _verdict(self) -> tuple[Reason, str] | None:
+        """Execute the round and account for it: why it falls back, or None."""
+        why = self._execute()  # a row failed: the round was cancelled
         return why if why is not None else self._account().verdict()
 
     def _fall_back(self, why: tuple[Reason, str], report: RunReport) -> None:
@@ -782,11 +745,6 @@ class OptimisticRound:
         builder.build()
         return builder
 
-    @property
-    def _suffix(self) -> str:
-        """The suffix of the paths a replay round writes (the first round's have none)."""
-        return f"-replay{self.attempt}" if self.attempt else ""
-
     def _execute(self) -> tuple[Reason, str] | None:
         """Run the round's writes in a job group of their own (the verdict reads its tasks'
         failures, and a failed row cancels it); the reason when a failed row cancelled it."""
@@ -917,11 +875,8 @@ class OptimisticRound:
                     derived.df = ctx.spark.read.schema(job.frame.schema).parquet(job.path)
                     if job.merged_frame is not None:  # with a keeping round's replays'
                         derived.df = job.merged_frame
+                    # (a keeping round's merge adds rows to an aggregate's groups: a hint)
                     rows = (optimistic.observed(job.events) or {}).get("rows")
-                    if rows is not None:
-                        rows += job.extra_rows
-                    if job.merged_rows is not None:
-                        rows = job.merged_rows
                     if rows is not None:  # a small output in few partitions, as Spark's
                         # adaptive execution would coalesce it (a task per partition costs)
                         wanted = -(-rows // ROWS_PER_PARTITION)
@@ -940,7 +895,6 @@ __all__ = [
     "OptimisticBuilder",
     "OptimisticRound",
     "fusable",
-    "how_phase_runs",
     "round_phases",
     "round_writes",
 ]

@@ -37,8 +37,8 @@ from .conf import default, name_the_key, resolve
 from .context import PipelineConfig, RunContext
 from .declare import PlanBuilder
 from .guard import FailureTally
-from .optimistic_round import how_phase_runs
 from .outputs import Aggregate
+from .phases import how_phase_runs
 from .plan import Plan
 from .prune import prune
 from .quiet import quiet_spark_logs

@@ -529,8 +529,8 @@ class Tracked:
         >>> # print(words.explain())
         """
         from .context import RunContext
-        from .optimistic_round import how_phase_runs
         from .outputs import Aggregate
+        from .phases import how_phase_runs
 
         keep = _ancestors(self._node)
         b = self._builder
