@@ -11,7 +11,11 @@ optimistic round sees the failures and falls back), ``ft on tracked fails``
 (a variant's word ``c32`` sets ``chunk_records=32`` for it alone; ``unchunked``: its first
 tracked round after a fall back keeps the configured chunks, as before issue 27 item 4;
 ``always32``: it draws 32-record chunks whatever the failure rate, item 4's first cut;
-``unkept``: a failed row loses the optimistic round, as before kept rounds). The
+``unkept``: a failed row loses the optimistic round, as before kept rounds; ``dies``: instead
+of failing rows, the stage's Python worker dies once, in the first attempt of the task of
+partition 0: a single retried Spark task (``strict``: a retried task makes the round fall
+back, as before issue 27's retried tasks); ``plain dies`` is plain PySpark with the same
+``mapInArrow`` stage dying the same way, ``plain stage`` with it not dying). The
 failing lines are chosen by a hash of their text (twins fail together), the same in every run.
 Prints medians and the ratios to plain, the load average, and checks that every variant's
 counts equal plain Spark's.
@@ -54,16 +58,49 @@ class FailsOnceByHash:
         return batch
 
 
+@dataclass(frozen=True)
+class DiesOnce:
+    """A ``map_in_arrow`` stage function: the Python worker running partition 0's first task
+    attempt dies (once per ``marker`` file); Spark retries that task. Every line passes."""
+
+    marker: str
+
+    def __call__(self, batch: Any) -> Any:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        first = ctx is not None and ctx.partitionId() == 0 and ctx.attemptNumber() == 0
+        if first and self.marker and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(13)
+        return batch
+
+
+def wordcount_plain_stage(spark: Any, inp: str, out: str, marker: str) -> None:
+    """Plain PySpark's wordcount with the same ``mapInArrow`` stage (dying once when
+    ``marker`` is set)."""
+    from pyspark.sql import functions as F
+
+    fn = DiesOnce(marker)
+    df = spark.read.parquet(inp)
+    lines = df.mapInArrow(lambda it: (fn(b) for b in it), df.schema)
+    words = lines.select(F.explode(F.split("text", " ")).alias("word"))
+    counts = words.where(F.col("word") != "").groupBy("word").agg(F.count("*").alias("n"))
+    counts.write.mode("overwrite").parquet(out)
+
+
 def wordcount_ft(
-    spark: Any, inp: str, out: str, rate: float, optimistic: bool, **options: Any
-) -> dict:
+    spark: Any, inp: str, out: str, rate: float, optimistic: bool, marker: str = "",
+    **options: Any,
+) -> dict:  # fmt: skip
     from pyspark.sql import functions as F
 
     from xorack.spark import ParquetSink, Pipeline
 
     p = Pipeline(spark, ft=True, optimistic=optimistic, **options)
     lines = p.source(spark.read.parquet(inp), name="lines")
-    lines = lines.map_in_arrow(FailsOnceByHash(rate), lines.schema, name="fails-once")
+    stage = DiesOnce(marker) if marker else FailsOnceByHash(rate)
+    lines = lines.map_in_arrow(stage, lines.schema, name="fails-once")
     words = lines.select(F.explode(F.split("text", " ")).alias("word"))
     counts = words.where(F.col("word") != "").groupBy("word").agg(F.count("*").alias("n"))
     counts.sink(ParquetSink(out), name="counts")
@@ -83,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk-records", type=int, default=None, help="Pipeline(chunk_records=)")
     args = ap.parse_args(argv)
     from xorack.bench_jobs import make_input, wordcount_plain
-    from xorack.spark import kept, tracked_rounds
+    from xorack.spark import kept, tasks, tracked_rounds
     from xorack.spark.session import get_or_create_session
 
     bits = tracked_rounds.FAILED_CHUNK_BITS
@@ -102,8 +139,11 @@ def main(argv: list[str] | None = None) -> int:
             for v in variants:
                 out = f"{work}/out-{v.replace(' ', '-')}"
                 t0 = time.perf_counter()
+                marker = f"{work}/died-{i}-{v.replace(' ', '-')}" if "dies" in v else ""
                 if v == "plain":
                     wordcount_plain(spark, inp, out)
+                elif v.startswith("plain "):  # "plain stage", "plain dies"
+                    wordcount_plain_stage(spark, inp, out, marker)
                 else:
                     options = (
                         {} if args.chunk_records is None else {"chunk_records": args.chunk_records}
@@ -114,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                     rate = 0.0 if "clean" in v else args.rate
                     # "unkept": a failed row loses the optimistic round (before kept rounds)
                     kept.KEEP = "unkept" not in v
+                    tasks.TRUST_RETRIES = "strict" not in v
                     # "unchunked": the first tracked round after a fall back keeps the
                     # configured chunks (what ran before issue 27 item 4), for an A/B run
                     tracked_rounds.FAILED_CHUNK_BITS = 64 if "unchunked" in v else bits
@@ -121,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
                     tracked_rounds.failed_chunk_bits = (
                         (lambda b, rate: min(b, bits)) if "always32" in v else chooser
                     )
-                    reports[v] = wordcount_ft(spark, inp, out, rate, "tracked" not in v, **options)
+                    reports[v] = wordcount_ft(
+                        spark, inp, out, rate, "tracked" not in v, marker, **options
+                    )
                 if i >= args.warmup:
                     times[v].append(time.perf_counter() - t0)
         load1 = os.getloadavg()
@@ -136,14 +179,17 @@ def main(argv: list[str] | None = None) -> int:
             f"wordcount, {args.lines:,} lines, {args.rate:.2%} failing once, median of "
             f"{args.repeat}; load average {load0[0]:.2f} -> {load1[0]:.2f}"
         )
+        bases = [b for b in ("plain stage", "plain dies") if b in times]
+        others = {b: statistics.median(times[b]) for b in bases}
         for v, ts in times.items():
             med = statistics.median(ts)
             ratio = f"  ÷ plain {med / plain:.2f}" if plain else ""
+            ratio += "".join(f"  ÷ {b} {med / t:.2f}" for b, t in others.items())
             print(f"  {v:22s} {med:7.2f} s ({min(ts):.2f}-{max(ts):.2f}){ratio}")
         for v, r in reports.items():
             keys = (
-                "rounds", "optimistic_rounds", "kept_rounds", "optimistic_fallbacks", "replayed",
-                "lost",
+                "rounds", "optimistic_rounds", "kept_rounds", "retried_tasks",
+                "optimistic_fallbacks", "replayed", "lost",
             )  # fmt: skip
             print(f"  {v}: " + ", ".join(f"{k}={r.get(k)!r}"[:160] for k in keys if k in r))
         print(f"  results match plain: {match}")

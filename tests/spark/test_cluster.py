@@ -304,10 +304,12 @@ def test_an_optimistic_round_completes_on_a_cluster(spark, tmp_path):
     _assert_exact_parquet(spark, report, sink)
 
 
-def test_an_executor_killed_in_an_optimistic_round_falls_back(spark, tmp_path):
-    """SIGKILL to an executor JVM during an optimistic round: Spark reruns its tasks elsewhere,
-    and a round whose tasks were retried may have counted their rows twice, so it falls back
-    to tracked rounds, which end exact."""
+def test_an_executor_killed_in_an_optimistic_round(spark, tmp_path):
+    """SIGKILL to an executor JVM during an optimistic round: Spark reruns its tasks elsewhere.
+    A task attempt lost with its executor counted nothing and committed nothing, so the round
+    may stand with its retried tasks counted once; where Spark ran a stage or a finished task
+    again (its map output lost with the executor), the round cannot tell that from a task
+    counted twice and falls back to tracked rounds. Either way the run ends exact."""
     before = _executor_jvms()
     assert len(before) == EXECUTORS, before
     marker = str(tmp_path / "running-on")
@@ -321,8 +323,11 @@ def test_an_executor_killed_in_an_optimistic_round_falls_back(spark, tmp_path):
         killer.join(timeout=130)
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     assert killed, "the executor was not killed: the test proved nothing"
-    assert report.optimistic_rounds == 0
-    assert "task attempt" in report.optimistic_fallbacks[0]
+    if report.optimistic_rounds:
+        assert report.retried_tasks >= 1, report.as_dict()
+        assert report.optimistic_fallbacks == []
+    else:
+        assert "task accounting" in report.optimistic_fallbacks[0]
     _assert_exact_parquet(spark, report, sink)
 
 

@@ -246,7 +246,7 @@ def test_kept_rows_the_driver_cannot_read_send_the_phase_back(spark, tmp_path, m
     """Should the executors' files not reach the driver (a cluster without a shared work
     directory), the count of kept rows does not match and the phase falls back: nothing is
     lost."""
-    monkeypatch.setattr(kept_mod, "_read_kept", lambda path: None)
+    monkeypatch.setattr(kept_mod, "_read_kept", lambda path, dead: None)
     p, sink = _run_wordcount(spark, tmp_path, _failing(1))
     report = p.run()
     assert report.phase_reasons == {0: Reason.ROW_FAILED}

@@ -230,8 +230,10 @@ def test_a_retried_source_task_counts_each_record_once_in_an_aggregate(spark, tm
     """The retried task persists its rows again, under the source ids its dead attempt used
     (derived from the rows): the acker keeps one record each, the retried task's rows ack it.
     (With a second copy per record, the dead attempt's copies timed out and were replayed
-    while the retried task's completed: the aggregate counted those records twice.)"""
-    p = Pipeline(spark, combine=combine)
+    while the retried task's completed: the aggregate counted those records twice.) Tracked
+    rounds only: an optimistic round counts a retried task once without persisting anything
+    (tests/spark/test_task_accounting.py)."""
+    p = Pipeline(spark, combine=combine, optimistic=False)
     src = p.source(_events(spark), name="events")
     marker = tmp_path / "died"
     dying = src.map_in_pandas(_dies_once(str(marker)), src.schema, name="die")
@@ -256,8 +258,8 @@ def test_a_retried_map_column_source_task_counts_each_record_once_in_an_aggregat
     """A map column in a shuffled source of a combined aggregation: the rows are ordered by
     their content (the map as its entries sorted by key) like any other, so the retried task
     persists each row under its dead attempt's ids. (With random chunk ids the retried task made
-    copies, and the aggregate counted those records twice.)"""
-    p = Pipeline(spark, combine=True)
+    copies, and the aggregate counted those records twice.) Tracked rounds only, as above."""
+    p = Pipeline(spark, combine=True, optimistic=False)
     src = p.source(_with_map(_events(spark)), name="events")
     marker = tmp_path / "died"
     dying = src.map_in_pandas(_dies_once(str(marker)), src.schema, name="die")

@@ -60,6 +60,7 @@ import pyarrow as pa
 from .lineage import SRC, q, select_expr
 from .optimistic import REASON, KeptRows
 from .report import Reason, RunReport
+from .tasks import live_files
 
 if TYPE_CHECKING:
     from .context import RunContext
@@ -207,12 +208,15 @@ def kept_rows(ctx: RunContext, rnd: OptimisticRound, phases: list[int]) -> KeptR
 # ---- the replay rounds -----------------------------------------------------------------------
 
 
-def _read_kept(path: str) -> pa.Table | None:
+def _read_kept(path: str, dead: set[int]) -> pa.Table | None:
+    """The rows a round's tasks kept, but for the files of its task attempts that failed
+    (``dead``: Spark retried them, and counted only the retry's rows)."""
     import pyarrow.parquet as pq
 
     if not os.path.isdir(path):
         return None
-    files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".parquet"))
+    names = live_files(sorted(f for f in os.listdir(path) if f.endswith(".parquet")), dead)
+    files = [os.path.join(path, f) for f in names]
     if not files:
         return None
     return pa.concat_tables([pq.read_table(f) for f in files])
@@ -263,7 +267,7 @@ class Keeper:
         first, ctx = self.first, self.ctx
         kept = first.kept
         assert kept is not None
-        table = _read_kept(kept.path)
+        table = _read_kept(kept.path, first.dead_attempts)
         if table is None or table.num_rows != expected:
             got = 0 if table is None else table.num_rows
             return Reason.ROW_FAILED, (
@@ -316,7 +320,7 @@ class Keeper:
                 break
             assert rnd.kept is not None
             self.dirs.append(rnd.kept.path)
-            failed = _read_kept(rnd.kept.path)
+            failed = _read_kept(rnd.kept.path, rnd.dead_attempts)
             if failed is None or failed.num_rows != again:
                 return Reason.ROW_FAILED, "rows failed again, and the driver could not read them"
             failures += again

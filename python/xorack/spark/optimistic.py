@@ -16,7 +16,9 @@ union of the phase's record trees:
    the barrier's output right there, from the live rows, as plain Spark would;
 4. after the phase's jobs, the round is complete exactly when the births equal the XOR of
    every event (the staged ones and the Python stages'), no row failed in a Python stage, and
-   no Spark task failed or was retried. The XOR of the events of a set of record trees equals
+   Spark's task accounting leaves no doubt (:mod:`xorack.spark.tasks`: a task attempt that
+   failed and was retried left nothing behind; a stage run again, or a task resubmitted, may
+   have counted twice). The XOR of the events of a set of record trees equals
    the XOR of their births only when every row of every tree was accounted for (the
    property the acker relies on for one tree, DESIGN.md), so a lost row, a failed row or a
    row counted twice shows as a mismatch (but for a 2^-64 accident).
@@ -54,6 +56,7 @@ import pyarrow as pa
 
 from .lineage import EV, EVENT, KEEP, REC, SRC, q, select_expr
 from .report import Reason
+from .tasks import attempt_file_name, current_attempt
 
 MASK = (1 << 64) - 1
 
@@ -146,7 +149,11 @@ class KeptRows:
             import pyarrow.parquet as pq
 
             os.makedirs(self.path, exist_ok=True)
-            pq.write_table(table, os.path.join(self.path, f"{uuid.uuid4().hex}.parquet"))
+            # named by the task attempt: the driver ignores a failed attempt's file
+            task = current_attempt()
+            suffix = uuid.uuid4().hex
+            name = f"{suffix}.parquet" if task is None else attempt_file_name(task, suffix)
+            pq.write_table(table, os.path.join(self.path, name))
         except Exception:  # whatever it is: the round is lost, the rows failed as before
             return False
         return True
@@ -415,36 +422,6 @@ def observed(observation: Any) -> dict[str, int] | None:
     return {k: int(v or 0) for k, v in values.items()}
 
 
-def task_failures(sc: Any, group: str) -> int:
-    """Failed task attempts and stage re-attempts of the jobs of ``group`` (a job group). A
-    retried task or stage may have applied its accumulator updates or observed metrics twice,
-    which a round cannot tell from a correct one, so any retry makes the round fall back."""
-    # the JVM's tracker itself, asked for the two numbers of a stage it needs (PySpark's
-    # wrapper asks for its eight, and reads arrays an element per py4j call)
-    tracker = sc._jsc.statusTracker()
-    arrays = sc._jvm.java.util.Arrays
-    bad = 0
-    for job in _ints(arrays.toString(tracker.getJobIdsForGroup(group))):
-        info = tracker.getJobInfo(job)
-        if info is None:
-            bad += 1  # forgotten by Spark: cannot tell, so do not trust it
-            continue
-        if str(info.status().toString()) != "SUCCEEDED":
-            bad += 1
-        for stage in _ints(arrays.toString(info.stageIds())):
-            s = tracker.getStageInfo(stage)
-            if s is None:
-                continue
-            bad += int(s.numFailedTasks()) + int(s.currentAttemptId())
-    return bad
-
-
-def _ints(text: Any) -> list[int]:
-    """The ints of a Java array's ``Arrays.toString`` (``[1, 2]``)."""
-    inner = str(text).strip()[1:-1]
-    return [int(x) for x in inner.split(",") if x.strip()]
-
-
 def await_tasks(sc: Any, group: str, timeout: float = 60.0, interval: float = 0.05) -> bool:
     """Wait until no task of the jobs of ``group`` runs any more (a cancelled job's tasks are
     killed after the job has failed); False when some still ran after ``timeout`` seconds."""
@@ -471,8 +448,9 @@ class RoundAccount:
     """What an optimistic round saw: its source rows (``records``), the XOR of their ids
     (``births``), of the events staged where rows left the phase (``staged``) and of the events
     its Python stages folded into the round's accumulator (``python``); rows that failed in a
-    Python stage, with their reasons; failed Spark task attempts; and observations Spark did not
-    report."""
+    Python stage, with their reasons; what Spark's task accounting cannot vouch for
+    (``task_failures``, :mod:`xorack.spark.tasks`), and the failed task attempts it retried
+    (harmless); and observations Spark did not report."""
 
     records: int = 0
     births: int = 0
@@ -481,6 +459,8 @@ class RoundAccount:
     failed_rows: int = 0
     reasons: list[str] = field(default_factory=list)
     task_failures: int = 0
+    task_reasons: list[str] = field(default_factory=list)
+    retried: int = 0
     missing: list[str] = field(default_factory=list)
 
     def verdict(self) -> tuple[Reason, str] | None:
@@ -491,7 +471,8 @@ class RoundAccount:
         if self.task_failures:
             return (
                 Reason.TASK_FAILED,
-                f"{self.task_failures} Spark task attempt(s) failed or were retried",
+                "Spark's task accounting cannot vouch for the round: "
+                + ("; ".join(self.task_reasons[:2]) or f"{self.task_failures} doubt(s)"),
             )
         if self.missing:  # e.g. adaptive execution dropped an operator whose input was empty
             return (
@@ -578,6 +559,5 @@ __all__ = [
     "round_salt",
     "staged",
     "tag_source",
-    "task_failures",
     "xor_all",
 ]

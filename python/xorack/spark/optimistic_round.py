@@ -28,6 +28,7 @@ from .rows import PythonStage, RowOperation, Source, Union, tagged_schema
 from .schema import empty_frame
 from .stages import ROUND_PROPERTY
 from .tagging import GROUP_XOR, DerivedTagger
+from .tasks import round_tasks
 
 log = logging.getLogger(__name__)
 
@@ -519,6 +520,10 @@ class OptimisticRound:
         # the share of its records its keeping stage failed, once its keeping fell back (the
         # chunks of the tracked rounds that follow are sized from it), else None
         self.kept_rate: float | None = None
+        # Spark's task accounting: the failed task attempts it retried (their ids: files they
+        # wrote themselves are ignored), harmless (xorack.spark.tasks)
+        self.retried = 0
+        self.dead_attempts: set[int] = set()
 
     @property
     def phases(self) -> list[int]:
@@ -581,8 +586,10 @@ class OptimisticRound:
         if self.fuse:
             self._fuse()
         why = self._verdict()
+        keeper = None
         if why is None and self.kept is not None:  # rows it kept: replayed alone, merged
-            why = kept_mod.Keeper(self).run(report)
+            keeper = kept_mod.Keeper(self)
+            why = keeper.run(report)
         if why is not None and len(self.builders) > 1:
             return self._fused_fell_back(why, report)
         if why is not None:
@@ -590,6 +597,8 @@ class OptimisticRound:
             self._fall_back(why, report)
             return False
         self._accept(report)
+        replays = keeper.rounds if keeper is not None else []
+        report.retried_tasks += self.retried + sum(r.retried for r in replays)
         report.rounds += len(self.builders)
         report.optimistic_rounds += len(self.builders)
         report.fused_phases += len(self.builders) - 1
@@ -791,7 +800,16 @@ class OptimisticRound:
     def _account(self) -> optimistic.RoundAccount:
         """What the round's metrics, accumulators and Spark's task accounting say."""
         sc = self.ctx.spark.sparkContext
-        account = optimistic.RoundAccount(task_failures=optimistic.task_failures(sc, self.group))
+        tasks = round_tasks(sc, self.group)
+        if tasks.retried and any(job.src for job in self.outputs):
+            tasks.untrusted(
+                "a task retried in a round that writes a Python sink (its failed "
+                "attempt may have written rows)"
+            )
+        self.dead_attempts, self.retried = tasks.dead, tasks.retried
+        account = optimistic.RoundAccount(
+            task_failures=tasks.bad, task_reasons=tasks.reasons, retried=tasks.retried
+        )
         for builder in self.builders:
             self._account_phase(builder, account)
         account.python, account.failed_rows = self.accumulator.value

@@ -64,7 +64,9 @@ class Reason(str, enum.Enum):
     # the phase's optimistic round fell back
     ROW_FAILED = "row_failed"  # a Python stage failed a row (the round may have been cancelled)
     NATIVE_ROW_ERROR = "native_row_error"  # a native expression raised on a row (a failed job)
-    TASK_FAILED = "task_failed"  # a Spark task attempt failed or was retried
+    # Spark's task accounting cannot vouch for the round (a stage or a task run again after
+    # it succeeded, a task retried in a round that writes a Python sink: xorack.spark.tasks)
+    TASK_FAILED = "task_failed"
     METRICS_MISSING = "metrics_missing"  # Spark reported no metrics for an observation
     UNBALANCED = "unbalanced"  # the events do not cancel the births (a row lost or doubled)
 
@@ -164,6 +166,9 @@ class RunReport:
     # rounds they ran for the failed records alone, and the records they replayed
     kept_rounds: int = 0
     kept_records: int = 0
+    # failed Spark task attempts that Spark retried inside optimistic rounds it accepted (a
+    # failed attempt leaves no metric and no committed output: the retry counted once)
+    retried_tasks: int = 0
     tracked_phases: list[str] = field(default_factory=list)
     # the same, typed: phase -> why it ran tracked rounds (blocked, or fell back)
     phase_reasons: dict[int, Reason] = field(default_factory=dict)
