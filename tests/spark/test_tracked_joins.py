@@ -132,6 +132,52 @@ def test_a_condition_join_in_an_optimistic_round_equals_plain_spark(spark, tmp_p
     assert _rows(spark.read.parquet(out)) == _rows(want)
 
 
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_a_join_spark_plans_as_a_cartesian_product_counts_each_record_once(
+    spark, tmp_path, broadcast
+):
+    """A non-equi join: without a broadcast Spark plans a cartesian product, which computes
+    each partition of either side once per partition of the other, so a round's observed
+    source counts (and its XOR sums) would count the records again (it reported 840 of
+    320). Such a join is planned before the round, and its phase runs tracked
+    rounds (Reason.CARTESIAN); with a broadcast (a nested loop join reading each side once)
+    the round runs. Either way the counts are the records' and the sink plain Spark's."""
+    from xorack.spark import Reason
+
+    p = Pipeline(spark)
+    o = p.source(_orders(spark).repartition(3), name="orders")
+    items = p.source(_items(spark).repartition(2), name="items")
+    items = items.map_in_pandas(lambda pdf: pdf, items.schema, name="stage")
+    out = str(tmp_path / "out")
+    joined = o.join(items, (items.l_n < o.o_n) & (items.price > o.total), "inner")
+    joined.groupBy("cust").agg(F.count("*").alias("n")).sink(ParquetSink(out))
+    po, pi = _orders(spark).repartition(3), _items(spark).repartition(2)
+    want = po.join(pi, (pi.l_n < po.o_n) & (pi.price > po.total), "inner")
+    # an RDD's size is not known: Spark takes it for defaultSizeInBytes (too large to
+    # broadcast); without broadcasts, adaptive execution cannot make it a nested loop join
+    # once it sees the sides' real sizes either
+    if broadcast:
+        setting = ("spark.sql.defaultSizeInBytes", "1024")
+    else:
+        setting = ("spark.sql.autoBroadcastJoinThreshold", "-1")
+    spark.conf.set(*setting)
+    try:  # plain Spark's plan of the same join: a cartesian product without the broadcast
+        plan = str(want._jdf.queryExecution().sparkPlan().toString())
+        assert ("CartesianProduct" in plan) != broadcast, plan
+        report = p.run()
+    finally:
+        spark.conf.unset(setting[0])
+    assert report.source_records == report.completed == ORDERS + ITEMS
+    assert report.lost == 0
+    if broadcast:
+        assert report.phase_reasons == {}, report.tracked_phases
+    else:
+        assert report.phase_reasons == {0: Reason.CARTESIAN}
+        assert "cartesian product" in report.tracked_phases[0]
+    want = want.groupBy("cust").agg(F.count("*").alias("n"))
+    assert _rows(spark.read.parquet(out)) == _rows(want)
+
+
 def test_joins_that_cannot_be_kept_exact_say_what_to_write(spark):
     p = Pipeline(spark)
     o, items = _sides(p, spark)

@@ -120,6 +120,34 @@ class JoinSpec:
             out = inputs[0].alias(left).join(inputs[1].alias(right), self.condition, self.how)
         return select_expr(out, map(q, self.keep)) if self.keep else out
 
+    def cartesian(self, out: Any) -> bool:
+        """Whether Spark plans the join that :meth:`compute` made (``out``) as a cartesian
+        product, which computes each partition of either side once per partition of the other
+        (what runs before the join then counts its rows again). A join on column names, or on
+        a condition Spark finds equality keys in (``ExtractEquiJoinKeys``), is a hash or a
+        sort-merge join: only the others are planned, to see."""
+        if self.condition is None:
+            return False
+        jvm = out.sparkSession._jvm
+        join = _top_join(out._jdf.queryExecution().analyzed())
+        if join is not None:
+            keys = getattr(jvm.org.apache.spark.sql.catalyst.planning, "ExtractEquiJoinKeys$")
+            if keys.__getattr__("MODULE$").unapply(join).isDefined():
+                return False
+        return "CartesianProduct" in str(out._jdf.queryExecution().sparkPlan().toString())
+
+
+def _top_join(plan: Any) -> Any:
+    """The first ``Join`` of a Catalyst logical plan going down single-child nodes, or None."""
+    for _ in range(64):
+        if str(plan.getClass().getSimpleName()) == "Join":
+            return plan
+        children = plan.children()
+        if children.size() != 1:
+            return None
+        plan = children.head()
+    return None
+
 
 @dataclass(frozen=True)
 class LimitSpec:

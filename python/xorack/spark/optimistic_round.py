@@ -16,6 +16,7 @@ import numpy as np
 
 from . import kept as kept_mod
 from . import ops, optimistic
+from .barrier import JoinSpec
 from .context import RunContext
 from .guard import tally_param
 from .join_ops import LookupJoin
@@ -333,6 +334,7 @@ class OptimisticBuilder:
         from pyspark.sql import functions as F
 
         lives, seen = [], []
+        spec = node.spec
         for x, par in zip(inputs, node.parents, strict=True):
             if x is None:  # no rows from that side this round
                 lives.append(empty_frame(self.ctx.spark, par.schema))
@@ -343,7 +345,14 @@ class OptimisticBuilder:
             seen.append(Observation())
             x = optimistic.staged(x, seen[-1])
             lives.append(select_expr(x.where(F.col(KEEP)), map(q, par.columns)))
-        out = node.spec.compute(lives)
+        out = spec.compute(lives)
+        if isinstance(spec, JoinSpec) and spec.cartesian(out):
+            raise NotOptimistic(
+                Reason.CARTESIAN,
+                f"Spark plans the join {node.name!r} as a cartesian product, which computes "
+                "each side again per partition of the other (the round would count its rows "
+                "again)",
+            )
         return self._barrier_output(node, out, Observations(seen), counted=False)
 
     def _barrier_output(self, node: Barrier, out: Any, events: Any, counted: bool) -> FastOutput:

@@ -61,6 +61,7 @@ class Reason(str, enum.Enum):
     AGGREGATE_READS_STAR = "aggregate_reads_star"
     AGGREGATE_READS_LINEAGE = "aggregate_reads_lineage"
     TIME_WINDOW = "time_window"  # an aggregation by a time window (Spark's Expand)
+    CARTESIAN = "cartesian"  # a join Spark plans as a cartesian product (computes sides again)
     # the phase's optimistic round fell back
     ROW_FAILED = "row_failed"  # a Python stage failed a row (the round may have been cancelled)
     NATIVE_ROW_ERROR = "native_row_error"  # a native expression raised on a row (a failed job)
