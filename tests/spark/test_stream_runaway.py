@@ -49,6 +49,24 @@ def test_two_consecutive_micro_batches_failed_by_one_error_stop_the_stream():
     assert TYPO[1] in message
 
 
+def test_small_micro_batches_with_poison_records_never_stop_the_stream():
+    t = StreamTally()
+    for i in range(40):  # 5 records a micro-batch, one poison record in every other one
+        assert t.add_round({(STAGE, SEEN): 5, TYPO: i % 2}, fresh=True) is None
+        assert t.add_round({(STAGE, SEEN): 1, TYPO: 1}, fresh=False) is None
+
+
+def test_a_small_recovered_micro_batch_counts_in_its_pool():
+    """A clean small micro-batch pooled with a failing one: 10 failed of 20 (under 20
+    failures) is no runaway judgement, and it breaks the chain."""
+    t = StreamTally()
+    assert t.add_round({(STAGE, SEEN): 20, TYPO: 20}, fresh=True) is None
+    assert t.add_round({(STAGE, SEEN): 10}, fresh=True) is None  # recovered, pooled
+    assert t.add_round({(STAGE, SEEN): 10, TYPO: 10}, fresh=True) is None  # judged: 10 of 20
+    assert t.add_round({(STAGE, SEEN): 20, TYPO: 20}, fresh=True) is None  # a new chain
+    assert t.add_round({(STAGE, SEEN): 20, TYPO: 20}, fresh=True) is not None
+
+
 def test_poison_records_and_idle_replay_rounds_never_stop_the_stream():
     t = StreamTally()
     for _ in range(5):  # 2 poison records in each micro-batch, replayed while idle (all fail)
@@ -64,10 +82,16 @@ def test_a_recovered_micro_batch_breaks_the_chain():
     assert t.add_round({(STAGE, SEEN): 40, TYPO: 40}, fresh=True) is None
 
 
-def test_small_micro_batches_are_not_judged_and_none_turns_it_off():
+def test_small_micro_batches_are_judged_together_and_none_turns_it_off():
+    """Micro-batches under 20 records are pooled until they hold 20: a typo in a stream of
+    19-record micro-batches stops it at the fourth (two judgements of two each)."""
     t = StreamTally()
     for _ in range(3):
         assert t.add_round({(STAGE, SEEN): 19, TYPO: 19}, fresh=True) is None
+    message = t.add_round({(STAGE, SEEN): 19, TYPO: 19}, fresh=True)
+    assert message is not None
+    assert "100% of its records in 2 micro-batches and 38 of 38 (100%) in the next 2" in message
+    assert "judged together" in message
     off = StreamTally(share=None)
     for _ in range(3):
         assert off.add_round({(STAGE, SEEN): 40, TYPO: 40}, fresh=True) is None
@@ -129,6 +153,26 @@ def test_a_systematic_error_stops_the_stream_and_a_restart_after_the_fix_is_exac
     assert report.completed == n
     assert report.dead_lettered == 0
     assert report.lost == 0
+
+
+def test_a_typo_in_a_stream_of_small_micro_batches_stops_it(spark, tmp_path):
+    """Micro-batches of 5 records (one file each): each alone is too small to judge, so they
+    are judged by 20 records at least; the typo stops the stream instead of dead-lettering
+    every record while it goes on."""
+    inbox = tmp_path / "in"
+    inbox.mkdir(parents=True)
+    files, rows = 12, 5
+    for f in range(files):
+        with open(inbox / f"part-{f:02d}.json", "w") as out:
+            for v in range(f * rows, (f + 1) * rows):
+                out.write(json.dumps({"value": v, "word": f"w{v % 5}"}) + "\n")
+    sink = SQLiteSink(str(tmp_path / "out.db"), "out")
+    _, run = _start(spark, inbox, sink, _typo)
+    with pytest.raises(RunawayFailure, match=r"stage 'parse'.*micro-batches.*KeyError: 'vlaue'"):
+        run.wait(timeout=WAIT)
+    assert run.batches < files - 1  # it stopped before the input ran out
+    assert run.report.dead_lettered < run.report.source_records
+    assert sink.count() == 0
 
 
 def test_without_the_guard_the_stream_dead_letters_its_input(spark, tmp_path):

@@ -125,57 +125,82 @@ class FailureTally:
 
 class StreamTally:
     """The runaway guard of a stream. A stream has no first round whose input is the whole
-    input: each micro-batch brings its own. So a micro-batch is judged on the records its round
-    saw (its fresh rows and the replays that came with it), and the stream stops when one
-    error failed at least ``share`` of a stage's records in two consecutive micro-batches.
-    Replay rounds run while the stream is idle see only the replays (a few poison records, all
-    failing): they are not judged and do not break the chain. Neither is a stage that saw
-    fewer than ``min_records`` records in a micro-batch: with few records a poison record and
-    a systematic error look alike, and a stream's systematic error meets the next, larger
-    micro-batch too.
+    input: each micro-batch brings its own. So a stage is judged on the records the rounds of
+    its micro-batches saw (their fresh rows and the replays that came with them), ``min_records``
+    at least at a time: a micro-batch that large alone, smaller consecutive ones pooled until
+    they are (with few records a poison record and a systematic error look alike). The stream
+    stops when one error failed at least ``share`` of a stage's records in two consecutive
+    judgements. Replay rounds run while the stream is idle see only the replays (a few poison
+    records, all failing): they are not judged and do not break the chain.
 
     >>> t = StreamTally(share=0.5, min_records=2)
     >>> t.add_round({("split", ""): 10, ("split", "KeyError: 'x'"): 10}, fresh=True)
     >>> t.add_round({("split", ""): 10, ("split", "KeyError: 'x'"): 10}, fresh=False)
     >>> t.add_round({("split", ""): 12, ("split", "KeyError: 'x'"): 12}, fresh=True) is not None
     True
+    >>> small = StreamTally(share=0.5, min_records=4)  # micro-batches of 2 records, pooled
+    >>> [small.add_round({("s", ""): 2, ("s", "typo"): 2}, fresh=True) is None for _ in range(4)]
+    [True, True, True, False]
     """
 
     def __init__(self, share: float | None = 0.5, min_records: int = 20) -> None:
         self.share = FailureTally(share).share  # its check of the share
         self.min_records = int(min_records)
         self._previous: dict[str, dict[str, float]] = {}  # stage -> error -> share
+        # stage -> {reason: records} of its micro-batches since its last judgement, and how
+        # many micro-batches that is; the micro-batches of its last judgement
+        self._pool: dict[str, dict[str, int]] = {}
+        self._span: dict[str, int] = {}
+        self._spans: dict[str, int] = {}
 
     def add_round(self, counts: dict[tuple[str, str], int], fresh: bool) -> str | None:
         """Record one round's counts (``fresh``: a micro-batch's round, with input of its own);
         the message of a runaway error, or None."""
         if self.share is None or not fresh:
             return None
-        seen = {stage: n for (stage, reason), n in counts.items() if reason == SEEN}
+        for (stage, reason), n in counts.items():
+            pool = self._pool.setdefault(stage, {})
+            pool[reason] = pool.get(reason, 0) + n
+        for stage in {stage for stage, _ in counts}:
+            self._span[stage] = self._span.get(stage, 0) + 1
         message = None
-        for stage, n_seen in seen.items():
+        for stage in list(self._pool):
+            pool = self._pool[stage]
+            n_seen = pool.get(SEEN, 0)
             if n_seen < self.min_records:
-                continue  # not judged: the stage keeps its last judgement
+                continue  # not judged yet: the stage keeps its last judgement
+            del self._pool[stage]
+            span, last = self._span.pop(stage, 1), self._spans.get(stage, 1)
             shares = {
                 reason: n / n_seen
-                for (where, reason), n in counts.items()
-                if where == stage and reason != SEEN and n >= self.min_records
+                for reason, n in pool.items()
+                if reason != SEEN and n >= self.min_records
             }
             for reason, now in shares.items():
                 before = self._previous.get(stage, {}).get(reason)
                 if before is not None and before >= self.share and now >= self.share:
-                    n = counts[(stage, reason)]
+                    n = pool[reason]
+                    one = "one micro-batch" if last == 1 else f"{last} micro-batches"
+                    nxt = "the next" if span == 1 else f"the next {span}"
+                    pooled = (
+                        ""
+                        if span == last == 1
+                        else f" (micro-batches under {self.min_records} records are judged "
+                        "together: records of the first of them may have used up their "
+                        "attempts and been dead-lettered before)"
+                    )
                     message = (
-                        f"{stage}: the same error failed {before:.0%} of its records in one "
-                        f"micro-batch and {n:,} of {n_seen:,} ({now:.0%}) in the next: {reason}. "
+                        f"{stage}: the same error failed {before:.0%} of its records in {one} "
+                        f"and {n:,} of {n_seen:,} ({now:.0%}) in {nxt}: {reason}. "
                         "The stream stopped instead of dead-lettering its input (a systematic "
                         "error, not a poison record); the failed records were not "
-                        "dead-lettered: with a checkpoint location they wait in its FT state, "
-                        "and a restart on it after the fix replays them. "
+                        f"dead-lettered{pooled}: with a checkpoint location they wait in its FT "
+                        "state, and a restart on it after the fix replays them. "
                         f"Pipeline(runaway_share=...) sets the threshold ({self.share:.0%}; "
                         "None disables the guard)."
                     )
             self._previous[stage] = shares
+            self._spans[stage] = span
         return message
 
 
