@@ -58,43 +58,13 @@ class FailsOnceByHash:
         return batch
 
 
-@dataclass(frozen=True)
-class DiesOnce:
-    """A ``map_in_arrow`` stage function: the Python worker running partition 0's first task
-    attempt dies (once per ``marker`` file); Spark retries that task. Every line passes."""
-
-    marker: str
-
-    def __call__(self, batch: Any) -> Any:
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        first = ctx is not None and ctx.partitionId() == 0 and ctx.attemptNumber() == 0
-        if first and self.marker and not os.path.exists(self.marker):
-            open(self.marker, "w").close()
-            os._exit(13)
-        return batch
-
-
-def wordcount_plain_stage(spark: Any, inp: str, out: str, marker: str) -> None:
-    """Plain PySpark's wordcount with the same ``mapInArrow`` stage (dying once when
-    ``marker`` is set)."""
-    from pyspark.sql import functions as F
-
-    fn = DiesOnce(marker)
-    df = spark.read.parquet(inp)
-    lines = df.mapInArrow(lambda it: (fn(b) for b in it), df.schema)
-    words = lines.select(F.explode(F.split("text", " ")).alias("word"))
-    counts = words.where(F.col("word") != "").groupBy("word").agg(F.count("*").alias("n"))
-    counts.write.mode("overwrite").parquet(out)
-
-
 def wordcount_ft(
     spark: Any, inp: str, out: str, rate: float, optimistic: bool, marker: str = "",
     **options: Any,
 ) -> dict:  # fmt: skip
     from pyspark.sql import functions as F
 
+    from xorack.bench_jobs import DiesOnce
     from xorack.spark import ParquetSink, Pipeline
 
     p = Pipeline(spark, ft=True, optimistic=optimistic, **options)
@@ -119,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="plain,ft on fails,ft on tracked fails")
     ap.add_argument("--chunk-records", type=int, default=None, help="Pipeline(chunk_records=)")
     args = ap.parse_args(argv)
-    from xorack.bench_jobs import make_input, wordcount_plain
+    from xorack.bench_jobs import make_input, wordcount_plain, wordcount_plain_stage
     from xorack.spark import kept, tasks, tracked_rounds
     from xorack.spark.session import get_or_create_session
 
