@@ -20,82 +20,91 @@ from hypothesis import strategies as st
 
 import xorack
 from xorack.spark import tasks
-from xorack.spark.tasks import attempt_file_name, judge_stage, live_files
+from xorack.spark.tasks import StageCounts, attempt_file_name, judge_stage, live_files
 
-STATUSES = ("SUCCESS", "FAILED", "KILLED", "RUNNING", "UNKNOWN")
-
-
-def _t(task_id, index, status="SUCCESS", error=None, speculative=False):
-    return (task_id, index, status, error, speculative)
+STATUSES = ("SUCCESS", "FAILED", "KILLED", "RUNNING")
+LOST = "ExecutorLostFailure (executor 1 exited caused by one of the running tasks)"
 
 
-def test_a_failed_attempt_then_one_success_is_a_retry():
+def _c(**kw):
+    return StageCounts(**{"attempt": 0, "tasks": 2, "complete": 2, "indices": 2, **kw})
+
+
+def test_failed_attempts_then_one_success_each_are_retries():
     got = judge_stage(
-        0, completed=2, failed=2, active=0,
-        tasks=[_t(0, 0, "FAILED", "boom"), _t(1, 0, "KILLED", "lost"), _t(2, 0), _t(3, 1)],
-    )  # fmt: skip
+        _c(failed=1, killed=1),
+        [(0, 0, "FAILED", "boom"), (1, 0, "KILLED", "another attempt succeeded")],
+    )
     assert (got.bad, got.retried, got.dead, got.reasons) == (0, 2, {0, 1}, [])
 
 
 @pytest.mark.parametrize(
-    ("attempt", "completed", "failed", "active", "listed", "words"),
+    ("counts", "listed", "words"),
     [
-        (1, 2, 0, 0, [], "attempted again"),
-        (0, 2, 1, 1, [_t(0, 0, "FAILED"), _t(1, 0), _t(2, 1), _t(3, 1, "RUNNING")], "running"),
-        (0, 3, 1, 0, [_t(0, 0, "FAILED"), _t(1, 0)], "lists 2 of"),
-        (0, 2, 1, 0, [_t(0, 0), _t(1, 0), _t(2, 1, "FAILED")], "succeeded 2 times"),
-        (0, 1, 1, 0, [_t(0, 0, "FAILED"), _t(1, 0, error="Resubmitted (lost)")], "resubmitted"),
-        (0, 1, 1, 0, [_t(0, 0, "FAILED"), _t(1, 0, speculative=True)], "speculative"),
-        (0, 1, 1, 0, [_t(0, 0, "FAILED"), _t(1, 1)], "failed and succeeded 0 times"),
-        (0, 1, 1, 0, [_t(0, 0, "FAILED"), _t(1, 0, "UNKNOWN")], "is UNKNOWN"),
+        (_c(attempt=1), [], "attempted again"),
+        (_c(failed=1, active=1), [(0, 0, "FAILED", "x")], "still running"),
+        (_c(failed=2), [(0, 0, "FAILED", "x")], "lists 1 of"),
+        (_c(complete=3, failed=1), [(0, 0, "FAILED", "x")], "succeeded twice"),
+        (_c(indices=1, complete=1, failed=1), [(0, 0, "FAILED", "x")], "never succeeded"),
+        (_c(failed=1), [(0, 0, "FAILED", LOST)], "ExecutorLostFailure"),
+        (_c(failed=1), [(0, 0, "FAILED", "Resubmitted (lost executor)")], "Resubmitted"),
+        (_c(failed=1), [(0, 0, "RUNNING", None)], "is RUNNING"),
     ],
 )
-def test_what_a_round_cannot_vouch_for(attempt, completed, failed, active, listed, words):
-    got = judge_stage(attempt, completed, failed, active, listed)
+def test_what_a_round_cannot_vouch_for(counts, listed, words):
+    got = judge_stage(counts, listed)
     assert got.bad >= 1
     assert any(words in r for r in got.reasons), got.reasons
 
 
 histories = st.lists(
     st.tuples(
-        st.integers(0, 4),  # partition index
+        st.integers(0, 3),  # partition index
         st.sampled_from(STATUSES),
-        st.sampled_from([None, "Resubmitted (resubmitted due to lost executor)"]),
-        st.booleans(),  # speculative
+        st.sampled_from([None, "worker died", LOST]),
     ),
     max_size=12,
 )
 
 
 @settings(max_examples=300, deadline=None)
-@given(histories, st.integers(0, 2), st.booleans())
-def test_the_judge_trusts_exactly_one_clean_success_per_failed_partition(history, cut, stale):
-    """Random attempt histories of one stage attempt: the judge trusts them exactly when
-    every partition that failed succeeded once, no success was resubmitted, speculative or
-    doubled, nothing runs and the listing is whole; its retries and dead ids are the failed
-    attempts'."""
-    listed = [_t(i, idx, status, err, spec) for i, (idx, status, err, spec) in enumerate(history)]
-    completed = sum(1 for t in listed if t[2] == "SUCCESS")
-    failed = sum(1 for t in listed if t[2] == "FAILED")
-    active = sum(1 for t in listed if t[2] == "RUNNING") + int(stale)
-    shown = listed[: max(0, len(listed) - cut)]
-    got = judge_stage(0, completed, failed, active, shown)
-    if not failed and not active:
+@given(histories, st.integers(1, 4), st.integers(0, 2), st.integers(0, 1))
+def test_the_judge_trusts_exactly_one_success_per_partition_after_clean_failures(
+    history, partitions, cut, attempt
+):
+    """Random attempt histories of one stage, counted as Spark's status store counts them:
+    the judge trusts a stage with failed or killed attempts exactly when it is its first
+    attempt, nothing runs, every partition succeeded exactly once, the failed attempts are
+    listed in full and none lost its executor; its retries and dead ids are those attempts'."""
+    tasks = [(i, idx % partitions, status, err) for i, (idx, status, err) in enumerate(history)]
+    wins = [t for t in tasks if t[2] == "SUCCESS"]
+    lost = [t for t in tasks if t[2] in ("FAILED", "KILLED")]
+    counts = StageCounts(
+        attempt,
+        tasks=partitions,
+        complete=len(wins),
+        indices=len({t[1] for t in wins}),
+        failed=sum(1 for t in tasks if t[2] == "FAILED"),
+        killed=sum(1 for t in tasks if t[2] == "KILLED"),
+        active=sum(1 for t in tasks if t[2] == "RUNNING"),
+    )
+    shown = lost[: max(0, len(lost) - cut)]
+    got = judge_stage(counts, shown)
+    if attempt:
+        assert got.bad == 1
+        return
+    if not lost and not counts.active:
         assert (got.bad, got.retried) == (0, 0)  # nothing failed: nothing to look at
         return
-    wins = Counter(t[1] for t in shown if t[2] == "SUCCESS")
-    lost = {t[1] for t in shown if t[2] in ("FAILED", "KILLED")}
     trusted = (
-        not active
-        and len(shown) >= completed + failed
-        and all(t[2] in ("SUCCESS", "FAILED", "KILLED") for t in shown)
-        and all(t[3] is None and not t[4] for t in shown if t[2] == "SUCCESS")
-        and all(n == 1 for n in wins.values())
-        and all(wins[i] == 1 for i in lost)
+        not counts.active
+        and counts.complete == counts.indices == partitions
+        and len(shown) == len(lost)
+        and not any(t[3] == LOST for t in shown)
     )
-    assert (got.bad == 0) == trusted, (shown, got.reasons)
-    assert got.retried == sum(1 for t in shown if t[2] in ("FAILED", "KILLED"))
-    assert got.dead == {t[0] for t in shown if t[2] in ("FAILED", "KILLED")}
+    assert (got.bad == 0) == trusted, (tasks, shown, got.reasons)
+    assert got.retried == len(shown)
+    assert got.dead == {t[0] for t in shown}
 
 
 def test_a_failed_attempts_own_files_are_ignored():

@@ -29,7 +29,7 @@ from .rows import PythonStage, RowOperation, Source, Union, tagged_schema
 from .schema import empty_frame
 from .stages import ROUND_PROPERTY
 from .tagging import GROUP_XOR, DerivedTagger
-from .tasks import round_tasks
+from .tasks import executors, round_tasks
 
 log = logging.getLogger(__name__)
 
@@ -533,6 +533,7 @@ class OptimisticRound:
         # wrote themselves are ignored), harmless (xorack.spark.tasks)
         self.retried = 0
         self.dead_attempts: set[int] = set()
+        self.executors: set[str] | None = None  # Spark's executors when its jobs started
 
     @property
     def phases(self) -> list[int]:
@@ -774,6 +775,7 @@ class OptimisticRound:
         )
         phases = ", ".join(map(str, self.phases))
         sc.setJobGroup(self.group, f"xorack: optimistic round of phase {phases}", False)
+        self.executors = executors(sc)  # one lost during the round: it is not trusted
         ctx.optimistic_group = self.group
         abort = self.abort
         watch = (
@@ -809,7 +811,7 @@ class OptimisticRound:
     def _account(self) -> optimistic.RoundAccount:
         """What the round's metrics, accumulators and Spark's task accounting say."""
         sc = self.ctx.spark.sparkContext
-        tasks = round_tasks(sc, self.group)
+        tasks = round_tasks(sc, self.group, self.executors)
         if tasks.retried and any(job.src for job in self.outputs):
             tasks.untrusted(
                 "a task retried in a round that writes a Python sink (its failed "

@@ -12,43 +12,64 @@ A round cannot trust what it cannot tell apart from a task counted twice (``bad`
 - a job that did not succeed, or that Spark no longer knows;
 - a stage attempted again: its map tasks ran again, and Spark merges the accumulators of
   every successful map task;
-- a partition that succeeded twice in one stage attempt (a speculative copy);
-- a task *resubmitted* after its executor was lost (Spark then runs a successful map task
-  again);
+- a partition that succeeded twice in one stage attempt (a speculative copy, a map task
+  resubmitted after its executor was lost);
+- an executor lost during the round (a task failed with ``ExecutorLostFailure``, or an
+  executor of the round's start gone at its end): with it went the shuffle output of the
+  stages that had finished on it, which a later job of the round (adaptive execution runs
+  each shuffle stage as a job of its own) computes again under a new stage id, in attempt 0,
+  without any failed task to show for it;
 - a task still running after the job ended;
-- a stage whose tasks Spark no longer lists in full (``spark.ui.retainedTasks``).
+- a stage whose failed tasks Spark no longer lists in full (``spark.ui.retainedTasks``).
 
+The status store is fed by Spark's listener bus, which the driver's action does not wait for:
+the bus is drained first (else a job just ended may still read as running, or be missing).
 The failed attempts' task ids (``dead``) let the driver ignore the files such an attempt wrote
 itself (a keeping round's kept rows, :mod:`xorack.spark.kept`).
 
->>> ok = judge_stage(0, completed=3, failed=1, active=0, tasks=[
-...     (0, 0, "SUCCESS", None, False), (1, 1, "FAILED", "worker died", False),
-...     (2, 2, "SUCCESS", None, False), (3, 1, "SUCCESS", None, False)])
+>>> ok = judge_stage(StageCounts(0, tasks=3, complete=3, indices=3, failed=1), [
+...     (1, 1, "FAILED", "worker died")])
 >>> ok.bad, ok.retried, sorted(ok.dead)
 (0, 1, [1])
->>> twice = judge_stage(0, completed=2, failed=0, active=0, tasks=[])
->>> twice.bad  # no failure: nothing to look at
+>>> judge_stage(StageCounts(0, tasks=2, complete=2, indices=2), []).bad  # nothing failed
 0
->>> judge_stage(1, completed=2, failed=0, active=0, tasks=[]).reasons
+>>> judge_stage(StageCounts(1, tasks=2, complete=2, indices=2), []).reasons
 ['stage attempted again (attempt 1)']
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-#: a task attempt as the status store lists it: (task id, partition index, status, error
-#: message or None, speculative)
-Task = tuple[int, int, str, "str | None", bool]
+#: a failed or killed task attempt as the status store lists it: (task id, partition index,
+#: status, error message or None)
+Task = tuple[int, int, str, "str | None"]
 
-#: the most task attempts of one stage the driver lists (more: the stage is not trusted)
-MAX_LISTED = 100_000
+#: the most failed task attempts of one stage the driver lists (more: the stage is not trusted)
+MAX_LISTED = 10_000
 
 #: False: a retried task makes the round fall back, as before (an A/B switch for benchmarks)
 TRUST_RETRIES = True
+
+#: how long the driver waits for Spark's listener bus to drain before reading the store (ms)
+DRAIN_MS = 10_000
+
+
+@dataclass(frozen=True)
+class StageCounts:
+    """One stage's counts in the status store (its last attempt): ``tasks`` of the attempt,
+    attempts ``complete``, distinct partitions that completed (``indices``), attempts
+    ``failed`` and ``killed``, and ``active`` (still running)."""
+
+    attempt: int
+    tasks: int
+    complete: int
+    indices: int
+    failed: int = 0
+    killed: int = 0
+    active: int = 0
 
 
 @dataclass
@@ -71,56 +92,63 @@ class TaskAccount:
         self.reasons.append(why)
 
 
-def judge_stage(
-    attempt: int, completed: int, failed: int, active: int, tasks: Iterable[Task]
-) -> TaskAccount:
-    """One stage of a round's job: its current ``attempt``, its counts of completed, failed
-    and running task attempts, and (where any failed or runs) its attempts of stage attempt
-    0 as the status store lists them."""
-    out = TaskAccount()
-    if attempt:
-        out.untrusted(f"stage attempted again (attempt {attempt})")
+def judge_stage(counts: StageCounts, listed: Iterable[Task]) -> TaskAccount:
+    """One stage of a round's job: its ``counts``, and (where a task failed, was killed or
+    runs) its failed and killed attempts of that stage attempt as the status store lists
+    them."""
+    c, out = counts, TaskAccount()
+    if c.attempt:
+        out.untrusted(f"stage attempted again (attempt {c.attempt})")
         return out
-    if not failed and not active:
+    if not (c.failed or c.killed or c.active):
         return out
-    if active:
-        out.untrusted(f"{active} task(s) still running after the job")
-    listed = list(tasks)
-    if len(listed) < completed + failed:
-        out.untrusted(f"Spark lists {len(listed)} of the stage's {completed + failed} tasks")
-    wins: Counter[int] = Counter()
-    lost: set[int] = set()
-    for task_id, index, status, error, speculative in listed:
-        if status == "SUCCESS":
-            wins[index] += 1
-            if error is not None:  # "Resubmitted (...)": a map task run again after success
-                out.untrusted(f"task {task_id} was resubmitted: {error[:80]}")
-            if speculative:
-                out.untrusted(f"task {task_id} is a speculative copy")
-        elif status in ("FAILED", "KILLED"):
-            lost.add(index)
-            out.dead.add(task_id)
-            out.retried += 1
-        else:
+    if c.active:
+        out.untrusted(f"{c.active} task(s) still running after the job")
+    if c.complete != c.indices:  # a partition that succeeded twice: counted twice
+        out.untrusted(f"{c.complete - c.indices} partition(s) succeeded twice")
+    if c.indices != c.tasks:
+        out.untrusted(f"{c.tasks - c.indices} partition(s) never succeeded")
+    tasks = list(listed)
+    if len(tasks) < c.failed + c.killed:
+        out.untrusted(f"Spark lists {len(tasks)} of the stage's {c.failed + c.killed} failed tasks")
+    for task_id, _index, status, error in tasks:
+        if status not in ("FAILED", "KILLED"):
             out.untrusted(f"task {task_id} is {status}")
-    for index, n in wins.items():
-        if n > 1:
-            out.untrusted(f"partition {index} succeeded {n} times")
-    for index in lost:
-        if wins[index] != 1:
-            out.untrusted(f"partition {index} failed and succeeded {wins[index]} times")
+            continue
+        out.dead.add(task_id)
+        out.retried += 1
+        text = error or ""
+        if text.startswith(("ExecutorLostFailure", "Resubmitted")):  # shuffle output lost
+            out.untrusted(f"task {task_id}: {text[:100]}")
     return out
 
 
-def round_tasks(sc: Any, group: str) -> TaskAccount:
+def executors(sc: Any) -> set[str]:
+    """The ids of Spark's executors now (none in local mode: the driver runs the tasks)."""
+    text = str(sc._jsc.sc().getExecutorIds().mkString(","))
+    return {x for x in text.split(",") if x}
+
+
+def round_tasks(sc: Any, group: str, before: set[str] | None = None) -> TaskAccount:
     """The task accounting of the jobs of job group ``group`` (a round's), from Spark's status
-    store through py4j: the job and stage counts of every stage, and the task list of a stage
-    only where a task failed or still runs (a clean round asks for nothing more than before)."""
-    # the JVM's tracker itself, asked for the numbers of a stage it needs (PySpark's wrapper
-    # asks for its eight, and reads arrays an element per py4j call)
-    tracker = sc._jsc.statusTracker()
-    arrays = sc._jvm.java.util.Arrays
+    store through py4j, once Spark's listener bus has drained: each job's status, each stage's
+    counts, and the failed and killed attempts of a stage only where there are any (a clean
+    round asks for nothing more). ``before``: the executors when the round started."""
     out = TaskAccount()
+    jsc = sc._jsc.sc()
+    try:
+        jsc.listenerBus().waitUntilEmpty(DRAIN_MS)
+    except Exception as exc:  # a timeout: the store may not have the round's last events
+        out.untrusted(f"Spark's listener bus did not drain: {str(exc)[:80]}")
+    if before is not None:
+        gone = before - executors(sc)
+        if gone:
+            out.untrusted(f"executor(s) {', '.join(sorted(gone))} lost during the round")
+    # the JVM's tracker itself, asked for the jobs (PySpark's wrapper reads arrays an element
+    # per py4j call); the stages from the status store (killed tasks and completed partitions)
+    tracker = sc._jsc.statusTracker()
+    store = jsc.statusStore()
+    arrays = sc._jvm.java.util.Arrays
     seen: set[int] = set()  # a stage of two jobs is judged once
     for job in _ints(arrays.toString(tracker.getJobIdsForGroup(group))):
         info = tracker.getJobInfo(job)
@@ -134,25 +162,36 @@ def round_tasks(sc: Any, group: str) -> TaskAccount:
             if stage in seen:
                 continue
             seen.add(stage)
-            s = tracker.getStageInfo(stage)
-            if s is None:
+            try:
+                s = store.lastStageAttempt(stage)
+            except Exception:  # not in the store: a stage Spark skipped (no tasks)
                 continue
-            attempt = int(s.currentAttemptId())
-            failed, active = int(s.numFailedTasks()), int(s.numActiveTasks())
-            tasks: list[Task] = []
-            if not attempt and (failed or active):
-                tasks = _listed(sc, stage)
-            out.add(judge_stage(attempt, int(s.numCompletedTasks()), failed, active, tasks))
+            counts = StageCounts(
+                int(s.attemptId()),
+                int(s.numTasks()),
+                int(s.numCompleteTasks()),
+                int(s.numCompletedIndices()),
+                int(s.numFailedTasks()),
+                int(s.numKilledTasks()),
+                int(s.numActiveTasks()),
+            )
+            listed: list[Task] = []
+            if not counts.attempt and (counts.failed or counts.killed):
+                listed = _listed(sc, store, stage)
+            out.add(judge_stage(counts, listed))
     if out.retried and not TRUST_RETRIES:
         out.untrusted(f"{out.retried} task attempt(s) failed and were retried (TRUST_RETRIES)")
     return out
 
 
-def _listed(sc: Any, stage: int) -> list[Task]:
-    """The task attempts of attempt 0 of ``stage`` in Spark's status store."""
-    store = sc._jsc.sc().statusStore()
+def _listed(sc: Any, store: Any, stage: int) -> list[Task]:
+    """The failed and killed task attempts of attempt 0 of ``stage`` in Spark's status store."""
+    v1 = sc._jvm.org.apache.spark.status.api.v1
+    statuses = sc._jvm.java.util.ArrayList()
+    statuses.add(v1.TaskStatus.FAILED)
+    statuses.add(v1.TaskStatus.KILLED)
     listed = sc._jvm.scala.jdk.javaapi.CollectionConverters.asJava(
-        store.taskList(stage, 0, MAX_LISTED)
+        store.taskList(stage, 0, 0, MAX_LISTED, v1.TaskSorting.ID, statuses)
     )
     tasks: list[Task] = []
     for t in listed:
@@ -163,7 +202,6 @@ def _listed(sc: Any, stage: int) -> list[Task]:
                 int(t.index()),
                 str(t.status()),
                 str(error.get()) if error.isDefined() else None,
-                bool(t.speculative()),
             )
         )
     return tasks
