@@ -164,7 +164,11 @@ def round_tasks(sc: Any, group: str, before: set[str] | None = None) -> TaskAcco
             seen.add(stage)
             try:
                 s = store.lastStageAttempt(stage)
-            except Exception:  # not in the store: a stage Spark skipped (no tasks)
+            except Exception:  # not in the store: a stage Spark skipped (no tasks), or one
+                # it no longer keeps (spark.ui.retainedStages): then the tracker's counts
+                t = tracker.getStageInfo(stage)
+                if t is not None and (int(t.numFailedTasks()) or int(t.currentAttemptId())):
+                    out.untrusted(f"stage {stage} failed tasks that Spark no longer lists")
                 continue
             counts = StageCounts(
                 int(s.attemptId()),
