@@ -463,6 +463,37 @@ class RoundAccount:
     retried: int = 0
     missing: list[str] = field(default_factory=list)
 
+    def add_phase(self, builder: Any) -> list[tuple[Any, int]]:
+        """One phase's births and events (an ``OptimisticBuilder``'s: its sources, lookup
+        joins, branch points, outputs, and the barrier outputs of it that a later phase of the
+        round reads); the records of each of its sources."""
+        records: list[tuple[Any, int]] = []
+        for node, seen in builder.births:
+            got = observed(seen)
+            if got is None:
+                self.missing.append(f"source {node.name!r}")
+                continue
+            self.births ^= got.get("x", 0)  # none in a phase of native operations only
+            self.records += got["n"]
+            records.append((node, got["n"]))
+        for node, count in builder.stage_births:  # their births are in the stage's events
+            self.records += int(count.value)
+            records.append((node, int(count.value)))
+        staged = [(f"the lookup join {j.name!r}", seen) for j, seen in builder.joins]
+        staged += [(f"the branch point {p.name!r}", seen) for p, seen in builder.tees]
+        staged += [  # a Python sink's events are in the accumulator (see DerivedTagger)
+            (f"the rows reaching {job.name!r}", job.events)
+            for job in [*builder.outputs, *builder.inner]
+            if not job.src
+        ]
+        for what, seen in staged:
+            got = observed(seen)
+            if got is None:
+                self.missing.append(what)
+                continue
+            self.staged ^= got.get("x", 0)  # none in a phase of native operations only
+        return records
+
     def verdict(self) -> tuple[Reason, str] | None:
         """None when every record of the round completed, else why the round falls back."""
         if self.failed_rows or self.reasons:

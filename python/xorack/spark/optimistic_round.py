@@ -811,56 +811,17 @@ class OptimisticRound:
     def _account(self) -> optimistic.RoundAccount:
         """What the round's metrics, accumulators and Spark's task accounting say."""
         sc = self.ctx.spark.sparkContext
-        tasks = round_tasks(sc, self.group, self.executors)
-        if tasks.retried and any(job.src for job in self.outputs):
-            tasks.untrusted(
-                "a task retried in a round that writes a Python sink (its failed "
-                "attempt may have written rows)"
-            )
+        sinks = any(job.src for job in self.outputs)  # written from Python: no retry trusted
+        tasks = round_tasks(sc, self.group, self.executors, python_sink=sinks)
         self.dead_attempts, self.retried = tasks.dead, tasks.retried
         account = optimistic.RoundAccount(
             task_failures=tasks.bad, task_reasons=tasks.reasons, retried=tasks.retried
         )
         for builder in self.builders:
-            self._account_phase(builder, account)
+            self.records += account.add_phase(builder)
         account.python, account.failed_rows = self.accumulator.value
         account.reasons = optimistic.reasons_of(dict(self.ctx.tally.value))
         return account
-
-    def _account_phase(self, builder: OptimisticBuilder, account: optimistic.RoundAccount) -> None:
-        """One phase's births and events (its outputs, and the barrier outputs of it that a
-        later phase of the round reads) into ``account``."""
-        for node, seen in builder.births:
-            got = optimistic.observed(seen)
-            if got is None:
-                account.missing.append(f"source {node.name!r}")
-                continue
-            account.births ^= got.get("x", 0)  # none in a phase of native operations only
-            account.records += got["n"]
-            self.records.append((node, got["n"]))
-        for node, count in builder.stage_births:  # their births are in the stage's events
-            account.records += int(count.value)
-            self.records.append((node, int(count.value)))
-        for join, seen in builder.joins:  # its lookup joins' inputs' events, outputs' births
-            got = optimistic.observed(seen)
-            if got is None:
-                account.missing.append(f"the lookup join {join.name!r}")
-                continue
-            account.staged ^= got["x"]
-        for point, seen in builder.tees:  # the fan-out events of its branch points
-            got = optimistic.observed(seen)
-            if got is None:
-                account.missing.append(f"the branch point {point.name!r}")
-                continue
-            account.staged ^= got["x"]
-        for job in [*builder.outputs, *builder.inner]:
-            if job.src:  # its events are in the accumulator (see DerivedTagger)
-                continue
-            got = optimistic.observed(job.events)
-            if got is None:
-                account.missing.append(f"the rows reaching {job.name!r}")
-                continue
-            account.staged ^= got.get("x", 0)  # none in a phase of native operations only
 
     def _discard(self, report: RunReport) -> None:
         """A round that falls back: its outputs are deleted, and the rows it wrote into Python

@@ -129,11 +129,15 @@ def executors(sc: Any) -> set[str]:
     return {x for x in text.split(",") if x}
 
 
-def round_tasks(sc: Any, group: str, before: set[str] | None = None) -> TaskAccount:
+def round_tasks(
+    sc: Any, group: str, before: set[str] | None = None, python_sink: bool = False
+) -> TaskAccount:
     """The task accounting of the jobs of job group ``group`` (a round's), from Spark's status
     store through py4j, once Spark's listener bus has drained: each job's status, each stage's
     counts, and the failed and killed attempts of a stage only where there are any (a clean
-    round asks for nothing more). ``before``: the executors when the round started."""
+    round asks for nothing more). ``before``: the executors when the round started;
+    ``python_sink``: the round writes a sink from Python, where a failed attempt may have
+    written rows already (no retry is trusted)."""
     out = TaskAccount()
     jsc = sc._jsc.sc()
     try:
@@ -183,7 +187,12 @@ def round_tasks(sc: Any, group: str, before: set[str] | None = None) -> TaskAcco
             if not counts.attempt and (counts.failed or counts.killed):
                 listed = _listed(sc, store, stage)
             out.add(judge_stage(counts, listed))
-    if out.retried and not TRUST_RETRIES:
+    if out.retried and python_sink:
+        out.untrusted(
+            "a task retried in a round that writes a Python sink (its failed attempt may "
+            "have written rows)"
+        )
+    elif out.retried and not TRUST_RETRIES:
         out.untrusted(f"{out.retried} task attempt(s) failed and were retried (TRUST_RETRIES)")
     return out
 
