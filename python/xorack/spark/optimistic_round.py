@@ -227,6 +227,12 @@ class OptimisticBuilder:
             from pyspark.sql import Observation
             from pyspark.sql import functions as F
 
+            how = None
+            if optimistic.COUNT_SCANS and node.derived is None and id(node) not in self.replaced:
+                how = optimistic.file_scan(df)
+            if how is not None:  # counted apart from the round: its filters reach the scan
+                self.births.append((node, optimistic.ScanCount(df, how)))
+                return prepared
             counted = Observation()
             self.births.append((node, counted))
             return prepared.observe(counted, F.count(F.lit(1)).alias("n"))

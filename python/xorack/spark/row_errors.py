@@ -79,6 +79,9 @@ SAMPLES = 8
 ROW_CONDITIONS = frozenset({"USER_RAISED_EXCEPTION", "FAILED_EXECUTE_UDF"})
 #: The column of a guarded step holding the struct of its expressions (null: the row raised).
 GUARDED = "_ft_guarded"
+#: The column holding, on a raising row, the later pushed-down filters' verdict (null: it
+#: raised too).
+SPARE = "_ft_spare"
 _U64_MASK = (1 << 64) - 1  # a Spark bigint id as the FT layer's uint64
 
 
@@ -200,6 +203,9 @@ class NodeGuard:
     op: Any
     observation: Any = None
     schema: Any = None  # the operation's input payload (to evaluate a row alone)
+    #: the later filters plain Spark's optimizer evaluates before the operation, over its
+    #: input (:func:`pushed_filters`): a raising row they drop is dropped, not failed
+    spare: Any = None
 
     @property
     def stage(self) -> str:
@@ -219,8 +225,16 @@ class NodeGuard:
         payload = payload_of(df)
         self.schema = StructType([f for f in df.schema.fields if f.name not in LINEAGE])
         values = F.struct(*[live_only(c).alias(n) for n, c in exprs])
-        step = df.withColumn(GUARDED, try_eval(values))
+        guarded = {GUARDED: try_eval(values)}
         raised = f"({KEEP} AND {GUARDED} IS NULL)"
+        event = EV
+        if self.spare is not None:  # over the same input (its qualifier), guarded in turn
+            guarded[SPARE] = try_eval(F.struct(self.spare.alias("c")))
+            dropped = f"({SPARE} IS NOT NULL AND NOT coalesce({SPARE}.c, false))"
+            # a raising row the later filter drops: acked as dropped here, as that filter would
+            event = f"({EV} ^ CASE WHEN ({raised} AND {dropped}) THEN {REC} ELSE 0L END) AS {EV}"
+            raised = f"({raised} AND NOT {dropped})"
+        step = df.withColumns(guarded)
         raised_src = F.expr(f"CASE WHEN {raised} THEN {SRC} END")
         sample = F.struct(F.col(SRC), *[F.col(q(c)) for c in payload])
         # the rows sampled by their record ids, which a replay re-creates: it samples the same
@@ -240,7 +254,7 @@ class NodeGuard:
             *[f"{GUARDED}.{q(n)} AS {q(n)}" for n, _ in exprs],
             SRC,
             REC,
-            EV,
+            event,
             f"({KEEP} AND {alive}) AS {KEEP}",
         )
 
@@ -253,6 +267,119 @@ class NodeGuard:
         except Exception as exc:
             return row_error(exc) or RowError(type(exc).__name__, first_line(str(exc)))
         return None
+
+
+def pushed_filters(op: Any, later: Sequence[Any], df: Any) -> Any:
+    """The condition plain Spark's optimizer evaluates *before* the guarded ``op`` (a
+    ``select`` or ``withColumn(s)`` over ``df``'s payload), given the row operations that
+    read its output one after the other (``later``, each the only reader of the one before),
+    as a Column over ``op``'s input; None when there is none.
+
+    Spark pushes a filter below a projection whose expressions are all deterministic
+    (``PushPredicateThroughNonJoin``, inlining the projection's aliases), and two filters in a
+    row are evaluated as one ``AND``, the first first. So a row on which ``op`` raises is never
+    evaluated there by plain Spark when such a filter drops it first: it is dropped, not failed.
+    Only the filters over columns that ``op`` and the operations between pass on unchanged are
+    taken, up to the first filter that reads any other (inlined, it evaluates the raising
+    expression itself, first); anything else in between (a generator, a rename, a stage, a
+    second reader) ends the walk. A filter dropping a row by a column computed in between is
+    not taken: such a row still fails (the conservative side: a record dead-lettered that
+    plain Spark would have dropped; the sinks are the same)."""
+    from pyspark.errors import AnalysisException
+
+    from .ops import Filter
+
+    inner, qualifier = _unqualified(op)
+    payload = payload_of(df)
+    out = _projected(inner, df.select(*map(q, payload)), qualifier)
+    if out is None:
+        return None  # a filter's own condition goes first; a generator, a rename ...
+    kept = _unchanged(inner, payload)
+    if not kept:
+        return None
+    conditions: list[Any] = []
+    for later_op in later:
+        step, its_qualifier = _unqualified(later_op)
+        if its_qualifier != qualifier:
+            break  # t.k names another frame there
+        if isinstance(step, Filter):
+            cond = _f_condition(step.cond)
+            try:  # reads only the unchanged columns (an analysis, no job)
+                _aliased(out.select(*map(q, kept)), qualifier).where(cond)
+            except AnalysisException:
+                break
+            conditions.append(cond)
+            out = step.apply(_aliased(out, qualifier), False)
+            continue
+        nxt = _projected(step, out, qualifier)
+        if nxt is None:
+            break
+        kept = [c for c in _unchanged(step, list(out.columns)) if c in kept]
+        out = nxt
+        if not kept:
+            break
+    if not conditions:
+        return None
+    both = conditions[0]
+    for cond in conditions[1:]:
+        both = both & cond
+    return both
+
+
+def _unqualified(op: Any) -> tuple[Any, str | None]:
+    """A row operation and the qualifier its input is aliased with (``t.k``), if any."""
+    from .ops import Qualified
+
+    return (op.op, op.qualifier) if isinstance(op, Qualified) else (op, None)
+
+
+def _aliased(df: Any, qualifier: str | None) -> Any:
+    return df if qualifier is None else df.alias(qualifier)
+
+
+def _f_condition(cond: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return F.expr(cond) if isinstance(cond, str) else cond
+
+
+def _unchanged(op: Any, payload: list[str]) -> list[str]:
+    """The columns of ``payload`` that ``op`` (a select or withColumn(s)) passes on as they
+    are, under the same name."""
+    from .ops import Select
+
+    if isinstance(op, Select):
+        cols, gen = op._columns(payload)
+        return [] if gen is not None else [c for c in cols if isinstance(c, str) and c in payload]
+    if op._select(payload) is not None:  # a generator column
+        return []
+    replaced = {n for n, _ in op.mapping}
+    return [c for c in payload if c not in replaced]
+
+
+def _projected(op: Any, frame: Any, qualifier: str | None) -> Any:
+    """``op`` applied to ``frame`` as plain Spark runs it, when plain Spark's optimizer pushes
+    a filter through it: a ``select`` or ``withColumn(s)`` of deterministic expressions
+    without a generator; else None."""
+    from .ops import Select, WithColumns
+
+    columns = list(frame.columns)
+    if isinstance(op, Select):
+        if op._columns(columns)[1] is not None:
+            return None
+    elif not isinstance(op, WithColumns) or op._select(columns) is not None:
+        return None
+    out = op.apply(_aliased(frame, qualifier), False)
+    try:
+        plan = out._jdf.queryExecution().analyzed()
+        if plan.getClass().getSimpleName() != "Project":
+            return None
+        exprs = plan.expressions()
+        if not all(exprs.apply(i).deterministic() for i in range(exprs.size())):
+            return None
+    except Exception:  # not a classic DataFrame: nothing known, nothing spared
+        return None
+    return out
 
 
 def _first_rows(sample: Any, order: Any) -> Any:
@@ -277,12 +404,22 @@ class RowGuard:
     hint: RowError
     nodes: list[NodeGuard] = field(default_factory=list)  # this round's
     known: dict[tuple[str, str], RowError | None] = field(default_factory=dict)
+    spares: dict[tuple[int, tuple[str, ...]], Any] = field(default_factory=dict)
 
     def at(self, name: str, op: Any) -> NodeGuard:
         """The guard of the native operation ``op`` of node ``name`` in this round."""
         node = NodeGuard(name, op)
         self.nodes.append(node)
         return node
+
+    def spare(self, node: Any, df: Any, later: Any) -> Any:
+        """The pushed-down filters of the guarded operation of ``node`` over ``df``
+        (:func:`pushed_filters`; ``later()``: the row operations reading it one after the
+        other), found once per node and input columns."""
+        key = (id(node), tuple(df.columns))
+        if key not in self.spares:
+            self.spares[key] = pushed_filters(node.op, later(), df)
+        return self.spares[key]
 
     def settle(self, client: Any, tally: Any) -> int:
         """After the round's writes: fail the records whose rows raised (reason: Spark's error,
@@ -344,6 +481,7 @@ __all__ = [
     "RowGuard",
     "first_line",
     "observed",
+    "pushed_filters",
     "row_error",
     "try_eval",
 ]

@@ -236,8 +236,22 @@ class RowOperation(Node):
             return df
         guarded = getattr(self.op, "guarded", None)  # an operation with expressions
         if b.guard is not None and guarded is not None:  # a row that raises fails its record
-            return guarded(inputs[0], b.guard.at(self.name, self.op))
+            guard = b.guard.at(self.name, self.op)
+            guard.spare = b.guard.spare(self, inputs[0], lambda: self.read_after(b.ctx.plan))
+            return guarded(inputs[0], guard)
         return self.op.apply(inputs[0], b.ctx.ft)
+
+    def read_after(self, plan: Any) -> list[Any]:
+        """The row operations that read this one's rows one after the other, each the only
+        reader of the one before (the chain plain Spark's optimizer may push a filter down)."""
+        chain: list[Any] = []
+        node: Node = self
+        while True:
+            readers = plan.readers(node)
+            if len(readers) != 1 or not isinstance(readers[0], RowOperation):
+                return chain
+            node = readers[0]
+            chain.append(node.op)
 
     def optimistic(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
         if b.plain:  # a phase of Spark's own operations only: as plain Spark runs it

@@ -1,0 +1,104 @@
+"""A phase of Spark's own operations only counts a source of files apart from its optimistic
+round (xorack.spark.optimistic.ScanCount): from local Parquet footers, else by a count job
+beside the round. The round's plan then holds no observed metric between the files and the
+query's filter, so Spark pushes the filter into the scan as plain Spark does; the report's
+record count equals Spark's own count of the input."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from xorack.spark import ParquetSink, Pipeline, optimistic
+from xorack.spark.optimistic import RoundAccount, ScanCount, file_scan, footer_rows, observed
+
+pytest.importorskip("pyspark", reason="pyspark is not installed: install xorack[test]")
+from pyspark.sql import functions as F
+
+pytestmark = pytest.mark.spark
+
+N = 5000
+
+
+@pytest.fixture(scope="module")
+def files(spark, tmp_path_factory):
+    """The same rows as Parquet (3 files) and as CSV."""
+    root = tmp_path_factory.mktemp("scan")
+    df = spark.range(N).select(
+        F.col("id"), (F.col("id") % 7).alias("k"), (F.col("id") * 3).alias("v")
+    )
+    df.repartition(3).write.parquet(str(root / "pq"))
+    df.coalesce(1).write.option("header", True).csv(str(root / "csv"))
+    return root
+
+
+def test_how_each_kind_of_source_is_counted(spark, files):
+    pq = spark.read.parquet(str(files / "pq"))
+    csv = spark.read.option("header", True).csv(str(files / "csv"))
+    assert file_scan(pq) == "footers"
+    assert file_scan(pq.select("id", (F.col("v") + 1).alias("w")).alias("t")) == "footers"
+    assert file_scan(pq.where("k > 2")) == "job"  # a filter in the source's own plan
+    assert file_scan(csv) == "job"
+    assert file_scan(pq.where(F.rand() > 0.5)) is None  # drawn at random: read twice, differs
+    assert file_scan(spark.createDataFrame([(1,)], "a int")) is None
+    assert file_scan(pq.groupBy("k").count()) is None
+    assert footer_rows(pq) == N
+    for df in (pq, pq.where("k > 2"), csv):
+        how = file_scan(df)
+        assert ScanCount(df, how).get == {"n": df.count()}
+
+
+def test_a_count_that_fails_is_a_metric_spark_did_not_report():
+    class Broken:
+        def count(self) -> int:
+            raise OSError("file vanished")
+
+    counted = ScanCount(Broken())
+    assert observed(counted) is None
+    account = RoundAccount()
+
+    from types import SimpleNamespace
+
+    node = SimpleNamespace(name="in")
+    builder = SimpleNamespace(
+        births=[(node, counted)], stage_births=[], joins=[], tees=[], outputs=[], inner=[]
+    )
+    account.add_phase(builder)
+    assert account.missing == ["source 'in'"]
+
+
+def _scan_plans(spark, run) -> list[str]:
+    """The physical plans of the SQL executions ``run`` made that scan Parquet."""
+    store = spark._jsparkSession.sharedState().statusStore()
+    start = store.executionsList().size()
+    run()
+    done = store.executionsList()
+    plans = [done.apply(i).physicalPlanDescription() for i in range(start, done.size())]
+    return [p for p in plans if "Scan parquet" in p]
+
+
+@pytest.mark.parametrize("count_scans", [True, False])
+def test_the_query_filter_reaches_the_scan(spark, files, tmp_path, count_scans, monkeypatch):
+    """With the count apart, the round's scan carries the query's filter (Spark's
+    ``PushedFilters``) as plain Spark's does; observed, it does not (the switch shows the
+    test can tell). Either way the sink equals plain Spark and the report counts every row."""
+    monkeypatch.setattr(optimistic, "COUNT_SCANS", count_scans)
+    path = str(files / "pq")
+
+    def query(df):
+        return df.where(F.col("v") < 600).groupBy("k").agg(F.sum("v").alias("s"))
+
+    p = Pipeline(spark)
+    sink = ParquetSink(str(tmp_path / "out"))
+    query(p.source(spark.read.parquet(path), name="in")).sink(sink, name="out")
+    report = {}
+    plans = _scan_plans(spark, lambda: report.setdefault("r", p.run()))
+    r = report["r"]
+    assert (r.source_records, r.completed, r.lost, r.optimistic_rounds) == (N, N, 0, 1)
+    plain = query(spark.read.parquet(path))
+    assert Counter(map(tuple, sink.read(spark).collect())) == Counter(map(tuple, plain.collect()))
+    writes = [p for p in plans if "InsertIntoHadoopFsRelationCommand" in p]
+    assert writes, plans
+    pushed = all("LessThan(v,600)" in p for p in writes)
+    assert pushed == count_scans, writes[0]
