@@ -6,6 +6,7 @@ record count equals Spark's own count of the input."""
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 
 import pytest
@@ -14,9 +15,12 @@ from xorack.spark import ParquetSink, Pipeline, optimistic
 from xorack.spark.optimistic import RoundAccount, ScanCount, file_scan, footer_rows, observed
 
 pytest.importorskip("pyspark", reason="pyspark is not installed: install xorack[test]")
+from pyspark import cloudpickle
 from pyspark.sql import functions as F
 
 pytestmark = pytest.mark.spark
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 N = 5000
 
@@ -78,16 +82,33 @@ def _scan_plans(spark, run) -> list[str]:
     return [p for p in plans if "Scan parquet" in p]
 
 
+def _doubled(pdf):
+    return pdf.assign(v=pdf["v"] * 2)
+
+
+def _each_doubled(batches):
+    for pdf in batches:
+        yield _doubled(pdf)
+
+
 @pytest.mark.parametrize("count_scans", [True, False])
-def test_the_query_filter_reaches_the_scan(spark, files, tmp_path, count_scans, monkeypatch):
+@pytest.mark.parametrize("stage", [False, True])
+def test_the_query_filter_reaches_the_scan(spark, files, tmp_path, count_scans, stage, monkeypatch):
     """With the count apart, the round's scan carries the query's filter (Spark's
     ``PushedFilters``) as plain Spark's does; observed, it does not (the switch shows the
-    test can tell). Either way the sink equals plain Spark and the report counts every row."""
+    test can tell). With a pandas stage after the filter the round draws record ids (after
+    the filter: the rows it removes are only counted). Either way the sink equals plain Spark
+    and the report counts every row."""
     monkeypatch.setattr(optimistic, "COUNT_SCANS", count_scans)
     path = str(files / "pq")
 
     def query(df):
-        return df.where(F.col("v") < 600).groupBy("k").agg(F.sum("v").alias("s"))
+        df = df.where(F.col("v") < 600)
+        if stage and hasattr(df, "mapInPandas"):  # plain Spark
+            df = df.mapInPandas(_each_doubled, df.schema)
+        elif stage:
+            df = df.map_in_pandas(_doubled, df.schema, name="doubled")
+        return df.groupBy("k").agg(F.sum("v").alias("s"))
 
     p = Pipeline(spark)
     sink = ParquetSink(str(tmp_path / "out"))

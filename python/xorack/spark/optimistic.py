@@ -365,6 +365,7 @@ def tag_source(
     observation: Any,
     keep: Any = None,
     qualifier: str | None = None,
+    filter_first: bool = False,
 ) -> Any:
     """A source's rows with lineage columns drawn in the JVM, observed on the way (their count
     ``n`` and the XOR of their ids ``x``, the births): ``_ft_rec`` = ``xxhash64(salt, source,
@@ -377,13 +378,20 @@ def tag_source(
     and acked as dropped at once: its id would cancel itself in the round's sum. So it is left
     out of ``x`` and removed right here, and no later operator carries it as a ghost (``n``
     still counts every source row). ``qualifier``: the name the condition may give the frame
-    (``t["k"]``)."""
+    (``t["k"]``). ``filter_first``: the source's rows are counted apart (``n`` is then the
+    rows ``keep`` passes, and :class:`CountedApart` gives the count): the filter comes before
+    the ids, where Spark pushes it into the scan of the source's files."""
     f = _f()
     rec = f"xxhash64({int(salt)}L, {int(source)}, monotonically_increasing_id()) AS {REC}"
     salt_id = int(salt) or 1  # a nonzero id: the kernels refuse id 0
     payload = [q(c) for c in df.columns]
     if keep is None:
         tagged = select_expr(df, [*payload, rec]).observe(
+            observation, f.expr("count(1)").alias("n"), f.expr(f"bit_xor({REC})").alias("x")
+        )
+    elif filter_first:
+        named = df.alias(qualifier) if qualifier else df
+        tagged = select_expr(named.where(keep), [*payload, rec]).observe(
             observation, f.expr("count(1)").alias("n"), f.expr(f"bit_xor({REC})").alias("x")
         )
     else:  # the condition evaluated once per row, into a column of its own
@@ -519,6 +527,19 @@ class ScanCount:
         if self._error is not None:
             raise self._error
         return {"n": int(self._n or 0)}
+
+
+class CountedApart:
+    """A source's births observed in the round over the rows its filter passes (``x``), its
+    record count (``n``) from a :class:`ScanCount`."""
+
+    def __init__(self, observation: Any, count: ScanCount) -> None:
+        self.observation = observation
+        self.count = count
+
+    @property
+    def get(self) -> dict[str, int]:
+        return {**self.observation.get, "n": self.count.get["n"]}
 
 
 def await_tasks(sc: Any, group: str, timeout: float = 60.0, interval: float = 0.05) -> bool:
@@ -678,6 +699,7 @@ def xor_all(values: Sequence[int]) -> int:
 __all__ = [
     "COUNT_SCANS",
     "AbortWatch",
+    "CountedApart",
     "RoundAccount",
     "RoundToken",
     "RoundXor",

@@ -227,11 +227,9 @@ class OptimisticBuilder:
             from pyspark.sql import Observation
             from pyspark.sql import functions as F
 
-            how = None
-            if optimistic.COUNT_SCANS and node.derived is None and id(node) not in self.replaced:
-                how = optimistic.file_scan(df)
-            if how is not None:  # counted apart from the round: its filters reach the scan
-                self.births.append((node, optimistic.ScanCount(df, how)))
+            apart = self._counted_apart(node, df)
+            if apart is not None:  # counted apart from the round: its filters reach the scan
+                self.births.append((node, apart))
                 return prepared
             counted = Observation()
             self.births.append((node, counted))
@@ -258,8 +256,21 @@ class OptimisticBuilder:
         if alone is not None and type(op) is ops.Filter:
             self.prefiltered.add(id(alone))
             keep = ops.condition(op.cond)
-            return optimistic.tag_source(prepared, salt, node.index, seen, keep, qualifier)
+            apart = self._counted_apart(node, df)
+            if apart is not None:  # the filter reaches the scan; its rows are counted apart
+                self.births[-1] = (node, optimistic.CountedApart(seen, apart))
+            return optimistic.tag_source(
+                prepared, salt, node.index, seen, keep, qualifier, filter_first=apart is not None
+            )
         return optimistic.tag_source(prepared, salt, node.index, seen)
+
+    def _counted_apart(self, node: Source, df: Any) -> Any:
+        """A :class:`~xorack.spark.optimistic.ScanCount` of the input source ``node`` read
+        from files (``df``), or None: it is counted by an observed metric in the round."""
+        if not optimistic.COUNT_SCANS or node.derived is not None or id(node) in self.replaced:
+            return None
+        how = optimistic.file_scan(df)
+        return None if how is None else optimistic.ScanCount(df, how)
 
     def stage(self, node: PythonStage, df: Any) -> Any:
         born = self._born.get(id(node.parents[0]))
