@@ -444,11 +444,13 @@ FOOTER_FILES = 256
 
 
 def file_scan(df: Any) -> str | None:
-    """How ``df``'s rows can be counted apart from a round, or None: ``"footers"`` for local
-    Parquet files read as they are (projections and aliases only above them), ``"job"`` for
-    files of any of Spark's file sources (Parquet, ORC, CSV, JSON...) with projections,
-    aliases and filters above (a job reading their metadata or a few columns). Either gives
-    what a second read of the files gives."""
+    """How ``df``'s rows can be counted apart from a round, or None: ``"footers"`` for Parquet
+    files read as they are (projections and aliases only above them, no file listed twice),
+    ``"job"`` for Parquet or ORC files with projections, aliases and filters above (a job
+    reading their metadata or the filters' columns). Either gives what a second read of the
+    files gives. Other formats are not counted apart: a CSV or JSON reader that drops
+    malformed lines (``mode=DROPMALFORMED``) drops them by the columns it parses, and a count
+    parses none."""
     try:
         node = df._jdf.queryExecution().analyzed()
         filtered = False
@@ -462,10 +464,24 @@ def file_scan(df: Any) -> str | None:
         relation = node.relation()
         if relation.getClass().getSimpleName() != "HadoopFsRelation":
             return None
-        parquet = relation.fileFormat().getClass().getSimpleName() == "ParquetFileFormat"
+        fmt = relation.fileFormat().getClass().getSimpleName()
+        if fmt not in ("ParquetFileFormat", "OrcFileFormat"):
+            return None
+        if fmt == "ParquetFileFormat" and not filtered and _distinct_roots(relation):
+            return "footers"
     except Exception:  # not a classic DataFrame, or a plan of another shape: observed instead
         return None
-    return "footers" if parquet and not filtered else "job"
+    return "job"
+
+
+def _distinct_roots(relation: Any) -> bool:
+    """Whether no root path of the relation's files is listed twice or holds another (Spark
+    reads a file reached from two roots twice; ``inputFiles`` lists it once)."""
+    roots = relation.location().rootPaths()
+    paths = [str(roots.apply(i).toUri().getPath()).rstrip("/") for i in range(roots.size())]
+    if len(set(paths)) != len(paths):
+        return False
+    return not any(a != b and b.startswith(a + "/") for a in paths for b in paths)
 
 
 def footer_rows(df: Any) -> int | None:
@@ -492,8 +508,10 @@ def footer_rows(df: Any) -> int | None:
 
 class ScanCount:
     """A file source's row count, in place of an observed count: from its Parquet footers
-    (``how="footers"``, :func:`footer_rows`) or else by a Spark job of its own (``df.count()``)
-    in a thread started at once, so that it runs beside the round's jobs.
+    (``how="footers"``, :func:`footer_rows`) or else by a Spark job of its own (``df.count()``,
+    in a job group of its own) in a thread, so that it runs beside the round's jobs. It starts
+    when the round's jobs do (:meth:`start`), or when first asked for (:attr:`get`); a round
+    that falls back cancels it (:meth:`cancel`).
 
     An observed metric over a source stands between its files and the filter that reads
     them: Spark then pushes no filter into the scan (no row group skipped, every row decoded)
@@ -503,25 +521,47 @@ class ScanCount:
     :func:`observed` takes for a metric Spark did not report (the round falls back)."""
 
     def __init__(self, df: Any, how: str = "job") -> None:
-        import threading
-
-        self._n: int | None = footer_rows(df) if how == "footers" else None
+        self.df = df
+        self.how = how
+        self.group = f"xorack-count-{uuid.uuid4().hex}"
+        self._n: int | None = None
         self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-        if self._n is not None:
+        self._thread: Any = None
+        self._started = False
+
+    def start(self) -> None:
+        """Count (footers: at once; else a job in a thread), once."""
+        if self._started:
             return
+        self._started = True
+        if self.how == "footers":
+            self._n = footer_rows(self.df)
+            if self._n is not None:
+                return
+        import threading
 
         def count() -> None:
             try:
-                self._n = int(df.count())
+                sc = self.df.sparkSession.sparkContext
+                sc.setJobGroup(self.group, "xorack: a source's row count", True)
+                self._n = int(self.df.count())
             except BaseException as exc:  # kept for get
                 self._error = exc
 
         self._thread = threading.Thread(target=count, name="xorack-scan-count", daemon=True)
         self._thread.start()
 
+    def cancel(self) -> None:
+        """Cancel a count job still running (its round fell back: nothing reads it)."""
+        if self._thread is not None and self._thread.is_alive():
+            import contextlib
+
+            with contextlib.suppress(Exception):  # the context is stopping: nothing runs
+                self.df.sparkSession.sparkContext.cancelJobGroup(self.group)
+
     @property
     def get(self) -> dict[str, int]:
+        self.start()
         if self._thread is not None:
             self._thread.join()
         if self._error is not None:
@@ -536,6 +576,12 @@ class CountedApart:
     def __init__(self, observation: Any, count: ScanCount) -> None:
         self.observation = observation
         self.count = count
+
+    def start(self) -> None:
+        self.count.start()
+
+    def cancel(self) -> None:
+        self.count.cancel()
 
     @property
     def get(self) -> dict[str, int]:

@@ -800,6 +800,9 @@ class OptimisticRound:
             if abort is not None
             else contextlib.nullcontext()
         )
+        for builder in self.builders:  # the sources counted apart: beside the round's jobs
+            for _, seen in builder.births:
+                getattr(seen, "start", lambda: None)()
         try:
             with watch:
                 for job in self.outputs:
@@ -845,6 +848,9 @@ class OptimisticRound:
         sinks retracted once its tasks are over (again at the publish: a task the cancel had
         not stopped yet may have written after that)."""
         ctx = self.ctx
+        for builder in self.builders:  # a count nothing will read
+            for _, seen in builder.births:
+                getattr(seen, "cancel", lambda: None)()
         jobs = self.outputs
         if any(job.src for job in jobs):
             optimistic.await_tasks(ctx.spark.sparkContext, self.group)

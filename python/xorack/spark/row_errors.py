@@ -230,7 +230,10 @@ class NodeGuard:
         event = EV
         if self.spare is not None:  # over the same input (its qualifier), guarded in turn
             guarded[SPARE] = try_eval(F.struct(self.spare.alias("c")))
-            dropped = f"({SPARE} IS NOT NULL AND NOT coalesce({SPARE}.c, false))"
+            # false, not null: a null first conjunct skips the row in Spark's generated code,
+            # but its interpreted AND evaluates the next (a later filter inlining the raising
+            # expression: wide plans and failed code generation run interpreted)
+            dropped = f"({SPARE} IS NOT NULL AND {SPARE}.c IS FALSE)"
             # a raising row the later filter drops: acked as dropped here, as that filter would
             event = f"({EV} ^ CASE WHEN ({raised} AND {dropped}) THEN {REC} ELSE 0L END) AS {EV}"
             raised = f"({raised} AND NOT {dropped})"
@@ -283,8 +286,9 @@ def pushed_filters(op: Any, later: Sequence[Any], df: Any) -> Any:
     taken, up to the first filter that reads any other (inlined, it evaluates the raising
     expression itself, first); anything else in between (a generator, a rename, a stage, a
     second reader) ends the walk. A filter dropping a row by a column computed in between is
-    not taken: such a row still fails (the conservative side: a record dead-lettered that
-    plain Spark would have dropped; the sinks are the same)."""
+    not taken, and a row the filters give null (not false) is not spared: such a row still
+    fails (the conservative side: a record dead-lettered that plain Spark may have dropped;
+    the sinks are the same)."""
     from pyspark.errors import AnalysisException
 
     from .ops import Filter
