@@ -81,12 +81,17 @@ def test_a_count_that_fails_is_a_metric_spark_did_not_report():
 
 
 def _scan_plans(spark, run) -> list[str]:
-    """The physical plans of the SQL executions ``run`` made that scan Parquet."""
+    """The physical plans of the SQL executions ``run`` made that scan Parquet (by execution
+    id: the store keeps the last ``spark.sql.ui.retainedExecutions`` only)."""
     store = spark._jsparkSession.sharedState().statusStore()
-    start = store.executionsList().size()
+
+    def executions():
+        done = store.executionsList()
+        return [done.apply(i) for i in range(done.size())]
+
+    before = max((e.executionId() for e in executions()), default=-1)
     run()
-    done = store.executionsList()
-    plans = [done.apply(i).physicalPlanDescription() for i in range(start, done.size())]
+    plans = [e.physicalPlanDescription() for e in executions() if e.executionId() > before]
     return [p for p in plans if "Scan parquet" in p]
 
 
