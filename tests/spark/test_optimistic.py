@@ -983,3 +983,34 @@ def test_a_tracked_frame_says_what_it_offers_instead_of_a_bare_attribute_error(s
     with pytest.raises(AttributeError, match=r"Tracked.writeTo is not supported.*sink"):
         words.writeTo("t")
     assert "phase 0" in words.explain()
+
+
+def _tag(pdf: pd.DataFrame) -> pd.DataFrame:
+    return pdf.assign(word=pdf["word"].str.upper())
+
+
+@pytest.mark.parametrize("in_jvm", [True, False])
+def test_ghosts_before_a_python_stage_are_dropped_in_the_jvm(spark, tmp_path, in_jvm, monkeypatch):
+    """A generator (lines with no word give no row) and a filter remove rows before a pandas
+    stage: the round drops those ghosts in the JVM, what they owe XORed by an observation, so
+    the stage's worker never receives them (``in_jvm=False``: the worker drops them, as
+    before). The round completes alone and equals plain Spark either way; leaving the
+    observation out of the sum would unbalance it (checked by mutation)."""
+    from xorack.spark import optimistic_round
+
+    monkeypatch.setattr(optimistic_round, "GHOSTS_BEFORE_STAGES", in_jvm)
+
+    def words(t):
+        t = t.select("id", F.explode(F.split("line", " ")).alias("word"))
+        return t.where((F.col("word") != "") & (F.col("id") % 4 != 1))
+
+    p = Pipeline(spark)
+    sink = ParquetSink(str(tmp_path / "out"))
+    staged = words(p.source(_lines(spark), name="lines"))
+    staged = staged.map_in_pandas(_tag, staged.schema, name="tag")
+    staged.groupBy("word").agg(F.count("*").alias("n")).sink(sink, name="counts")
+    report = p.run()
+    _assert_complete(report)
+    assert (report.optimistic_rounds, report.rounds) == (1, 1), report.optimistic_fallbacks
+    plain = words(_lines(spark)).withColumn("word", F.upper("word"))
+    assert _rows(sink.read(spark)) == _rows(plain.groupBy("word").agg(F.count("*").alias("n")))

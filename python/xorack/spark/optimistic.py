@@ -647,6 +647,10 @@ class RoundAccount:
             records.append((node, int(count.value)))
         staged = [(f"the lookup join {j.name!r}", seen) for j, seen in builder.joins]
         staged += [(f"the branch point {p.name!r}", seen) for p, seen in builder.tees]
+        staged += [
+            (f"the rows removed before {s.name!r}", seen)
+            for s, seen in getattr(builder, "ghosts", ())
+        ]
         staged += [  # a Python sink's events are in the accumulator (see DerivedTagger)
             (f"the rows reaching {job.name!r}", job.events)
             for job in [*builder.outputs, *builder.inner]
