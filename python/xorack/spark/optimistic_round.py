@@ -249,13 +249,9 @@ class OptimisticBuilder:
 
         seen = Observation()
         self.births.append((node, seen))
-        readers = ctx.plan.readers(node)
-        alone = readers[0] if len(readers) == 1 else None
-        op = alone.op if isinstance(alone, RowOperation) else None
-        qualifier = None
-        if isinstance(op, ops.Qualified):  # the filter's condition may name the frame
-            qualifier, op = op.qualifier, op.op
-        if alone is not None and type(op) is ops.Filter:
+        found = self._first_filter(node)
+        if found is not None:
+            alone, op, qualifier = found
             self.prefiltered.add(id(alone))
             keep = ops.condition(op.cond)
             apart = self._counted_apart(node, df)
@@ -265,6 +261,27 @@ class OptimisticBuilder:
                 prepared, salt, node.index, seen, keep, qualifier, filter_first=apart is not None
             )
         return optimistic.tag_source(prepared, salt, node.index, seen)
+
+    def _first_filter(self, node: Source) -> tuple[Node, Any, str | None] | None:
+        """The filter that alone reads the source ``node``'s rows, directly or through
+        selects of its columns by name (``t.select("a", "b").where(...)``): its node, its
+        operation and the qualifier its condition may name the frame by; else None."""
+        names = set(node.columns)
+        at: Node = node
+        while True:
+            readers = self.ctx.plan.readers(at)
+            if len(readers) != 1 or not isinstance(readers[0], RowOperation):
+                return None
+            at = readers[0]
+            op, qualifier = at.op, None
+            if isinstance(op, ops.Qualified):  # the filter's condition may name the frame
+                qualifier, op = op.qualifier, op.op
+            if type(op) is ops.Filter:
+                return at, op, qualifier
+            if type(op) is not ops.Select or not all(
+                isinstance(c, str) and c in names for c in op.cols
+            ):
+                return None
 
     def _counted_apart(self, node: Source, df: Any) -> Any:
         """A :class:`~xorack.spark.optimistic.ScanCount` of the input source ``node`` read
