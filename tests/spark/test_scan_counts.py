@@ -43,7 +43,8 @@ def test_how_each_kind_of_source_is_counted(spark, files):
     csv = spark.read.option("header", True).csv(str(files / "csv"))
     assert file_scan(pq) == "footers"
     assert file_scan(pq.select("id", (F.col("v") + 1).alias("w")).alias("t")) == "footers"
-    assert file_scan(pq.where("k > 2")) == "job"  # a filter in the source's own plan
+    # a filter in the source's own plan: observed (a count would evaluate it on every row)
+    assert file_scan(pq.where("k > 2")) is None
     # a CSV reader dropping malformed lines drops them by the columns it parses: not apart
     assert file_scan(csv) is None
     orc = spark.read.orc(str(files / "orc"))
@@ -55,7 +56,7 @@ def test_how_each_kind_of_source_is_counted(spark, files):
     assert file_scan(spark.createDataFrame([(1,)], "a int")) is None
     assert file_scan(pq.groupBy("k").count()) is None
     assert footer_rows(pq) == N
-    for df in (pq, pq.where("k > 2"), orc):
+    for df in (pq, orc):
         how = file_scan(df)
         assert ScanCount(df, how).get == {"n": df.count()}
 

@@ -435,8 +435,10 @@ def observed(observation: Any) -> dict[str, int] | None:
 #: for the benchmarks).
 COUNT_SCANS = True
 #: The logical operators a source's plan may hold above its files for :class:`ScanCount` to
-#: count it (none of them changes with a second read).
-_SCAN_ABOVE = frozenset({"Project", "SubqueryAlias", "Filter"})
+#: count it: none changes the rows, none is evaluated by a count. (A source filtered in its
+#: own plan is observed in the round: a count would evaluate its condition, a Python UDF's
+#: included, on every row, and Spark pushes that filter into the scan below the metric.)
+_SCAN_ABOVE = frozenset({"Project", "SubqueryAlias"})
 
 
 #: At most this many local Parquet files have their footers read on the driver for a count.
@@ -444,20 +446,17 @@ FOOTER_FILES = 256
 
 
 def file_scan(df: Any) -> str | None:
-    """How ``df``'s rows can be counted apart from a round, or None: ``"footers"`` for Parquet
-    files read as they are (projections and aliases only above them, no file listed twice),
-    ``"job"`` for Parquet or ORC files with projections, aliases and filters above (a job
-    reading their metadata or the filters' columns). Either gives what a second read of the
-    files gives. Other formats are not counted apart: a CSV or JSON reader that drops
-    malformed lines (``mode=DROPMALFORMED``) drops them by the columns it parses, and a count
-    parses none."""
+    """How ``df``'s rows can be counted apart from a round, or None: ``"footers"`` for local
+    Parquet files read as they are (projections and aliases only above them, no file listed
+    twice), ``"job"`` for other Parquet or ORC files read so (a job reading their metadata).
+    Either gives what a second read of the files gives. Other formats are not counted apart:
+    a CSV or JSON reader that drops malformed lines (``mode=DROPMALFORMED``) drops them by the
+    columns it parses, and a count parses none."""
     try:
         node = df._jdf.queryExecution().analyzed()
-        filtered = False
         while node.getClass().getSimpleName() in _SCAN_ABOVE:
             if not node.deterministic():
                 return None
-            filtered = filtered or node.getClass().getSimpleName() == "Filter"
             node = node.child()
         if node.getClass().getSimpleName() != "LogicalRelation":
             return None
@@ -467,7 +466,7 @@ def file_scan(df: Any) -> str | None:
         fmt = relation.fileFormat().getClass().getSimpleName()
         if fmt not in ("ParquetFileFormat", "OrcFileFormat"):
             return None
-        if fmt == "ParquetFileFormat" and not filtered and _distinct_roots(relation):
+        if fmt == "ParquetFileFormat" and _distinct_roots(relation):
             return "footers"
     except Exception:  # not a classic DataFrame, or a plan of another shape: observed instead
         return None
