@@ -278,9 +278,7 @@ class OptimisticBuilder:
                 qualifier, op = op.qualifier, op.op
             if type(op) is ops.Filter:
                 return at, op, qualifier
-            if type(op) is not ops.Select or not all(
-                isinstance(c, str) and c in names for c in op.cols
-            ):
+            if type(op) is not ops.Select or not all(_plain_name(c, names) for c in op.cols):
                 return None
 
     def _counted_apart(self, node: Source, df: Any) -> Any:
@@ -545,6 +543,12 @@ def round_phases(ctx: RunContext, phase: int, fuse: bool) -> list[int]:
     while fuse and phases[-1] < last and fusable(ctx, phases[-1] + 1):
         phases.append(phases[-1] + 1)
     return phases
+
+
+def _plain_name(c: Any, names: set[str]) -> bool:
+    """Whether a select's column ``c`` passes the source's column of that name as it is (a
+    name with a dot or a backtick may name a struct's field instead)."""
+    return isinstance(c, str) and c in names and "." not in c and "`" not in c
 
 
 #: Whether a phase of Spark's own operations only (:func:`native_only`) runs its optimistic
