@@ -78,13 +78,18 @@ def _worker(location: str, records: int, batches: int, seed: int, send: str = "d
     ``send``: ``direct`` = one ``xor`` call per batch (a sharded client splits each into one
     request per shard); ``coalesced`` = ``xor_deferred`` per batch and a ``flush`` at the end
     of the round (each shard's events go as requests of up to ``deferred.limit`` events), as a
-    Spark task defers its events and flushes before it ends."""
+    Spark task defers its events and flushes before it ends, each request sent while the
+    client waits; ``background`` = the same, each request sent by the buffer's thread while the
+    client goes on with its next batches (``client.deferred.background``)."""
     import xorack
     from xorack.service import AckerClient
 
-    if send not in ("direct", "coalesced"):
-        raise SystemExit(f"--worker: send must be direct or coalesced, got {send!r}")
+    if send not in ("direct", "coalesced", "background"):
+        raise SystemExit(f"--worker: send must be direct, coalesced or background, got {send!r}")
     client = AckerClient.get(location)
+    # coalesced: each full shard's request sent while the client waits; background: sent by
+    # the buffer's thread while the client goes on (client.deferred.background, off by default)
+    client.deferred.background = send == "background"
     t0 = time.perf_counter()
     src = persist_pending(client, records, seed)
     persist_s = time.perf_counter() - t0

@@ -4,12 +4,13 @@
 #      scikit-build-core, pybind11, cmake and ninja must be there already);
 #   2. check the installed package imports with the native kernels (outside the checkout);
 #   3. benchmarks/bench_shards.py for 1/2/4/8/16 shards with 8 and 16 client processes, each
-#      cell once with the old sending (direct: a request per shard per batch) and once with
-#      coalescing (coalesced), interleaved; a compact table per client count.
+#      cell with each way of sending (SEND: direct = a request per shard per batch; coalesced =
+#      64K requests per shard, sent while the client waits; background = the same sent by the
+#      buffer's thread while the client goes on), interleaved; a compact table per client count.
 # Run from the repository root:  bash benchmarks/device_shards.sh   (~3-5 min on 16 cores)
 # Results go to $OUT/ when OUT is set (else a temporary directory): device_shards.log (all of
 # this script's output), shards_<clients>.json and .md (the cells and their table).
-# Smaller runs (a smoke test): SHARDS=1,2 CLIENTS=2 RECORDS=65536 BATCHES=2 ROUNDS=1 bash ...
+# Smaller runs (a smoke test): SHARDS=1,2 CLIENTS=2 SEND=coalesced RECORDS=65536 BATCHES=2 ROUNDS=1 bash ...
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${OUT:-$(mktemp -d -t xorack-shards-XXXX)}
@@ -19,6 +20,7 @@ exec > >(tee "$LOG") 2>&1
 
 SHARDS=${SHARDS:-1,2,4,8,16}
 CLIENTS=${CLIENTS:-8 16}
+SEND=${SEND:-direct,coalesced,background}
 RECORDS=${RECORDS:-131072}
 BATCHES=${BATCHES:-16}
 ROUNDS=${ROUNDS:-5}
@@ -82,10 +84,10 @@ echo "== the installed package"
 
 status=0
 for clients in $CLIENTS; do
-    echo "== bench_shards: $clients clients, shards $SHARDS, direct vs coalesced (interleaved)"
+    echo "== bench_shards: $clients clients, shards $SHARDS, sends $SEND (interleaved)"
     t0=$(date +%s)
     if $PY benchmarks/bench_shards.py --clients "$clients" --shards "$SHARDS" \
-        --send direct,coalesced --records "$RECORDS" --batches "$BATCHES" --rounds "$ROUNDS" \
+        --send "$SEND" --records "$RECORDS" --batches "$BATCHES" --rounds "$ROUNDS" \
         --out "$OUT_DIR/shards_$clients.json" >"$OUT_DIR/shards_$clients.md" 2>"$OUT_DIR/shards_$clients.err"; then
         cat "$OUT_DIR/shards_$clients.md"
     else
@@ -102,7 +104,7 @@ import json, pathlib, sys
 for path in sorted(pathlib.Path(sys.argv[1]).glob("shards_*.json")):
     data = json.loads(path.read_text())
     cells = data["cells"]
-    for send in ("direct", "coalesced"):
+    for send in ("direct", "coalesced", "background"):
         row = {c["shards"]: c for c in cells if c["send"] == send}
         if 1 not in row:
             continue

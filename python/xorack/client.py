@@ -283,6 +283,7 @@ class AckerClient:
             try:
                 self.flush()
             finally:
+                self.deferred.close()
                 self._client.close()
 
     def __enter__(self) -> AckerClient:
@@ -769,6 +770,7 @@ class ShardedAckerClient:
             if os.getpid() == self._pid:
                 self.flush()
         finally:
+            self.deferred.close()
             for shard in self.shards:
                 shard.close()
         if self._pool is not None and os.getpid() == self._pid:

@@ -20,6 +20,17 @@ that triggered it, and its events are dropped, as a failing ``xor`` call's are.
 :meth:`flush` returns once every event deferred before it has been applied (a concurrent
 flush waits for a send in progress), with the source ids those sends completed.
 
+With ``background=True`` (``client.deferred.background = True``; off by default: on 16 cores
+it gained 7 % at 8 shards with 16 clients and lost 10 % with 8, see
+``benchmarks/results/shards_device_16core_background.md``) a send that a full buffer triggers runs
+in a thread of the buffer while the caller goes on (a Spark task keeps computing its next
+batches while the acker applies the last ones): at most one such send is in flight, the next
+one waits for it (so sends keep their order and the memory held stays bounded), and
+:meth:`flush` waits for it. Such a send's error is raised once, by the first call of the
+buffer that finds it ended (``add``; :meth:`flush` and :meth:`settle` wait for it), its events
+dropped as a failing ``xor`` call's are; the events of the call that raises are not taken. A
+call of the client made from inside ``send`` (on that thread) does not flush again.
+
 >>> import numpy as np
 >>> sent = []
 >>> buf = EventBuffer(2, lambda parts, kind: sent.append(parts) or np.empty(0, np.uint64), rows=4)
@@ -34,9 +45,11 @@ flush waits for a send in progress), with the source ids those sends completed.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -74,18 +87,26 @@ class EventBuffer:
         rows: int = COALESCE_ROWS,
         max_delay: float = MAX_DELAY,
         clock: Callable[[], float] = time.monotonic,
+        background: bool = False,
     ) -> None:
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
             raise ValueError(f"rows must be an int >= 1, got {rows!r}")
         if not max_delay >= 0:
             raise ValueError(f"max_delay must be >= 0 seconds, got {max_delay!r}")
+        if not isinstance(background, bool):
+            raise TypeError(f"background must be True or False, got {background!r}")
         self.shards = int(shards)
         self.limit = rows
         self.max_delay = float(max_delay)
         self._send = send
         self._clock = clock
         self._lock = threading.RLock()
-        self._sending = False  # True while this buffer's owner thread is inside send()
+        self._sender: int | None = None  # the thread inside send() now, if any
+        #: Whether a full shard's send runs in the buffer's thread (see the module).
+        self.background = background
+        self._thread: ThreadPoolExecutor | None = None
+        self._pid = os.getpid()
+        self._in_flight: Future[np.ndarray] | None = None
         self._kind: Kind = (False, 0)
         self._src: list[list[np.ndarray]] = [[] for _ in range(self.shards)]
         self._val: list[list[np.ndarray]] = [[] for _ in range(self.shards)]
@@ -93,19 +114,25 @@ class EventBuffer:
         self._since = 0.0  # when the oldest buffered event arrived
         self._completed: list[np.ndarray] = []
         self.rows = 0  # events buffered now (all shards)
-        self.requests = 0  # requests sent so far
+        self.requests = 0  # requests sent so far (a failed one included)
 
     def waiting(self) -> bool:
         """Whether a call of the owning client must :meth:`flush` first: events are buffered,
         or a send is in progress (another thread's call then waits for it in ``flush``)."""
-        return bool(self.rows) or self._sending
+        return bool(self.rows) or self._sender is not None or self._in_flight is not None
+
+    def _inside_send(self) -> bool:
+        return self._sender == threading.get_ident()
 
     def add(self, parts: Sequence[Part], kind: Kind) -> None:
         """Buffer the events of one deferred xor, already split by shard (each part's arrays
         owned by the buffer from now on: pass copies); send what is due."""
+        if self._inside_send():
+            raise RuntimeError("a deferred xor from inside the buffer's own send")
         with self._lock:
-            if self._sending:
-                raise RuntimeError("a deferred xor from inside the buffer's own send")
+            self._forked()
+            if self._in_flight is not None and self._in_flight.done():
+                self._settle_locked()  # its error raises here, before these events are taken
             if self.rows and kind != self._kind:
                 self._flush_locked()
             if not self.rows:
@@ -124,20 +151,36 @@ class EventBuffer:
             if self.rows and self._clock() - self._since >= self.max_delay:
                 self._flush_locked()
             elif full:
-                self._send_locked(full)
+                self._send_locked(full, wait=False)
 
     def flush(self) -> np.ndarray:
         """Send every buffered event; the source ids completed (held, for a ``hold`` kind) by
         the sends since the previous flush. Returns once they are all applied."""
+        if self._inside_send():  # a call made by send() itself: its events are on their way
+            return _EMPTY
         with self._lock:
-            if self._sending:  # a call made by send() itself: its events are on their way
-                return _EMPTY
+            self._forked()
             self._flush_locked()
             done = self._completed
             self._completed = []
         if not done:
             return _EMPTY.copy()
         return done[0] if len(done) == 1 else np.concatenate(done)
+
+    def settle(self) -> None:
+        """Wait for the send in flight (``background``), if any; raise its error."""
+        if self._inside_send():
+            return
+        with self._lock:
+            self._forked()
+            self._settle_locked()
+
+    def close(self) -> None:
+        """Stop the buffer's send thread (after a :meth:`flush`: what is buffered stays)."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None and self._pid == os.getpid():
+            thread.shutdown(wait=True)
 
     def discard(self) -> int:
         """Drop the buffered events unsent (a forked child's inherited copy); how many."""
@@ -146,8 +189,22 @@ class EventBuffer:
             self._take(range(self.shards))
             return n
 
+    def _forked(self) -> None:
+        """In a forked child the parent's send thread and its send in flight are not there:
+        the child starts without them (what the parent buffered is the parent's to send)."""
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._thread, self._in_flight, self._sender = None, None, None
+
+    def _settle_locked(self) -> None:
+        future, self._in_flight = self._in_flight, None
+        if future is not None:
+            done = future.result()  # its error raises here, its events dropped
+            if len(done):
+                self._completed.append(done)
+
     def _flush_locked(self) -> None:
-        self._send_locked([k for k in range(self.shards) if self._held[k]])
+        self._send_locked([k for k in range(self.shards) if self._held[k]], wait=True)
 
     def _take(self, shards: Sequence[int]) -> list[Part]:
         parts = []
@@ -167,15 +224,26 @@ class EventBuffer:
             self._since = self._clock()  # the rest waits from now (an upper bound is enough)
         return parts
 
-    def _send_locked(self, shards: Sequence[int]) -> None:
+    def _send_locked(self, shards: Sequence[int], wait: bool) -> None:
+        """Send these shards' events: at once in this thread (``wait``, or not
+        ``background``), else in the buffer's thread once the send in flight has ended."""
+        self._settle_locked()  # one send in flight at most, in order; its error raises here
         parts = self._take(shards)  # taken first: a failed send drops them (see the module)
         if not parts:
             return
-        self._sending = True
-        try:
-            done = self._send(parts, self._kind)
-        finally:
-            self._sending = False
         self.requests += len(parts)
-        if len(done):
-            self._completed.append(done)
+        if wait or not self.background:
+            done = self._run_send(parts, self._kind)
+            if len(done):
+                self._completed.append(done)
+            return
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="xorack-events")
+        self._in_flight = self._thread.submit(self._run_send, parts, self._kind)
+
+    def _run_send(self, parts: list[Part], kind: Kind) -> np.ndarray:
+        self._sender = threading.get_ident()
+        try:
+            return self._send(parts, kind)
+        finally:
+            self._sender = None

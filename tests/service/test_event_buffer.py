@@ -4,6 +4,9 @@ event sent once, before any other call of the client, by the time ``flush`` retu
 
 from __future__ import annotations
 
+import os
+import threading
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -36,6 +39,7 @@ class Recorder:
 
 @settings(max_examples=60, deadline=None)
 @given(
+    background=st.booleans(),
     shards=st.integers(1, 4),
     limit=st.integers(1, 40),
     calls=st.lists(
@@ -46,9 +50,11 @@ class Recorder:
         max_size=12,
     ),
 )
-def test_every_deferred_event_is_sent_once_to_its_shard_in_kind_order(shards, limit, calls):
+def test_every_deferred_event_is_sent_once_to_its_shard_in_kind_order(
+    background, shards, limit, calls
+):
     send = Recorder()
-    buf = EventBuffer(shards, send, rows=limit, max_delay=1e9)
+    buf = EventBuffer(shards, send, rows=limit, max_delay=1e9, background=background)
     added = []
     for events, kind in calls:
         parts = []
@@ -59,8 +65,11 @@ def test_every_deferred_event_is_sent_once_to_its_shard_in_kind_order(shards, li
                 parts.append((k, src, src ^ np.uint64(7)))
                 added += [(k, v, kind) for v in mine]
         buf.add(parts, kind)
+        buf.settle()  # (a background send may still be on its way)
         assert buf.rows == len(added) - sum(len(r[1]) for r in send.requests)
     buf.flush()
+    assert not buf.waiting()
+    buf.close()
     assert buf.rows == 0
     sent = [(k, s, kind) for k, src, _val, kind in send.requests for s in src]
     assert sorted(sent) == sorted(added)  # each once, on its shard, with its kind
@@ -124,11 +133,115 @@ def test_a_failed_send_raises_and_drops_its_events_once():
     assert calls == [5]
 
 
+class Gate:
+    """A ``send`` that records its requests (and the thread it ran on) and, while ``held``,
+    waits until released: a send in flight, for as long as a test needs it."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.requests: list[list[int]] = []
+        self.threads: list[int] = []
+        self.open = threading.Event()
+        self.started = threading.Event()
+        self.fail = fail
+
+    def __call__(self, parts, kind):
+        self.started.set()
+        assert self.open.wait(10)
+        self.threads.append(threading.get_ident())
+        self.requests.append([int(s) for _k, src, _v in parts for s in src])
+        if self.fail:
+            raise ConnectionError("acker down")
+        return np.array(self.requests[-1][:1], np.uint64)
+
+
+def _ids(*values: int) -> np.ndarray:
+    return np.array(values, np.uint64)
+
+
+def test_a_background_send_runs_while_the_caller_goes_on_one_at_a_time():
+    gate = Gate()
+    buf = EventBuffer(1, gate, rows=2, max_delay=1e9, background=True)
+    buf.add([(0, _ids(1, 2), _ids(1, 2))], (False, 0))  # full: sent in the background
+    assert gate.started.wait(10)
+    assert gate.requests == []  # in flight, the caller went on
+    assert buf.waiting()
+    buf.add([(0, _ids(3), _ids(3))], (False, 0))  # buffered behind it
+    releaser = threading.Timer(0.2, gate.open.set)
+    releaser.start()
+    buf.add([(0, _ids(4), _ids(4))], (False, 0))  # full again: waits for the first send
+    assert gate.requests[0] == [1, 2]
+    done = buf.flush()
+    assert gate.requests == [[1, 2], [3, 4]]  # in order, each once
+    assert sorted(done.tolist()) == [1, 3]  # what both sends completed
+    assert threading.get_ident() not in gate.threads  # both full sends: the buffer's thread
+    assert not buf.waiting()
+    assert buf.requests == 2
+    buf.close()
+
+
+def test_a_failed_background_send_raises_at_the_next_call_and_drops_only_its_events():
+    gate = Gate(fail=True)
+    gate.open.set()
+    buf = EventBuffer(1, gate, rows=2, max_delay=1e9, background=True)
+    buf.add([(0, _ids(1, 2), _ids(1, 2))], (False, 0))
+    assert gate.started.wait(10)
+    with pytest.raises(ConnectionError):
+        buf.settle()  # (or the first add that finds it ended, or flush)
+    buf.add([(0, _ids(3), _ids(3))], (False, 0))
+    gate.fail = False
+    buf.flush()
+    assert gate.requests == [[1, 2], [3]]  # the failed events once, the later ones kept
+    buf.settle()  # the error was raised once
+    buf.close()
+
+
+def test_a_call_from_inside_a_background_send_does_not_flush_again():
+    seen = []
+
+    def send(parts, kind):  # a client's send calls the client, which flushes first
+        seen.append((buf.waiting(), len(buf.flush())))
+        buf.settle()
+        return np.empty(0, np.uint64)
+
+    buf = EventBuffer(1, send, rows=1, max_delay=1e9, background=True)
+    buf.add([(0, _ids(1), _ids(1))], (False, 0))
+    buf.flush()
+    assert seen == [(True, 0)]  # returned at once (a flush there would wait for itself)
+    buf.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
+def test_a_forked_child_does_not_wait_for_its_parents_send_in_flight():
+    gate = Gate()
+    buf = EventBuffer(1, gate, rows=2, max_delay=1e9, background=True)
+    buf.add([(0, _ids(1, 2), _ids(1, 2))], (False, 0))
+    assert gate.started.wait(10)
+    pid = os.fork()
+    if pid == 0:  # the child: its own buffer, no send in flight, no send thread
+        code = 1
+        try:
+            gate.open.set()  # (the child's copy of the gate: the child's sends pass)
+            buf.discard()
+            buf.add([(0, _ids(7), _ids(7))], (False, 0))
+            buf.flush()
+            code = 0 if gate.requests == [[7]] else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    gate.open.set()
+    buf.flush()
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert gate.requests == [[1, 2]]  # the parent's send, once
+    buf.close()
+
+
 def test_bad_buffer_settings_are_refused():
     with pytest.raises(ValueError, match="rows must be an int >= 1"):
         EventBuffer(1, Recorder(), rows=0)
     with pytest.raises(ValueError, match="max_delay"):
         EventBuffer(1, Recorder(), max_delay=-1)
+    with pytest.raises(TypeError, match="background must be True or False"):
+        EventBuffer(1, Recorder(), background="yes")
 
 
 # ---- through the clients, against real ackers ------------------------------------------------
