@@ -79,13 +79,20 @@ def _worker(location: str, records: int, batches: int, seed: int, send: str = "d
     request per shard); ``coalesced`` = ``xor_deferred`` per batch and a ``flush`` at the end
     of the round (each shard's events go as requests of up to ``deferred.limit`` events), as a
     Spark task defers its events and flushes before it ends, each request sent while the
-    client waits; ``background`` = the same, each request sent by the buffer's thread while the
-    client goes on with its next batches (``client.deferred.background``)."""
+    client waits; ``split`` = the same, each batch split by shard and then copied into the
+    shards' buffers (two passes, where ``coalesced`` scatters it straight into them);
+    ``background`` = ``coalesced``, each request sent by the buffer's thread while the client
+    goes on with its next batches (``client.deferred.background``)."""
     import xorack
     from xorack.service import AckerClient
 
-    if send not in ("direct", "coalesced", "background"):
-        raise SystemExit(f"--worker: send must be direct, coalesced or background, got {send!r}")
+    if send not in ("direct", "split", "coalesced", "background"):
+        raise SystemExit(
+            f"--worker: send must be direct, split, coalesced or background, got {send!r}"
+        )
+    import xorack.client
+
+    xorack.client.SCATTER_EVENTS = send != "split"
     client = AckerClient.get(location)
     # coalesced: each full shard's request sent while the client waits; background: sent by
     # the buffer's thread while the client goes on (client.deferred.background, off by default)

@@ -3,7 +3,7 @@ against 1, 2, 4 and 8 acker shard processes on loopback (a script: one table, ra
 run).
 
     python benchmarks/bench_shards.py [--clients 8] [--shards 1,2,4,8]
-        [--send direct,coalesced,background] [--records 131072] [--batches 8] [--rounds 3]
+        [--send direct,split,coalesced,background] [--records 131072] [--batches 8] [--rounds 3]
         [--out results.json] [--allow-fallback]
 
 Run it where xorack is installed with its C++ extension (``pip install .``, then run from the
@@ -16,14 +16,17 @@ Every acker is ``xorack serve --shard k/N`` processes started by ``ShardedAcker`
 acker process, the same code path as a standalone ``xorack serve``), memory storage. Each client
 process (``bench_service.py --worker``) persists ``--records`` records in 64 K batches, then, on
 each round, sends ``--batches`` batches of 64 K pre-reduced XOR events on its own pending ids
-(random values: nothing completes, the tables keep their size), in one of three ways (``--send``,
+(random values: nothing completes, the tables keep their size), in one of four ways (``--send``,
 cells interleaved shard count by shard count):
 
 - ``direct``: one ``xor`` call per batch: a client of N shards sends every batch as N requests
   of 64K/N events (the behaviour before coalescing);
-- ``coalesced``: ``xor_deferred`` per batch and ``flush`` at the end of the round (what a Spark
+- ``split``: ``xor_deferred`` per batch and ``flush`` at the end of the round (what a Spark
   task does): each shard's events go as requests of 64 K (``EventBuffer``), whatever N, each
-  sent while the client waits for its answer;
+  sent while the client waits for its answer; each batch is split by shard, then copied into
+  the shards' buffers (``client.SCATTER_EVENTS = False``: two passes);
+- ``coalesced``: the same, each batch scattered by shard straight into the buffers (one pass,
+  ``scatter_by_shard``; the default);
 - ``background``: the same, each request sent by the buffer's own thread while the client goes
   on with its next batches (at most one send in flight; ``client.deferred.background``, off
   by default).
@@ -54,7 +57,7 @@ from native_only import child_env, fallback_refusal, package_dir
 WORKER = Path(__file__).with_name("bench_service.py")
 BATCH = 1 << 16
 #: How the clients send their events (see the module docstring).
-SENDS = ("direct", "coalesced", "background")
+SENDS = ("direct", "split", "coalesced", "background")
 
 
 def _ints(text: str) -> list[int]:
@@ -205,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         "--send",
         type=_words,
         default=list(SENDS),
-        help="of direct,coalesced,background (interleaved)",
+        help="of direct,split,coalesced,background (interleaved)",
     )
     ap.add_argument("--records", type=int, default=2 * BATCH, help="records per client")
     ap.add_argument("--batches", type=int, default=8, help="64 K xor batches per client/round")

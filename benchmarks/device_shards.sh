@@ -4,9 +4,10 @@
 #      scikit-build-core, pybind11, cmake and ninja must be there already);
 #   2. check the installed package imports with the native kernels (outside the checkout);
 #   3. benchmarks/bench_shards.py for 1/2/4/8/16 shards with 8 and 16 client processes, each
-#      cell with each way of sending (SEND: direct = a request per shard per batch; coalesced =
-#      64K requests per shard, sent while the client waits; background = the same sent by the
-#      buffer's thread while the client goes on), interleaved; a compact table per client count.
+#      cell with each way of sending (SEND: direct = a request per shard per batch; split = 64K
+#      requests per shard, each batch split then copied into the shards' buffers; coalesced =
+#      the same scattered straight into them; background = coalesced, sent by the buffer's
+#      thread while the client goes on), interleaved; a compact table per client count.
 # Run from the repository root:  bash benchmarks/device_shards.sh   (~3-5 min on 16 cores)
 # Results go to $OUT/ when OUT is set (else a temporary directory): device_shards.log (all of
 # this script's output), shards_<clients>.json and .md (the cells and their table).
@@ -20,7 +21,7 @@ exec > >(tee "$LOG") 2>&1
 
 SHARDS=${SHARDS:-1,2,4,8,16}
 CLIENTS=${CLIENTS:-8 16}
-SEND=${SEND:-direct,coalesced,background}
+SEND=${SEND:-direct,split,coalesced,background}
 RECORDS=${RECORDS:-131072}
 BATCHES=${BATCHES:-16}
 ROUNDS=${ROUNDS:-5}
@@ -104,7 +105,7 @@ import json, pathlib, sys
 for path in sorted(pathlib.Path(sys.argv[1]).glob("shards_*.json")):
     data = json.loads(path.read_text())
     cells = data["cells"]
-    for send in ("direct", "coalesced", "background"):
+    for send in ("direct", "split", "coalesced", "background"):
         row = {c["shards"]: c for c in cells if c["send"] == send}
         if 1 not in row:
             continue

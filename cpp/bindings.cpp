@@ -362,6 +362,56 @@ void bind_acker(py::module_& m) {
     return py::make_tuple(out_ids, out_vals, offsets);
   });
 
+  m.def("scatter_by_shard", [](const py::array& ids, const py::array& vals, unsigned shift,
+                               const py::list& out_ids, const py::list& out_vals,
+                               py::array fill) {
+    const uint64_t* s = u64(ids, "ids");
+    const uint64_t* v = u64(vals, "values");
+    same_len(ids, "ids", vals, "values");
+    if (shift > 10) throw py::value_error("shift must be in [0, 10]");
+    const size_t count = out_ids.size();
+    if (count < 1 || count > (size_t(1) << 31))
+      throw py::value_error("out_ids must hold one buffer per shard (1 or more)");
+    if (out_vals.size() != count)
+      throw py::value_error("out_ids and out_vals must hold as many buffers");
+    if (!py::isinstance<py::array_t<int64_t>>(fill) || fill.ndim() != 1 ||
+        size_t(fill.size()) != count || !fill.writeable() ||
+        !(fill.flags() & py::array::c_style))
+      throw py::type_error("fill must be a writeable contiguous int64 array, one per shard");
+    std::vector<uint64_t*> oi(count), ov(count);
+    std::vector<int64_t> cap(count);
+    auto* f = static_cast<int64_t*>(fill.mutable_data());
+    auto buffer = [](const py::handle& h, const char* name) -> py::array {
+      if (!py::isinstance<py::array_t<uint64_t>>(h))
+        throw py::type_error(std::string(name) + " must hold uint64 arrays");
+      auto a = py::reinterpret_borrow<py::array>(h);
+      if (a.ndim() != 1 || !a.writeable() || !(a.flags() & py::array::c_style))
+        throw py::type_error(std::string(name) + " must hold writeable contiguous 1-d arrays");
+      return a;
+    };
+    for (size_t k = 0; k < count; ++k) {
+      py::array a = buffer(out_ids[k], "out_ids"), b = buffer(out_vals[k], "out_vals");
+      if (a.size() != b.size())
+        throw py::value_error("out_ids and out_vals must have the same length per shard");
+      if (f[k] < 0 || f[k] > a.size())
+        throw py::value_error("fill must be in [0, len(buffer)] for every shard");
+      oi[k] = static_cast<uint64_t*>(a.mutable_data());
+      ov[k] = static_cast<uint64_t*>(b.mutable_data());
+      cap[k] = int64_t(a.size());
+    }
+    const size_t n = size_t(ids.size());
+    bool fits;
+    {
+      py::gil_scoped_release nogil;
+      thread_local std::vector<uint32_t> owner;
+      thread_local std::vector<int64_t> counts;
+      fits = xorack::scatter_by_shard(s, v, n, shift, uint32_t(count), oi.data(), ov.data(),
+                                      cap.data(), f, owner, counts);
+      if (owner.capacity() > (size_t(1) << 20)) std::vector<uint32_t>().swap(owner);
+    }
+    return fits;
+  });
+
   m.def("parent_index", [](const py::array& in_rec, const py::array& lineage) {
     const uint64_t* r = u64(in_rec, "in_rec");
     const uint64_t* l = u64(lineage, "out_lineage");

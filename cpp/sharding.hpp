@@ -51,4 +51,31 @@ inline void split_by_shard(const uint64_t* ids, const uint64_t* vals, size_t n, 
   }
 }
 
+// Events (ids[i], vals[i]) appended to their shard's buffers, each shard's in their input order:
+// shard k's go to out_ids[k][fill[k] ..] and out_vals[k][fill[k] ..], and fill[k] advances. One
+// pass to find the owners and count, one to place: a client's coalescing buffer fed straight
+// from a batch (where split_by_shard and a later join of each shard's parts take two copies).
+// When some shard's events would pass its capacity cap[k], nothing is written and the call
+// returns false. `owner` and `counts` are scratch.
+inline bool scatter_by_shard(const uint64_t* ids, const uint64_t* vals, size_t n, unsigned shift,
+                             uint32_t count, uint64_t* const* out_ids, uint64_t* const* out_vals,
+                             const int64_t* cap, int64_t* fill, std::vector<uint32_t>& owner,
+                             std::vector<int64_t>& counts) {
+  owner.resize(n);
+  counts.assign(count, 0);
+  for (size_t i = 0; i < n; ++i) {
+    owner[i] = shard_of_id(ids[i], shift, count);
+    ++counts[owner[i]];
+  }
+  for (uint32_t k = 0; k < count; ++k)
+    if (fill[k] + counts[k] > cap[k]) return false;
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t k = owner[i];
+    const int64_t j = fill[k]++;
+    out_ids[k][j] = ids[i];
+    out_vals[k][j] = vals[i];
+  }
+  return true;
+}
+
 }  // namespace xorack

@@ -96,6 +96,16 @@ class KernelBackend(Protocol):
     def split_by_shard(
         self, ids: np.ndarray, values: np.ndarray, count: int, shift: int, /
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+    def scatter_by_shard(
+        self,
+        ids: np.ndarray,
+        values: np.ndarray,
+        shift: int,
+        out_ids: list[np.ndarray],
+        out_values: list[np.ndarray],
+        fill: np.ndarray,
+        /,
+    ) -> bool: ...
 
     # partitioners (cpp/partitioners.hpp)
     def pmod_partition(self, hashes: np.ndarray, n: int, inplace: bool = ..., /) -> np.ndarray: ...
@@ -145,6 +155,7 @@ KERNEL_FUNCTIONS: dict[str, tuple[int, int]] = {
     "parent_index": (2, 2),
     "derive_ids": (4, 4),
     "split_by_shard": (4, 4),
+    "scatter_by_shard": (6, 6),
     "pmod_partition": (2, 3),
     "round_robin_partition": (3, 3),
     "shuffle_partition": (4, 4),

@@ -49,6 +49,15 @@ def parent_index(arg0: np.ndarray, arg1: np.ndarray, /) -> npt.NDArray[np.int64]
 def split_by_shard(
     arg0: np.ndarray, arg1: np.ndarray, arg2: _Int, arg3: _Int, /
 ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.int64]]: ...
+def scatter_by_shard(
+    arg0: np.ndarray,
+    arg1: np.ndarray,
+    arg2: _Int,
+    arg3: list[np.ndarray],
+    arg4: list[np.ndarray],
+    arg5: np.ndarray,
+    /,
+) -> bool: ...
 def derive_ids(
     arg0: np.ndarray, arg1: np.ndarray, arg2: np.ndarray, arg3: _Int, /
 ) -> npt.NDArray[np.uint64]: ...

@@ -658,20 +658,31 @@ def _kind(hold: Any, chunk_bits: Any) -> Kind:
 
 
 def _event_arrays(src_ids: Any, values: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Checked copies of a deferred xor's arrays (the caller may reuse its own)."""
+    """A deferred xor's arrays, checked (the buffer copies them: the caller may reuse its
+    own)."""
     src = as_u64(src_ids, "src_ids", nonzero=True)
     val = as_u64(values, "values")
     same_length(src_ids=src, values=val)
-    if isinstance(src_ids, np.ndarray) and np.may_share_memory(src, src_ids):
-        src = src.copy()
-    if isinstance(values, np.ndarray) and np.may_share_memory(val, values):
-        val = val.copy()
     return src, val
+
+
+def _check_block_chunks(chunk_bits: Any) -> None:
+    """A sharded acker's chunks lie within one block (hence one shard)."""
+    if chunk_bits and not 0 < int(chunk_bits) <= BLOCK_BITS:
+        raise ValueError(
+            f"chunk_bits={chunk_bits}: a sharded acker keeps the ids of one block of "
+            f"2**{BLOCK_BITS} on one shard, so its chunks can have at most {BLOCK_BITS} bits"
+        )
 
 
 # --------------------------------------------------------------------------------------------
 # A sharded acker's client (the shard processes themselves: xorack.shards)
 # --------------------------------------------------------------------------------------------
+
+#: Deferred events are scattered by shard straight into the buffer's per-shard buffers (one
+#: pass); False: split by shard first, then copied in (two passes; the A/B switch of
+#: ``benchmarks/bench_shards.py --send split``).
+SCATTER_EVENTS = True
 
 
 def merge_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -925,8 +936,13 @@ class ShardedAckerClient:
         val = as_u64(values, "values")
         same_length(src_ids=src, values=val)
         kind = _kind(hold, chunk_bits)
-        if src.size:
-            self.deferred.add(self._by_shard(src, val, kind[1]), kind)  # fresh arrays
+        _check_block_chunks(kind[1])
+        if not src.size:
+            return
+        if SCATTER_EVENTS:
+            self.deferred.add_split(src, val, kind[1], kind)  # copied, by shard, in one pass
+        else:
+            self.deferred.add(self._by_shard(src, val, kind[1]), kind)
 
     def flush(self) -> np.ndarray:
         """Send the deferred events (each shard's as one request, the shards in parallel); the
@@ -937,12 +953,7 @@ class ShardedAckerClient:
     def _by_shard(self, src: np.ndarray, val: np.ndarray, chunk_bits: int) -> list[Part]:
         """The events' parts per shard, ``[(shard, src, values)]``, each shard's in their
         order (chunk events by their chunk's block): one ``split_by_shard`` kernel call."""
-        if chunk_bits and not 0 < int(chunk_bits) <= BLOCK_BITS:
-            raise ValueError(
-                f"chunk_bits={chunk_bits}: a sharded acker keeps the ids of one block of "
-                f"2**{BLOCK_BITS} on one shard, so its chunks can have at most "
-                f"{BLOCK_BITS} bits"
-            )
+        _check_block_chunks(chunk_bits)
         ids, vals, offsets = split_by_shard(src, val, self.count, chunk_bits)
         bounds = offsets.tolist()
         return [

@@ -6,6 +6,10 @@ An acker pays a fixed cost per request (a Flight stream, the handler, the FT lay
 batches or many shards the fixed cost dominates: the acker's CPU per event grows with N. An
 ``EventBuffer`` keeps the events of *deferred* xor calls per shard and sends a shard's events
 as one request once it holds ``rows`` of them; :meth:`EventBuffer.flush` sends the rest.
+Each shard's events are copied into a buffer of its own as they are deferred (a sharded
+client's batch scattered by shard straight into them: ``sharding.scatter_by_shard``, one
+pass), and a request sends the filled part of that buffer: no split copy, no join of parts.
+``send`` gets views of those buffers, lent until it returns (the buffer reuses them after).
 
 The guarantees of a plain ``xor`` stay: every deferred event is sent exactly once (a request
 id per request, as any xor), no later than the first of: the shard's buffer reaching ``rows``,
@@ -33,7 +37,10 @@ call of the client made from inside ``send`` (on that thread) does not flush aga
 
 >>> import numpy as np
 >>> sent = []
->>> buf = EventBuffer(2, lambda parts, kind: sent.append(parts) or np.empty(0, np.uint64), rows=4)
+>>> def send(parts, kind):  # the parts' arrays are lent until send returns: copied to keep
+...     sent.append([(k, s.copy(), v.copy()) for k, s, v in parts])
+...     return np.empty(0, np.uint64)
+>>> buf = EventBuffer(2, send, rows=4)
 >>> buf.add([(0, np.array([1, 2], np.uint64), np.array([5, 6], np.uint64))], (False, 0))
 >>> buf.add([(0, np.array([3, 4], np.uint64), np.array([7, 8], np.uint64))], (False, 0))
 >>> [(k, s.tolist()) for k, s, _ in sent[0]]  # shard 0 reached 4 rows: one request
@@ -48,10 +55,13 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 
 import numpy as np
+
+from .sharding import scatter_by_shard
 
 __all__ = ["COALESCE_ROWS", "MAX_DELAY", "EventBuffer", "Kind", "Part"]
 
@@ -68,8 +78,12 @@ MAX_DELAY = 1.0
 Kind = tuple[bool, int]
 #: One shard's part of a batch: (shard, source ids, values).
 Part = tuple[int, np.ndarray, np.ndarray]
+#: A shard's buffers: (source ids, values).
+Pair = tuple[np.ndarray, np.ndarray]
 
 _EMPTY = np.empty(0, dtype=np.uint64)
+#: Rows a shard's buffer starts with, the first time it is filled (it doubles from there).
+_FIRST_ROOM = 1024
 
 
 class EventBuffer:
@@ -108,9 +122,14 @@ class EventBuffer:
         self._pid = os.getpid()
         self._in_flight: Future[np.ndarray] | None = None
         self._kind: Kind = (False, 0)
-        self._src: list[list[np.ndarray]] = [[] for _ in range(self.shards)]
-        self._val: list[list[np.ndarray]] = [[] for _ in range(self.shards)]
-        self._held = [0] * self.shards
+        # each shard's events in a buffer of its own (ids, values), filled up to _fill[k] rows;
+        # a send lends the filled part of the buffers it takes, which come back (to _spare)
+        # once the send has returned: no allocation, no page faults in the steady state
+        self._src: list[np.ndarray] = [_EMPTY] * self.shards
+        self._val: list[np.ndarray] = [_EMPTY] * self.shards
+        self._fill = np.zeros(self.shards, np.int64)
+        self._spare: list[Pair] = []
+        self._lent: list[Pair] = []  # by the send in flight
         self._since = 0.0  # when the oldest buffered event arrived
         self._completed: list[np.ndarray] = []
         self.rows = 0  # events buffered now (all shards)
@@ -125,8 +144,40 @@ class EventBuffer:
         return self._sender == threading.get_ident()
 
     def add(self, parts: Sequence[Part], kind: Kind) -> None:
-        """Buffer the events of one deferred xor, already split by shard (each part's arrays
-        owned by the buffer from now on: pass copies); send what is due."""
+        """Buffer the events of one deferred xor, already split by shard (copied into the
+        buffer: the caller may reuse its arrays); send what is due."""
+        with self._adding(kind):
+            for shard, src, val in parts:
+                n = len(src)
+                if not n:
+                    continue
+                f = int(self._fill[shard])
+                self._room(shard, f + n)
+                self._src[shard][f : f + n] = src
+                self._val[shard][f : f + n] = val
+                self._fill[shard] = f + n
+                self.rows += n
+
+    def add_split(self, src: np.ndarray, val: np.ndarray, shift: int, kind: Kind) -> None:
+        """Buffer the events of one deferred xor, each on the shard that owns its source id
+        (``id << shift``: see ``sharding.split_by_shard``), scattered straight into the
+        shards' buffers in one pass (``sharding.scatter_by_shard``); send what is due. Checked
+        uint64 arrays of one length; copied, so the caller may reuse them."""
+        with self._adding(kind):
+            n = len(src)
+            if not n:
+                return
+            if not scatter_by_shard(src, val, self._src, self._val, self._fill, shift):
+                for k in range(self.shards):  # room for all of them on any shard, then again
+                    self._room(k, int(self._fill[k]) + n)
+                if not scatter_by_shard(src, val, self._src, self._val, self._fill, shift):
+                    raise AssertionError("scatter_by_shard refused buffers with room for all")
+            self.rows += n
+
+    @contextmanager
+    def _adding(self, kind: Kind) -> Iterator[None]:
+        """Around the buffering of one deferred xor: the checks and the kind before it, what
+        is due sent after it."""
         if self._inside_send():
             raise RuntimeError("a deferred xor from inside the buffer's own send")
         with self._lock:
@@ -138,20 +189,25 @@ class EventBuffer:
             if not self.rows:
                 self._kind = kind
                 self._since = self._clock()
-            full = []
-            for shard, src, val in parts:
-                if not len(src):
-                    continue
-                self._src[shard].append(src)
-                self._val[shard].append(val)
-                self._held[shard] += len(src)
-                self.rows += len(src)
-                if self._held[shard] >= self.limit:
-                    full.append(shard)
+            yield
             if self.rows and self._clock() - self._since >= self.max_delay:
                 self._flush_locked()
-            elif full:
-                self._send_locked(full, wait=False)
+            else:
+                full = np.flatnonzero(self._fill >= self.limit).tolist()
+                if full:
+                    self._send_locked(full, wait=False)
+
+    def _room(self, shard: int, rows: int) -> None:
+        """Shard ``shard``'s buffers hold at least ``rows`` rows (their events kept)."""
+        cap = len(self._src[shard])
+        if cap >= rows:
+            return
+        cap = max(rows, 2 * cap, _FIRST_ROOM)
+        f = int(self._fill[shard])
+        src, val = np.empty(cap, np.uint64), np.empty(cap, np.uint64)
+        src[:f] = self._src[shard][:f]
+        val[:f] = self._val[shard][:f]
+        self._src[shard], self._val[shard] = src, val
 
     def flush(self) -> np.ndarray:
         """Send every buffered event; the source ids completed (held, for a ``hold`` kind) by
@@ -186,7 +242,7 @@ class EventBuffer:
         """Drop the buffered events unsent (a forked child's inherited copy); how many."""
         with self._lock:
             n = self.rows
-            self._take(range(self.shards))
+            self._give_back(self._take(range(self.shards))[1])
             return n
 
     def _forked(self) -> None:
@@ -195,50 +251,60 @@ class EventBuffer:
         if self._pid != os.getpid():
             self._pid = os.getpid()
             self._thread, self._in_flight, self._sender = None, None, None
+            self._lent = []  # (the parent's send's: never given back here)
 
     def _settle_locked(self) -> None:
         future, self._in_flight = self._in_flight, None
+        lent, self._lent = self._lent, []
         if future is not None:
             done = future.result()  # its error raises here, its events dropped
+            self._give_back(lent)
             if len(done):
                 self._completed.append(done)
 
     def _flush_locked(self) -> None:
-        self._send_locked([k for k in range(self.shards) if self._held[k]], wait=True)
+        self._send_locked(np.flatnonzero(self._fill).tolist(), wait=True)
 
-    def _take(self, shards: Sequence[int]) -> list[Part]:
-        parts = []
+    def _take(self, shards: Sequence[int]) -> tuple[list[Part], list[Pair]]:
+        """These shards' events (views of their buffers, lent to the send) and the buffers
+        lent; each shard gets a spare pair (or none: it grows again when filled)."""
+        parts, lent = [], []
         for k in shards:
+            n = int(self._fill[k])
+            if not n:
+                continue
             src, val = self._src[k], self._val[k]
-            if src:
-                parts.append(
-                    (
-                        k,
-                        src[0] if len(src) == 1 else np.concatenate(src),
-                        val[0] if len(val) == 1 else np.concatenate(val),
-                    )
-                )
-            self.rows -= self._held[k]
-            self._src[k], self._val[k], self._held[k] = [], [], 0
+            parts.append((k, src[:n], val[:n]))
+            lent.append((src, val))
+            self._src[k], self._val[k] = self._spare.pop() if self._spare else (_EMPTY, _EMPTY)
+            self._fill[k] = 0
+            self.rows -= n
         if self.rows:
             self._since = self._clock()  # the rest waits from now (an upper bound is enough)
-        return parts
+        return parts, lent
+
+    def _give_back(self, lent: list[Pair]) -> None:
+        """The buffers of a send that returned: spares again (a few: one pair per shard)."""
+        room = self.shards - len(self._spare)
+        self._spare.extend((src, val) for src, val in lent[: max(room, 0)])
 
     def _send_locked(self, shards: Sequence[int], wait: bool) -> None:
         """Send these shards' events: at once in this thread (``wait``, or not
         ``background``), else in the buffer's thread once the send in flight has ended."""
         self._settle_locked()  # one send in flight at most, in order; its error raises here
-        parts = self._take(shards)  # taken first: a failed send drops them (see the module)
+        parts, lent = self._take(shards)  # taken first: a failed send drops them (see module)
         if not parts:
             return
         self.requests += len(parts)
         if wait or not self.background:
             done = self._run_send(parts, self._kind)
+            self._give_back(lent)
             if len(done):
                 self._completed.append(done)
             return
         if self._thread is None:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="xorack-events")
+        self._lent = lent
         self._in_flight = self._thread.submit(self._run_send, parts, self._kind)
 
     def _run_send(self, parts: list[Part], kind: Kind) -> np.ndarray:

@@ -46,6 +46,7 @@ __all__ = [
     "draw_ids",
     "join_locations",
     "mix54",
+    "scatter_by_shard",
     "shard_of",
     "shard_storage",
     "split_by_shard",
@@ -183,6 +184,44 @@ def split_by_shard(
     if not 0 <= int(chunk_bits) <= BLOCK_BITS:
         raise ValueError(f"chunk_bits must be in [0, {BLOCK_BITS}], got {chunk_bits}")
     return kernels.get_impl(backend).split_by_shard(src, val, count, int(chunk_bits))
+
+
+def scatter_by_shard(
+    ids: Any,
+    values: Any,
+    out_ids: list[np.ndarray],
+    out_values: list[np.ndarray],
+    fill: np.ndarray,
+    chunk_bits: int = 0,
+    backend: str | None = None,
+) -> bool:
+    """Append XOR events ``(ids, values)`` to the buffers of the shard that owns each id
+    (``len(out_ids)`` shards): shard ``k``'s go, in their input order, to ``out_ids[k]`` and
+    ``out_values[k]`` from row ``fill[k]`` on, and ``fill[k]`` advances (``fill``: int64, one
+    per shard, updated in place). Returns False, writing nothing, when some shard's events
+    would pass its buffers' length. What ``split_by_shard`` and a join of each shard's parts
+    do, in one pass: a coalescing client's buffers fed straight from its batches.
+
+    >>> out = [np.zeros(4, np.uint64) for _ in range(2)]
+    >>> vals = [np.zeros(4, np.uint64) for _ in range(2)]
+    >>> fill = np.zeros(2, np.int64)
+    >>> scatter_by_shard([5, 6, 7], [1, 2, 3], out, vals, fill), fill.tolist()
+    (True, [3, 0])
+    >>> scatter_by_shard([5, 6], [1, 2], out, vals, fill), fill.tolist()  # 5 > 4 rows: refused
+    (False, [3, 0])
+    """
+    src = as_u64(ids, "ids")
+    val = as_u64(values, "values")
+    same_length(ids=src, values=val)
+    if not isinstance(out_ids, list) or not isinstance(out_values, list):
+        raise TypeError("out_ids and out_values must be lists of uint64 arrays, one per shard")
+    _count(len(out_ids))
+    if isinstance(chunk_bits, bool) or not isinstance(chunk_bits, (int, np.integer)):
+        raise TypeError(f"chunk_bits must be an int, got {type(chunk_bits).__name__}")
+    if not 0 <= int(chunk_bits) <= BLOCK_BITS:
+        raise ValueError(f"chunk_bits must be in [0, {BLOCK_BITS}], got {chunk_bits}")
+    impl = kernels.get_impl(backend)
+    return bool(impl.scatter_by_shard(src, val, int(chunk_bits), out_ids, out_values, fill))
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from conftest import NATIVE_MISSING
 from xorack import kernels
-from xorack.sharding import shard_of, split_by_shard
+from xorack.sharding import scatter_by_shard, shard_of, split_by_shard
 
 needs_native = pytest.mark.skipif(not kernels.native_available(), reason=NATIVE_MISSING)
 ALL_BACKENDS = ["native", "python"] if kernels.native_available() else ["python"]
@@ -58,3 +58,78 @@ def test_bad_split_arguments_are_clear_errors(backend):
         split_by_shard([1], [1], 0, backend=backend)
     with pytest.raises(ValueError, match="chunk_bits"):
         split_by_shard([1], [1], 2, chunk_bits=11, backend=backend)
+
+
+# ---- scatter_by_shard: a batch appended to per-shard buffers (a coalescing client's) --------
+
+
+def _buffers(count: int, fill: list[int], room: list[int]):
+    """Per-shard buffers holding ``fill[k]`` old rows (k * 1000 + row) and ``room[k]`` free."""
+    out = [
+        np.array([k * 1000 + j for j in range(fill[k])] + [0] * room[k], np.uint64)
+        for k in range(count)
+    ]
+    vals = [o ^ np.uint64(3) for o in out]
+    return out, vals, np.array(fill, np.int64)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ids=ids,
+    count=st.integers(1, 9),
+    chunk_bits=st.integers(0, 10),
+    data=st.data(),
+)
+def test_scatter_appends_each_shards_events_in_order_or_nothing(ids, count, chunk_bits, data):
+    fill = data.draw(st.lists(st.integers(0, 5), min_size=count, max_size=count))
+    room = data.draw(st.lists(st.integers(0, 60), min_size=count, max_size=count))
+    values = ids ^ np.uint64(0xA5)
+    with np.errstate(over="ignore"):
+        owner = shard_of(ids << np.uint64(chunk_bits), count)
+    fits = all(int((owner == k).sum()) <= room[k] for k in range(count))
+    results = []
+    for backend in ALL_BACKENDS:
+        out, vals, f = _buffers(count, fill, room)
+        before, before_vals = [o.copy() for o in out], [v.copy() for v in vals]
+        got = scatter_by_shard(ids, values, out, vals, f, chunk_bits, backend=backend)
+        assert got == fits
+        for k in range(count):
+            mine = owner == k if fits else np.zeros(len(ids), bool)  # refused: nothing moves
+            assert int(f[k]) == fill[k] + int(mine.sum())
+            assert out[k].tolist()[: f[k]] == before[k].tolist()[: fill[k]] + ids[mine].tolist()
+            assert vals[k].tolist()[: f[k]] == (
+                before_vals[k].tolist()[: fill[k]] + values[mine].tolist()
+            )
+            assert out[k].tolist()[f[k] :] == before[k].tolist()[f[k] :]  # nothing past fill
+        results.append(([o.tolist() for o in out], [v.tolist() for v in vals], f.tolist()))
+    assert all(r == results[0] for r in results)  # native == fallback
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_bad_scatter_arguments_are_clear_errors(backend):
+    out, vals, fill = _buffers(2, [0, 0], [4, 4])
+    with pytest.raises(TypeError, match="ids must be uint64"):
+        scatter_by_shard(np.array([1.5]), [1], out, vals, fill, backend=backend)
+    with pytest.raises(ValueError, match="length"):
+        scatter_by_shard([1, 2], [1], out, vals, fill, backend=backend)
+    with pytest.raises(ValueError, match="shard count"):
+        scatter_by_shard([1], [1], [], [], np.zeros(0, np.int64), backend=backend)
+    with pytest.raises(ValueError, match="as many buffers"):
+        scatter_by_shard([1], [1], out, vals[:1], fill, backend=backend)
+    with pytest.raises(TypeError, match="fill must be a writeable contiguous int64"):
+        scatter_by_shard([1], [1], out, vals, np.zeros(2, np.int32), backend=backend)
+    with pytest.raises(TypeError, match="out_ids must hold uint64 arrays"):
+        scatter_by_shard([1], [1], [out[0], out[1].astype(np.int64)], vals, fill, backend=backend)
+    read_only = out[1].copy()
+    read_only.flags.writeable = False
+    with pytest.raises(TypeError, match="writeable contiguous 1-d"):
+        scatter_by_shard([1], [1], [out[0], read_only], vals, fill, backend=backend)
+    with pytest.raises(ValueError, match="same length per shard"):
+        scatter_by_shard([1], [1], out, [vals[0], vals[1][:2]], fill, backend=backend)
+    with pytest.raises(ValueError, match="fill must be in"):
+        scatter_by_shard([1], [1], out, vals, np.array([0, 9], np.int64), backend=backend)
+    with pytest.raises(ValueError, match="chunk_bits"):
+        scatter_by_shard([1], [1], out, vals, fill, chunk_bits=11, backend=backend)
+    with pytest.raises(TypeError, match="lists"):
+        scatter_by_shard([1], [1], tuple(out), vals, fill, backend=backend)
+    assert fill.tolist() == [0, 0]  # none of these wrote anything

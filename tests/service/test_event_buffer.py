@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from helpers.acker import FAST_RETRY
 from xorack.event_buffer import EventBuffer
 from xorack.service import AckerClient
-from xorack.sharding import draw_ids
+from xorack.sharding import draw_ids, shard_of
 from xorack.shards import ShardedAcker, ShardedAckerClient
 
 SHARD_ARGS = ["--max-attempts", "3", "--rotate-interval", "0"]
@@ -87,6 +87,42 @@ def test_every_deferred_event_is_sent_once_to_its_shard_in_kind_order(
         if kind != squeezed[-1]:
             squeezed.append(kind)
     assert squeezed == runs
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    background=st.booleans(),
+    shards=st.integers(1, 5),
+    limit=st.integers(1, 50),
+    batches=st.lists(
+        st.lists(st.one_of(st.integers(1, 3000), st.integers(1, 2**64 - 1)), max_size=80),
+        max_size=10,
+    ),
+    chunk_bits=st.sampled_from([0, 3]),
+)
+def test_events_scattered_by_shard_go_each_once_to_its_shard_in_order(
+    background, shards, limit, batches, chunk_bits
+):
+    send = Recorder()
+    buf = EventBuffer(shards, send, rows=limit, max_delay=1e9, background=background)
+    expected: list[list[tuple[int, int]]] = [[] for _ in range(shards)]
+    for batch in batches:
+        src = np.array(batch, np.uint64)
+        val = src ^ np.uint64(99)
+        with np.errstate(over="ignore"):
+            owner = shard_of(src << np.uint64(chunk_bits), shards)
+        for k, s_, v in zip(owner.tolist(), batch, val.tolist(), strict=True):
+            expected[k].append((s_, v))
+        buf.add_split(src, val, chunk_bits, (False, chunk_bits))
+        src[:] = 1  # the caller reuses its arrays: the buffer has its own copy
+        val[:] = 0
+    buf.flush()
+    assert buf.rows == 0
+    got: list[list[tuple[int, int]]] = [[] for _ in range(shards)]
+    for k, src_, val_, _kind in send.requests:
+        got[k] += list(zip(src_, val_, strict=True))
+    assert got == expected  # each event once, on its shard, in order, with its value
+    buf.close()
 
 
 def test_a_shard_is_sent_once_it_holds_the_limit_and_the_rest_waits_for_flush():
