@@ -700,6 +700,11 @@ class Qualified:
         return self.op.guarded(df.alias(self.qualifier), guard)
 
 
+def unqualified(op: Any) -> tuple[Any, str | None]:
+    """A row operation and the qualifier its input is aliased with (``t.k``), if any."""
+    return (op.op, op.qualifier) if isinstance(op, Qualified) else (op, None)
+
+
 @dataclass(frozen=True)
 class Renames:
     """``withColumnsRenamed({old: new})``."""

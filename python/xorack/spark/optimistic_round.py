@@ -22,10 +22,11 @@ from .guard import tally_param
 from .join_ops import LookupJoin
 from .lineage import EV, EVENT, KEEP, REC, SRC, q, select_expr
 from .node import Node
-from .outputs import Aggregate, Barrier, Limit, NativeSinkNode, PythonSinkNode, Sink, TrackedJoin
+from .outputs import Aggregate, Barrier, NativeSinkNode, PythonSinkNode, Sink
 from .report import PhaseNote, Reason, RunReport
+from .round_plan import native_only, round_writes
 from .row_errors import RowGuard, row_error
-from .rows import PythonStage, RowOperation, Source, Union, tagged_schema
+from .rows import PythonStage, RowOperation, Source, tagged_schema
 from .schema import empty_frame
 from .stages import ROUND_PROPERTY
 from .tagging import GROUP_XOR, DerivedTagger
@@ -229,7 +230,7 @@ class OptimisticBuilder:
             from pyspark.sql import Observation
             from pyspark.sql import functions as F
 
-            apart = self._counted_apart(node, df)
+            apart = optimistic.counted_apart(node, df, id(node) in self.replaced)
             if apart is not None:  # counted apart from the round: its filters reach the scan
                 self.births.append((node, apart))
                 return prepared
@@ -249,45 +250,18 @@ class OptimisticBuilder:
 
         seen = Observation()
         self.births.append((node, seen))
-        found = self._first_filter(node)
+        found = node.first_filter(ctx.plan)
         if found is not None:
             alone, op, qualifier = found
             self.prefiltered.add(id(alone))
             keep = ops.condition(op.cond)
-            apart = self._counted_apart(node, df)
+            apart = optimistic.counted_apart(node, df, id(node) in self.replaced)
             if apart is not None:  # the filter reaches the scan; its rows are counted apart
                 self.births[-1] = (node, optimistic.CountedApart(seen, apart))
             return optimistic.tag_source(
                 prepared, salt, node.index, seen, keep, qualifier, filter_first=apart is not None
             )
         return optimistic.tag_source(prepared, salt, node.index, seen)
-
-    def _first_filter(self, node: Source) -> tuple[Node, Any, str | None] | None:
-        """The filter that alone reads the source ``node``'s rows, directly or through
-        selects of its columns by name (``t.select("a", "b").where(...)``): its node, its
-        operation and the qualifier its condition may name the frame by; else None."""
-        names = set(node.columns)
-        at: Node = node
-        while True:
-            readers = self.ctx.plan.readers(at)
-            if len(readers) != 1 or not isinstance(readers[0], RowOperation):
-                return None
-            at = readers[0]
-            op, qualifier = at.op, None
-            if isinstance(op, ops.Qualified):  # the filter's condition may name the frame
-                qualifier, op = op.qualifier, op.op
-            if type(op) is ops.Filter:
-                return at, op, qualifier
-            if type(op) is not ops.Select or not all(_plain_name(c, names) for c in op.cols):
-                return None
-
-    def _counted_apart(self, node: Source, df: Any) -> Any:
-        """A :class:`~xorack.spark.optimistic.ScanCount` of the input source ``node`` read
-        from files (``df``), or None: it is counted by an observed metric in the round."""
-        if not optimistic.COUNT_SCANS or node.derived is not None or id(node) in self.replaced:
-            return None
-        how = optimistic.file_scan(df)
-        return None if how is None else optimistic.ScanCount(df, how)
 
     def stage(self, node: PythonStage, df: Any) -> Any:
         parent = node.parents[0]
@@ -298,21 +272,9 @@ class OptimisticBuilder:
             and id(parent) not in self.prefiltered
             and len(self.ctx.plan.readers(parent)) == 1
         ):
-            df = self.without_ghosts(node, df)
+            df, seen = optimistic.without_ghosts(df)
+            self.ghosts.append((node, seen))
         return node.frame(self.ctx, df, round_xor=self.token, born=born)
-
-    def without_ghosts(self, node: Node, df: Any) -> Any:
-        """``df`` without its ghosts (rows a native filter, join or generator removed), what
-        they owe (their pending events) XORed by an observation, before the Python stage
-        ``node``: the stage would drop them too, after Arrow had carried them to its worker
-        (a filter keeping 2.5 % of 6 M rows sent the other 97.5 % there)."""
-        from pyspark.sql import Observation
-        from pyspark.sql import functions as F
-
-        seen = Observation()
-        self.ghosts.append((node, seen))
-        owed = F.expr(f"bit_xor(CASE WHEN {KEEP} THEN 0L ELSE {EV} END)").alias("x")
-        return df.observe(seen, owed).where(F.col(KEEP))
 
     # ---- where rows leave the phase ----------------------------------------------------------
     # The events the rows owe are XORed on the way: per group inside an aggregation (the
@@ -457,57 +419,6 @@ class OptimisticBuilder:
         return FastOutput(barrier.name, sink, barrier, "", frame, None, src=src)
 
 
-def round_writes(ctx: RunContext, derived: Source) -> bool:
-    """Whether an optimistic round writes ``derived`` (a barrier's output) straight into its
-    one reader, a Python sink: the barrier is a keyed aggregate (its rows are distinct, so the
-    ids the output's tracked tagger would give them do not depend on where they are: content
-    ids, which its phase's tracked rounds draw unless that phase stages partial aggregates —
-    then its first round draws ids by position), and the sink can retract the round's rows
-    should it fall back."""
-    readers = ctx.plan.readers(derived)
-    if len(readers) != 1 or not isinstance(readers[0], PythonSinkNode):
-        return False
-    if derived.phase in ctx.partial_phases and ctx.deterministic_ids:
-        return False
-    caps = readers[0].caps
-    return (
-        caps.round_writable
-        and caps.retractable
-        and isinstance(derived.derived, Aggregate)
-        and bool(derived.keys)
-        and not any("." in c or "`" in c for c in derived.columns)
-    )
-
-
-def native_only(ctx: RunContext, phase: int) -> bool:
-    """Whether every node an optimistic round of ``phase`` runs is one of Spark's own
-    operations: sources, native row operations (joins with untracked DataFrames and generators
-    included), unions, aggregates, tracked joins, limits and native sinks; no Python stage, no
-    Python sink, no untracked ``transform``, no aggregate the round writes into a Python sink.
-
-    Such a round draws no record ids. Between its sources and its outputs nothing but Spark's
-    own operators, within one Spark job, touch the rows: the XOR of the events at the outputs
-    would equal the XOR of the births at the sources by construction (Spark neither loses nor
-    doubles a row inside a job it reports successful), so the sum would check nothing that
-    Spark's task accounting does not: the round still falls back when a task failed or was
-    retried, or a native expression raised on a row. Its sources' rows are counted (an
-    observed metric) for the report. A row lost or doubled outside Spark's operators (a Python
-    stage or sink, an untracked ``transform``) is what the XOR catches, and a phase holding one
-    draws its ids as before."""
-    for node in ctx.plan.phase_nodes(phase, skip=lambda s: ctx.of(s).written):
-        if isinstance(node, Source):
-            if node.derived is not None and round_writes(ctx, node):
-                return False
-        elif isinstance(node, Barrier):
-            if type(node) not in (Aggregate, TrackedJoin, Limit):
-                return False  # a stream's window, join or deduplication
-            if round_writes(ctx, ctx.plan.derived_source(node)):
-                return False
-        elif not isinstance(node, (RowOperation, Union, NativeSinkNode)):
-            return False
-    return True
-
-
 def fusable(ctx: RunContext, phase: int) -> bool:
     """Whether the plan lets an optimistic round of ``phase - 1`` take ``phase`` in (see
     :meth:`OptimisticRound._fuse`): every source of ``phase`` is a barrier output read once,
@@ -545,18 +456,12 @@ def round_phases(ctx: RunContext, phase: int, fuse: bool) -> list[int]:
     return phases
 
 
-def _plain_name(c: Any, names: set[str]) -> bool:
-    """Whether a select's column ``c`` passes the source's column of that name as it is (a
-    name with a dot or a backtick may name a struct's field instead)."""
-    return isinstance(c, str) and c in names and "." not in c and "`" not in c
-
-
 #: Whether a phase of Spark's own operations only (:func:`native_only`) runs its optimistic
 #: round without record ids; False: every round draws them.
 NATIVE_PHASES = True
 
 #: Whether an optimistic round drops the ghosts of a native row operation's output in the JVM
-#: before a Python stage reads it (:meth:`OptimisticBuilder.without_ghosts`); False: the
+#: before a Python stage reads it (:func:`~xorack.spark.optimistic.without_ghosts`); False: the
 #: stage's worker drops them.
 GHOSTS_BEFORE_STAGES = True
 

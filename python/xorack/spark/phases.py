@@ -7,7 +7,8 @@ from __future__ import annotations
 from . import kept as kept_mod
 from . import optimistic_round as rounds
 from .context import RunContext
-from .optimistic_round import OptimisticRound, fusable, native_only, round_phases, round_writes
+from .optimistic_round import OptimisticRound, fusable, round_phases
+from .round_plan import native_only, round_writes
 
 
 def how_phase_runs(ctx: RunContext, phase: int) -> str:

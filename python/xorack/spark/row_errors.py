@@ -291,9 +291,9 @@ def pushed_filters(op: Any, later: Sequence[Any], df: Any) -> Any:
     the sinks are the same)."""
     from pyspark.errors import AnalysisException
 
-    from .ops import Filter
+    from .ops import Filter, condition, unqualified
 
-    inner, qualifier = _unqualified(op)
+    inner, qualifier = unqualified(op)
     payload = payload_of(df)
     out = _projected(inner, df.select(*map(q, payload)), qualifier)
     if out is None:
@@ -303,11 +303,11 @@ def pushed_filters(op: Any, later: Sequence[Any], df: Any) -> Any:
         return None
     conditions: list[Any] = []
     for later_op in later:
-        step, its_qualifier = _unqualified(later_op)
+        step, its_qualifier = unqualified(later_op)
         if its_qualifier != qualifier:
             break  # t.k names another frame there
         if isinstance(step, Filter):
-            cond = _f_condition(step.cond)
+            cond = condition(step.cond)
             try:  # reads only the unchanged columns (an analysis, no job)
                 _aliased(out.select(*map(q, kept)), qualifier).where(cond)
             except AnalysisException:
@@ -330,21 +330,8 @@ def pushed_filters(op: Any, later: Sequence[Any], df: Any) -> Any:
     return both
 
 
-def _unqualified(op: Any) -> tuple[Any, str | None]:
-    """A row operation and the qualifier its input is aliased with (``t.k``), if any."""
-    from .ops import Qualified
-
-    return (op.op, op.qualifier) if isinstance(op, Qualified) else (op, None)
-
-
 def _aliased(df: Any, qualifier: str | None) -> Any:
     return df if qualifier is None else df.alias(qualifier)
-
-
-def _f_condition(cond: Any) -> Any:
-    from pyspark.sql import functions as F
-
-    return F.expr(cond) if isinstance(cond, str) else cond
 
 
 def _unchanged(op: Any, payload: list[str]) -> list[str]:

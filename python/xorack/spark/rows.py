@@ -8,10 +8,11 @@ Python stages. Each carries rows on within a phase; barriers and sinks
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from . import optimistic
+from . import ops, optimistic
 from .arrow_stage import ArrowStageRunner, declared_arrow_schema
 from .join_ops import LookupJoin
 from .lineage import EV, KEEP, LINEAGE, q, select_expr
@@ -34,6 +35,23 @@ if TYPE_CHECKING:
     from .build import RoundBuilder
     from .context import RunContext
     from .optimistic_round import OptimisticBuilder
+
+
+def sole_readers(plan: Any, node: Node) -> Iterator[RowOperation]:
+    """The row operations that read ``node``'s rows one after the other, each the only reader
+    of the one before (the chain plain Spark's optimizer may push a filter down)."""
+    while True:
+        readers = plan.readers(node)
+        if len(readers) != 1 or not isinstance(readers[0], RowOperation):
+            return
+        node = readers[0]
+        yield node
+
+
+def _plain_name(c: Any, names: set[str]) -> bool:
+    """Whether a select's column ``c`` passes the source's column of that name as it is (a
+    name with a dot or a backtick may name a struct's field instead)."""
+    return isinstance(c, str) and c in names and "." not in c and "`" not in c
 
 
 def with_pending(df: Any) -> Any:
@@ -193,6 +211,19 @@ class Source(Node):
         tagger = dataclasses.replace(tagger, names=tuple(c for c in df.columns if c != PART))
         return df.withColumnsRenamed(odd).mapInArrow(tagger, schema)
 
+    def first_filter(self, plan: Any) -> tuple[RowOperation, Any, str | None] | None:
+        """The filter that alone reads this source's rows, directly or through selects of its
+        columns by name (``t.select("a", "b").where(...)``): its node, its operation and the
+        qualifier its condition may name the frame by; else None."""
+        names = set(self.columns)
+        for node in sole_readers(plan, self):
+            op, qualifier = ops.unqualified(node.op)  # the condition may name the frame
+            if type(op) is ops.Filter:
+                return node, op, qualifier
+            if type(op) is not ops.Select or not all(_plain_name(c, names) for c in op.cols):
+                return None
+        return None
+
     def tracked(self, b: RoundBuilder, inputs: list[Any]) -> Any:
         return b.source(self)
 
@@ -242,16 +273,8 @@ class RowOperation(Node):
         return self.op.apply(inputs[0], b.ctx.ft)
 
     def read_after(self, plan: Any) -> list[Any]:
-        """The row operations that read this one's rows one after the other, each the only
-        reader of the one before (the chain plain Spark's optimizer may push a filter down)."""
-        chain: list[Any] = []
-        node: Node = self
-        while True:
-            readers = plan.readers(node)
-            if len(readers) != 1 or not isinstance(readers[0], RowOperation):
-                return chain
-            node = readers[0]
-            chain.append(node.op)
+        """The operations of :func:`sole_readers` after this one."""
+        return [node.op for node in sole_readers(plan, self)]
 
     def optimistic(self, b: OptimisticBuilder, inputs: list[Any]) -> Any:
         if b.plain:  # a phase of Spark's own operations only: as plain Spark runs it
