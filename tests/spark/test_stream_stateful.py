@@ -208,6 +208,40 @@ def test_windows_equal_plain_structured_streaming_under_failures(
     assert run.windows.compactions > 0  # a session's rows leave once it is written
 
 
+@pytest.mark.parametrize("window", [_tumbling, _sliding], ids=["tumbling", "sliding"])
+def test_an_emission_reads_only_the_staged_directories_that_can_hold_its_windows(
+    spark, tmp_path, window, monkeypatch
+):
+    """Each staged micro-batch's event times are known (observed as it is written): an
+    emission leaves the directories whose rows cannot fall into the windows it writes unread
+    (replays included: a replayed record is staged with its own event time, in a later
+    directory) and still writes what plain Structured Streaming writes."""
+    directory = tmp_path / "in"
+    _write_input(directory)
+    plain = _plain(spark, directory, window, f"plain_pruned_{window.__name__[1:]}")
+    want = _closed(spark, directory, window)
+    from xorack.spark.windows import WindowStaging
+
+    stagings = {}
+    write = WindowStaging.write
+
+    def noted(self, df, tag):
+        stagings[id(self)] = self
+        return write(self, df, tag)
+
+    monkeypatch.setattr(WindowStaging, "write", noted)
+    out = str(tmp_path / "windows.parquet")
+    p = _tracked(spark, directory, window, ParquetSink(out))
+    report = p.start_stream(timeout=60.0, available_now=True).wait(timeout=WAIT)
+    got = sorted(_key(r) for r in spark.read.parquet(out).collect())
+    _check_against_spark(got, plain, want)
+    assert report.lost == 0
+    assert report.replayed > 0
+    (staging,) = stagings.values()
+    assert staging.bounds  # the micro-batches' event times, observed
+    assert staging.pruned > 0  # directories an emission did not read
+
+
 def test_late_rows_are_dropped_as_plain_spark_drops_them(spark, tmp_path):
     """Lines 22 s behind, in windows the watermark has passed: plain Spark drops them, and so
     does xorack (no failure: its watermark is plain Spark's)."""

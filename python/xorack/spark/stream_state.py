@@ -571,7 +571,9 @@ class StreamState:
         for agg in closing:
             (staging,) = ctx.of(agg).staging
             assert isinstance(staging, WindowStaging)
-            rows = staging.staged(ctx.spark, ended_df)
+            horizon = horizon_of(agg.spec)  # (a session can grow: all its rows are read)
+            within = None if horizon is None else (self.watermark_us, new, horizon)
+            rows = staging.staged(ctx.spark, ended_df, within=within)
             out = agg.spec.emit(rows, self.watermark_us, new)
             readers = sinks_after(ctx.plan, agg)
             if len(readers) > 1 or agg.spec.kind == "session_window":  # read more than once

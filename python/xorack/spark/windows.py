@@ -41,7 +41,7 @@ import os
 import re
 import shutil
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -240,6 +240,13 @@ class WindowStaging(Staging):
     #: the schema of the staged files, once this run wrote one: they are read with it, so
     #: Spark lists them without a job reading their footers (None: inferred, as after a restart)
     files: Any = None
+    #: the event times (microseconds, min and max) of the rows each directory this run wrote
+    #: staged, or None where it staged none that can fall into a window: an emission reads
+    #: only the directories that can hold rows of the windows it writes (a directory not in
+    #: here, e.g. one a restart found or a compaction wrote, is always read)
+    bounds: dict[str, tuple[int, int] | None] = field(default_factory=dict)
+    #: directories an emission left unread, so far (their rows could not fall into its windows)
+    pruned: int = 0
 
     def read(self, spark: Any, paths: Sequence[str]) -> Any:
         """The staged files at ``paths`` (all of one schema), ghosts included."""
@@ -256,11 +263,32 @@ class WindowStaging(Staging):
             out = out.withColumn(RID_TAG, f.xxhash64(f.lit(tag))).withColumn(
                 RID_NO, f.monotonically_increasing_id()
             )
+        seen = None
+        self.bounds.pop(path, None)
+        if self.time and self.time in self.payload:  # the event times it stages (no job more)
+            from pyspark.sql import Observation
+
+            seen = Observation()
+            t = f.when(f.col(KEEP), f.unix_micros(f.col(q(self.time)).cast("timestamp")))
+            out = out.observe(seen, f.min(t).alias("lo"), f.max(t).alias("hi"))
         out.write.mode("overwrite").parquet(path)
+        if seen is not None:
+            got = seen.get
+            lo, hi = got.get("lo"), got.get("hi")
+            self.bounds[path] = None if lo is None or hi is None else (int(lo), int(hi))
         if self.files is None:
             self.files = out.schema
         self.paths.append(path)
         return path
+
+    def may_hold(self, path: str, lo_us: int, hi_us: int, horizon_us: int) -> bool:
+        """Whether the directory ``path`` can hold a row of a window ending in ``(lo_us,
+        hi_us]`` (windows of ``horizon_us``): a row at ``t`` falls into windows ending in
+        ``(t, t + horizon_us]``. Unknown directories can."""
+        if path not in self.bounds:
+            return True
+        bounds = self.bounds[path]
+        return bounds is not None and bounds[0] < hi_us and bounds[1] + horizon_us > lo_us
 
     def compact(self, spark: Any, ended: Any, watermark_us: int, horizon_us: int, tag: str) -> str:
         """Write the staged rows as one directory ``tag`` without the rows every window of
@@ -291,6 +319,7 @@ class WindowStaging(Staging):
         path = os.path.join(os.path.dirname(hidden), os.path.basename(hidden)[1:])
         if os.path.isdir(hidden):
             os.replace(hidden, path)
+        self.bounds.pop(path, None)  # its rows are not observed: always read
         return path
 
     def drop_before(self, path: str) -> None:
@@ -299,6 +328,7 @@ class WindowStaging(Staging):
         old = [p for p in self.paths if os.path.basename(p) < name]
         self.paths = [p for p in self.paths if p not in old]
         for p in old:
+            self.bounds.pop(p, None)
             local = p[len("file:") :] if p.startswith("file:") else p
             if "://" not in local:
                 shutil.rmtree(local, ignore_errors=True)
@@ -324,16 +354,28 @@ class WindowStaging(Staging):
         return path
 
     def staged(
-        self, spark: Any, ended: Any, ids: bool = False, paths: list[str] | None = None
+        self,
+        spark: Any,
+        ended: Any,
+        ids: bool = False,
+        paths: list[str] | None = None,
+        within: tuple[int, int, int] | None = None,
     ) -> Any:
         """The staged rows of attempts not in ``ended`` with their ``_ft_wm`` (and their ids:
-        ``ids``), ghosts left out; those of ``paths`` only, if given."""
+        ``ids``), ghosts left out; those of ``paths`` only, if given; with ``within`` =
+        ``(lo_us, hi_us, horizon_us)``, those of the directories that can hold rows of the
+        windows ending in ``(lo_us, hi_us]`` only (:meth:`may_hold`: a superset of the rows
+        of those windows)."""
         from .schema import empty_frame
 
         extra = []
         if ids:
             extra = [RID_TAG, RID_NO]
         paths = self.paths if paths is None else paths
+        if within is not None:
+            kept = [p for p in paths if self.may_hold(p, *within)]
+            self.pruned += len(paths) - len(kept)
+            paths = kept
         if not paths:
             f = _f()
             df = empty_frame(spark, self.schema).withColumn(WM, micros_literal(0))
