@@ -380,7 +380,9 @@ void bind_acker(py::module_& m) {
       throw py::type_error("fill must be a writeable contiguous int64 array, one per shard");
     std::vector<uint64_t*> oi(count), ov(count);
     std::vector<int64_t> cap(count);
+    // the fill counts are read and written back with the GIL held: the scatter works on a copy
     auto* f = static_cast<int64_t*>(fill.mutable_data());
+    std::vector<int64_t> at(f, f + count);
     auto buffer = [](const py::handle& h, const char* name) -> py::array {
       if (!py::isinstance<py::array_t<uint64_t>>(h))
         throw py::type_error(std::string(name) + " must hold uint64 arrays");
@@ -389,15 +391,40 @@ void bind_acker(py::module_& m) {
         throw py::type_error(std::string(name) + " must hold writeable contiguous 1-d arrays");
       return a;
     };
+    std::vector<py::array> held;  // alive while the GIL is released (a list may change)
+    held.reserve(2 * count);
+    // every byte range written, to refuse buffers that overlap one another or the fill
+    std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
     for (size_t k = 0; k < count; ++k) {
       py::array a = buffer(out_ids[k], "out_ids"), b = buffer(out_vals[k], "out_vals");
       if (a.size() != b.size())
         throw py::value_error("out_ids and out_vals must have the same length per shard");
-      if (f[k] < 0 || f[k] > a.size())
+      if (at[k] < 0 || at[k] > a.size())
         throw py::value_error("fill must be in [0, len(buffer)] for every shard");
       oi[k] = static_cast<uint64_t*>(a.mutable_data());
       ov[k] = static_cast<uint64_t*>(b.mutable_data());
       cap[k] = int64_t(a.size());
+      if (a.size()) {
+        auto lo = reinterpret_cast<uintptr_t>(oi[k]), hi = lo + uintptr_t(a.nbytes());
+        ranges.emplace_back(lo, hi);
+        lo = reinterpret_cast<uintptr_t>(ov[k]), hi = lo + uintptr_t(b.nbytes());
+        ranges.emplace_back(lo, hi);
+      }
+      held.push_back(std::move(a));
+      held.push_back(std::move(b));
+    }
+    auto flo = reinterpret_cast<uintptr_t>(f);
+    ranges.emplace_back(flo, flo + uintptr_t(fill.nbytes()));
+    std::sort(ranges.begin(), ranges.end());
+    for (size_t i = 1; i < ranges.size(); ++i)
+      if (ranges[i].first < ranges[i - 1].second)
+        throw py::value_error("out_ids, out_vals and fill must not share memory");
+    for (const py::array* in : {&ids, &vals}) {  // read while the buffers are written
+      if (!in->size()) continue;
+      auto lo = reinterpret_cast<uintptr_t>(in->data()), hi = lo + uintptr_t(in->nbytes());
+      for (const auto& r : ranges)
+        if (lo < r.second && r.first < hi)
+          throw py::value_error("ids and values must not share memory with the buffers");
     }
     const size_t n = size_t(ids.size());
     bool fits;
@@ -406,9 +433,10 @@ void bind_acker(py::module_& m) {
       thread_local std::vector<uint32_t> owner;
       thread_local std::vector<int64_t> counts;
       fits = xorack::scatter_by_shard(s, v, n, shift, uint32_t(count), oi.data(), ov.data(),
-                                      cap.data(), f, owner, counts);
+                                      cap.data(), at.data(), owner, counts);
       if (owner.capacity() > (size_t(1) << 20)) std::vector<uint32_t>().swap(owner);
     }
+    std::copy(at.begin(), at.end(), f);
     return fits;
   });
 

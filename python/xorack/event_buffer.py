@@ -31,9 +31,10 @@ in a thread of the buffer while the caller goes on (a Spark task keeps computing
 batches while the acker applies the last ones): at most one such send is in flight, the next
 one waits for it (so sends keep their order and the memory held stays bounded), and
 :meth:`flush` waits for it. Such a send's error is raised once, by the first call of the
-buffer that finds it ended (``add``; :meth:`flush` and :meth:`settle` wait for it), its events
-dropped as a failing ``xor`` call's are; the events of the call that raises are not taken. A
-call of the client made from inside ``send`` (on that thread) does not flush again.
+buffer (``add``, :meth:`flush` and :meth:`settle` wait for it), its events dropped as a
+failing ``xor`` call's are: an ``add`` that raises it takes none of its events, a ``flush``
+that raises it drops the rest of the buffer too (as a failing flush's send does). A call of
+the client made from inside ``send`` (on that thread) does not flush again.
 
 >>> import numpy as np
 >>> sent = []
@@ -61,7 +62,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .sharding import scatter_by_shard
+from .sharding import scatter_by_shard, shard_of
 
 __all__ = ["COALESCE_ROWS", "MAX_DELAY", "EventBuffer", "Kind", "Part"]
 
@@ -168,8 +169,11 @@ class EventBuffer:
             if not n:
                 return
             if not scatter_by_shard(src, val, self._src, self._val, self._fill, shift):
-                for k in range(self.shards):  # room for all of them on any shard, then again
-                    self._room(k, int(self._fill[k]) + n)
+                with np.errstate(over="ignore"):  # room for each shard's events, then again
+                    owner = shard_of(src << np.uint64(shift), self.shards)
+                counts = np.bincount(owner.astype(np.int64), minlength=self.shards)
+                for k in np.flatnonzero(counts).tolist():
+                    self._room(k, int(self._fill[k]) + int(counts[k]))
                 if not scatter_by_shard(src, val, self._src, self._val, self._fill, shift):
                     raise AssertionError("scatter_by_shard refused buffers with room for all")
             self.rows += n
@@ -182,8 +186,9 @@ class EventBuffer:
             raise RuntimeError("a deferred xor from inside the buffer's own send")
         with self._lock:
             self._forked()
-            if self._in_flight is not None and self._in_flight.done():
-                self._settle_locked()  # its error raises here, before these events are taken
+            # the send in flight ends first: its error raises here, before these events are
+            # taken (the send that comes due after them waits for it anyway)
+            self._settle_locked()
             if self.rows and kind != self._kind:
                 self._flush_locked()
             if not self.rows:
@@ -216,6 +221,14 @@ class EventBuffer:
             return _EMPTY
         with self._lock:
             self._forked()
+            try:
+                self._settle_locked()
+            except BaseException:
+                # a flush that raises leaves nothing buffered, as a failed send's events are
+                # dropped: the rest goes with it (the caller's work failed; sent later, its
+                # events would meet those of the work done again)
+                self._give_back(self._take(range(self.shards))[1])
+                raise
             self._flush_locked()
             done = self._completed
             self._completed = []

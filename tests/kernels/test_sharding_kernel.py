@@ -132,4 +132,12 @@ def test_bad_scatter_arguments_are_clear_errors(backend):
         scatter_by_shard([1], [1], out, vals, fill, chunk_bits=11, backend=backend)
     with pytest.raises(TypeError, match="lists"):
         scatter_by_shard([1], [1], tuple(out), vals, fill, backend=backend)
+    with pytest.raises(ValueError, match="must not share memory"):  # one buffer, two shards
+        scatter_by_shard([1], [1], [out[0], out[0]], vals, fill, backend=backend)
+    with pytest.raises(ValueError, match="must not share memory"):  # ids and values alike
+        scatter_by_shard([1], [1], [out[0], vals[1]], vals, fill, backend=backend)
+    with pytest.raises(ValueError, match="must not share memory"):  # the fill inside a buffer
+        scatter_by_shard([1], [1], out, vals, out[1][:2].view(np.int64), backend=backend)
+    with pytest.raises(ValueError, match="ids and values must not share memory"):
+        scatter_by_shard(out[0][:1], [1], out, vals, fill, backend=backend)
     assert fill.tolist() == [0, 0]  # none of these wrote anything

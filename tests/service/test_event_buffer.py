@@ -201,17 +201,48 @@ def test_a_background_send_runs_while_the_caller_goes_on_one_at_a_time():
     assert gate.started.wait(10)
     assert gate.requests == []  # in flight, the caller went on
     assert buf.waiting()
-    buf.add([(0, _ids(3), _ids(3))], (False, 0))  # buffered behind it
     releaser = threading.Timer(0.2, gate.open.set)
     releaser.start()
-    buf.add([(0, _ids(4), _ids(4))], (False, 0))  # full again: waits for the first send
-    assert gate.requests[0] == [1, 2]
+    buf.add([(0, _ids(3), _ids(3))], (False, 0))  # the next call waits for the send first
+    assert gate.requests == [[1, 2]]
+    buf.add([(0, _ids(4), _ids(4))], (False, 0))  # full again: sent in the background
     done = buf.flush()
     assert gate.requests == [[1, 2], [3, 4]]  # in order, each once
     assert sorted(done.tolist()) == [1, 3]  # what both sends completed
     assert threading.get_ident() not in gate.threads  # both full sends: the buffer's thread
     assert not buf.waiting()
     assert buf.requests == 2
+    buf.close()
+
+
+def test_a_failed_background_send_raises_before_the_next_add_takes_its_events():
+    gate = Gate(fail=True)
+    buf = EventBuffer(1, gate, rows=2, max_delay=1e9, background=True)
+    buf.add([(0, _ids(1, 2), _ids(1, 2))], (False, 0))
+    assert gate.started.wait(10)
+    threading.Timer(0.2, gate.open.set).start()  # the send fails while the next add waits
+    with pytest.raises(ConnectionError):
+        buf.add([(0, _ids(3), _ids(3))], (False, 0))
+    assert buf.rows == 0  # the add that raised took none of its events
+    gate.fail = False
+    buf.flush()
+    assert gate.requests == [[1, 2]]  # nothing of the call that raised is ever sent
+    buf.close()
+
+
+def test_a_flush_that_raises_a_background_error_leaves_nothing_buffered():
+    gate = Gate(fail=True)
+    buf = EventBuffer(2, gate, rows=2, max_delay=1e9, background=True)
+    buf.add([(0, _ids(1, 2), _ids(1, 2)), (1, _ids(9), _ids(9))], (False, 0))
+    assert gate.started.wait(10)
+    threading.Timer(0.2, gate.open.set).start()
+    with pytest.raises(ConnectionError):
+        buf.flush()
+    assert buf.rows == 0  # shard 1's event dropped with the failed flush, as a failed send's
+    assert not buf.waiting()
+    gate.fail = False
+    buf.flush()
+    assert gate.requests == [[1, 2]]
     buf.close()
 
 

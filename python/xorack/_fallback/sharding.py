@@ -83,6 +83,13 @@ def scatter_by_shard(
             raise ValueError("out_ids and out_vals must have the same length per shard")
         if not 0 <= fill[k] <= len(out_ids[k]):
             raise ValueError("fill must be in [0, len(buffer)] for every shard")
+    written = [b for b in [*out_ids, *out_values] if len(b)] + [fill]
+    for i, a in enumerate(written):
+        if any(np.may_share_memory(a, b) for b in written[i + 1 :]):
+            raise ValueError("out_ids, out_vals and fill must not share memory")
+    for a in (ids, values):
+        if len(a) and any(np.may_share_memory(a, b) for b in written):
+            raise ValueError("ids and values must not share memory with the buffers")
     owner = _owner(ids, shift, count).astype(np.int64)
     counts = np.bincount(owner, minlength=count)
     if any(int(fill[k]) + int(counts[k]) > len(out_ids[k]) for k in range(count)):
