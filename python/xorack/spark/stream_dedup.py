@@ -128,16 +128,14 @@ class DedupStaging(WindowStaging):
         within: tuple[int, int, int] | None = None,
     ) -> Any:
         """The staged rows of attempts not in ``ended``, with their ``_ft_wm``, ``SPARK_WM``
-        and ids; those of ``paths`` only, if given (and of those that may hold rows
-        ``within``: see ``WindowStaging.staged``)."""
+        and ids; those of ``paths`` only, if given. Its writes observe no event times, so
+        ``within`` reads every directory (a superset: see ``WindowStaging.staged``)."""
         from .lineage import KEEP, SRC
         from .schema import empty_frame
         from .windows import micros_literal
 
         f = _f()
         paths = self.paths if paths is None else paths
-        if within is not None:
-            paths = [p for p in paths if self.may_hold(p, *within)]
         if not paths:
             df = empty_frame(spark, self.schema).withColumn(WM, micros_literal(0))
             df = df.withColumn(SPARK_WM, micros_literal(0))
