@@ -124,6 +124,18 @@ def run_plain(spark: Any, inbox: str, out: str) -> dict[str, Any]:
     }
 
 
+def run_xorack_sync(spark: Any, inbox: str, out: str) -> dict[str, Any]:
+    """xorack with each micro-batch waiting for its closed windows' write (``--sync``: the
+    emission not overlapped with the next micro-batch, as before ``stream_state.OVERLAP``)."""
+    from xorack.spark import stream_state
+
+    stream_state.OVERLAP = False
+    try:
+        return run_xorack(spark, inbox, out)
+    finally:
+        stream_state.OVERLAP = True
+
+
 def run_xorack(spark: Any, inbox: str, out: str) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
@@ -176,6 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="interleaved runs of each")
     ap.add_argument("--json", help="write the figures here too")
     ap.add_argument("--pandas", action="store_true", help="xorack splits in a pandas stage")
+    ap.add_argument(
+        "--sync",
+        action="store_true",
+        help="also run xorack with each micro-batch waiting for its windows' write",
+    )
     args = ap.parse_args(argv)
     global PANDAS
     PANDAS = args.pandas
@@ -188,10 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         inbox = os.path.join(work, "in")
         write_input(inbox, args.files, args.lines)
-        results: dict[str, list[dict[str, Any]]] = {"plain": [], "xorack": []}
+        runs = [("plain", run_plain), ("xorack", run_xorack)]
+        if args.sync:
+            runs.append(("xorack sync", run_xorack_sync))
+        results: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in runs}
         for r in range(args.repeat + 1):  # run 0 warms both up and is left out
-            for name, fn in (("plain", run_plain), ("xorack", run_xorack)):
-                out = os.path.join(work, f"{name}-{r}")
+            for name, fn in runs:
+                out = os.path.join(work, f"{name.replace(' ', '-')}-{r}")
                 got = fn(spark, inbox, out)
                 if r:
                     results[name].append(got)
@@ -243,6 +263,12 @@ def summarize(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace
             *rows,
             "",
             f"xorack / plain: micro-batch {ratio:.2f}, whole query {wall_ratio:.2f}",
+            *(
+                f"{name} / plain: micro-batch {m['batch'] / med['plain']['batch']:.2f}, "
+                f"whole query {m['wall'] / med['plain']['wall']:.2f}"
+                for name, m in med.items()
+                if name not in ("plain", "xorack")
+            ),
             f"windowed aggregation staged at most {staged / rows_in:.1f} bytes per input line",
             "a window's latency (end of the micro-batch of its last input to its row written): "
             f"plain {late['plain']:.2f} s (max {worst['plain']:.2f}), xorack "

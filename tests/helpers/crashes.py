@@ -37,7 +37,7 @@ def crash_after_window_write(monkeypatch: Any, in_stop: bool) -> list[tuple[str,
     nothing). ``in_stop``: the emission of ``stop()``'s drain; else the first emission that
     writes rows, and the dead driver then drains nothing. Returns each crashed write's name
     and rows; ``monkeypatch.undo()`` brings the driver back."""
-    from xorack.spark import stream_state, streaming
+    from xorack.spark import ParquetSink, stream_state, streaming
 
     real_write, real_note = stream_state.write_emitted, stream_state.StreamState._note
     real_finish = streaming.StreamingRun._finish
@@ -62,6 +62,14 @@ def crash_after_window_write(monkeypatch: Any, in_stop: bool) -> list[tuple[str,
             raise RuntimeError("simulated driver crash (dead)")
         return real_note(self, marks)
 
+    real_remove = ParquetSink.remove_named
+
+    def remove_named(self: Any, spark: Any, name: str) -> int:
+        if written:  # nor a write taken back (the restart does it)
+            raise RuntimeError("simulated driver crash (dead)")
+        return int(real_remove(self, spark, name))
+
+    monkeypatch.setattr(ParquetSink, "remove_named", remove_named)
     monkeypatch.setattr(streaming.StreamingRun, "_finish", finish)
     monkeypatch.setattr(stream_state, "write_emitted", write)
     monkeypatch.setattr(stream_state.StreamState, "_note", note)

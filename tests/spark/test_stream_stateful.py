@@ -148,11 +148,11 @@ def _key(r) -> tuple:
     return (w["start"], w["end"], r[1], int(r[2]), int(r[3]))
 
 
-def _tracked(spark, directory, window, sink, fn=_split, max_attempts=3, branch=None):
+def _tracked(spark, directory, window, sink, fn=_split, max_attempts=3, branch=None, partitions=2):
     from pyspark.sql import functions as F
 
     p = Pipeline(spark, max_attempts=max_attempts)
-    lines = p.source(_read(spark, directory), name="lines", partitions=2)
+    lines = p.source(_read(spark, directory), name="lines", partitions=partitions)
     if branch is not None:  # another branch of the source lines
         branch(lines)
     words = lines.withWatermark("ts", "5 seconds").map_in_pandas(fn, WORD_SCHEMA, name="split")
@@ -206,6 +206,9 @@ def test_windows_equal_plain_structured_streaming_under_failures(
     assert report.replayed > 0
     assert report.sink_rows["windows"] == len(want)
     assert run.windows.compactions > 0  # a session's rows leave once it is written
+    # a time window's write into a native sink runs beside the next micro-batch (a session
+    # window's is waited for: the sessions it writes leave the staged rows)
+    assert (run.windows.overlapped > 0) == (window is not _session)
 
 
 @pytest.mark.parametrize("window", [_tumbling, _sliding], ids=["tumbling", "sliding"])
@@ -240,6 +243,100 @@ def test_an_emission_reads_only_the_staged_directories_that_can_hold_its_windows
     (staging,) = stagings.values()
     assert staging.bounds  # the micro-batches' event times, observed
     assert staging.pruned > 0  # directories an emission did not read
+
+
+@contextlib.contextmanager
+def _conf(spark, **values):
+    """Spark SQL settings for the duration of a block (their old values back after)."""
+    old = {k: spark.conf.get(k, None) for k in values}
+    for k, v in values.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
+
+
+def test_a_stream_without_partitions_reads_its_micro_batches_without_a_shuffle(
+    spark, tmp_path, monkeypatch
+):
+    """A streaming source declared without keys or a partition count keeps the partitions
+    each micro-batch is read in (no round-robin shuffle, as plain Spark reads it), coalesced
+    to at most ``spark.sql.shuffle.partitions`` (1 here) when it is read in more (each file
+    split in several here): a replay goes back to the partition its record was read on, which
+    a round always has. Under poison rows and transient failures, the windows equal plain
+    Structured Streaming's."""
+    from xorack.spark.windows import WindowStaging
+
+    directory = tmp_path / "in"
+    _write_input(directory)
+    plans = []
+    write = WindowStaging.write
+
+    def noted(self, df, tag):
+        plans.append(str(df._jdf.queryExecution().executedPlan().toString()))
+        return write(self, df, tag)
+
+    monkeypatch.setattr(WindowStaging, "write", noted)
+    split = {"spark.sql.files.maxPartitionBytes": "256", "spark.sql.files.openCostInBytes": "0"}
+    with _conf(spark, **split):
+        plain = _plain(spark, directory, _tumbling, "plain_narrow")
+        want = _closed(spark, directory, _tumbling)
+        one_file = spark.read.schema(SCHEMA).json(str(directory / "part-00.json"))
+        assert one_file.rdd.getNumPartitions() > 1  # a micro-batch is read in several
+        out = str(tmp_path / "narrow.parquet")
+        with _conf(spark, **{"spark.sql.shuffle.partitions": "1"}):
+            p = _tracked(spark, directory, _tumbling, ParquetSink(out), partitions=None)
+        report = p.start_stream(timeout=60.0, available_now=True).wait(timeout=WAIT)
+    got = sorted(_key(r) for r in spark.read.parquet(out).collect())
+    _check_against_spark(got, plain, want)
+    assert report.lost == 0
+    assert report.replayed > 0
+    assert report.dead_lettered == sum(_is_poison(i) for i in range(FILES * LINES))
+    # the first micro-batch has no replay to route: its rows are read, tagged and staged
+    # without a shuffle (a micro-batch with replays places both by one on their route key)
+    assert "Exchange" not in plans[0]
+    assert any("Exchange" in plan for plan in plans)
+
+
+def test_a_failed_emission_beside_the_next_micro_batch_stops_the_stream_and_is_written_again(
+    spark, tmp_path, monkeypatch
+):
+    """An emission's write runs beside the next micro-batch: when it fails, the error stops
+    the stream (raised by ``wait``, not lost), its files are taken back and the watermark with
+    them, and ``stop()``'s drain writes those windows again: the sink holds each window once,
+    with its value."""
+    from xorack.spark import stream_state
+
+    directory = tmp_path / "in"
+    _write_input(directory)
+    want = set(_closed(spark, directory, _tumbling, drop_poison=False))  # no line fails
+    real = stream_state.write_emitted
+    calls = []
+
+    def flaky(node, out, name, chain=()):
+        calls.append(name)
+        written = real(node, out, name=name, chain=chain)
+        if len(calls) == 2:  # its files are in the sink: taken back
+            raise RuntimeError("injected: the emission's write failed")
+        return written
+
+    monkeypatch.setattr(stream_state, "write_emitted", flaky)
+    out = str(tmp_path / "flaky.parquet")
+    p = _tracked(spark, directory, _tumbling, ParquetSink(out), fn=_split_clean)
+    run = p.start_stream(timeout=60.0, available_now=True)
+    with pytest.raises(RuntimeError, match="injected: the emission's write failed"):
+        run.wait(timeout=WAIT)
+    assert run.windows.overlapped >= 2
+    got = [_key(r) for r in spark.read.parquet(out).collect()]
+    assert len(got) == len(set(got))  # no window written twice
+    assert set(got) <= want  # each with its final value
+    assert len(calls) >= 3  # the drain wrote the failed emission's windows again
+    assert {r[:3] for r in got} >= {r[:3] for r in want if r[1] <= T0 + dt.timedelta(seconds=20)}
 
 
 def test_late_rows_are_dropped_as_plain_spark_drops_them(spark, tmp_path):

@@ -174,6 +174,7 @@ class PlanBuilder:
             fixed_partitions=n,
             index=len(self.sources),
             repartition=repartition,
+            narrow=bool(df.isStreaming and not keys and not partitions),
             proto=proto,
         )
         self.sources.append(node)

@@ -327,6 +327,9 @@ class Pipeline:
         With ``keys`` the source is hash-partitioned by them (``df.repartition(partitions,
         *keys)``, exactly as Spark does it) and replays go to the partition Spark assigns to the
         same key; without keys, replays go back to the partition the record was first read on.
+        A streaming source without ``keys`` or ``partitions`` keeps each micro-batch's own
+        partitions (coalesced to at most ``spark.sql.shuffle.partitions``, no shuffle); with
+        ``partitions`` each micro-batch is spread over that many (round-robin).
 
         >>> # lines = p.source(spark.read.text(path), name="lines")
         """

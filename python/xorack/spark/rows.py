@@ -147,6 +147,10 @@ class Source(Node):
     fixed_partitions: int = 0
     index: int = -1
     repartition: bool = False
+    #: a stream's default (no keys, no partition count given): its micro-batches keep the
+    #: partitions they are read in, coalesced to at most ``fixed_partitions`` (no shuffle, as
+    #: plain Spark reads them), so a replay's partition is always one a round has
+    narrow: bool = False
     derived: Any = None  # the barrier whose output this is (a Barrier), or None
 
     lineage: ClassVar[str] = "a new record per row: ids drawn, persisted, born in the acker"
@@ -168,6 +172,8 @@ class Source(Node):
             from pyspark.sql import functions as F
 
             return df.repartition(ctx.partitions(self), *[F.col(q(k)) for k in self.keys])
+        if self.narrow:
+            return df.coalesce(ctx.partitions(self))
         if self.repartition:
             return df.repartition(ctx.partitions(self))
         return df

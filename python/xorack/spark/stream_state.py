@@ -7,7 +7,9 @@ record's event time (:func:`check_event_time_path`). Used by :mod:`xorack.spark.
 from __future__ import annotations
 
 import json
+import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -38,6 +40,37 @@ MARK_SETTLED = "stream:settled:"  # update mode: the last staged directory known
 MARK_BEFORE_BATCH = "stream:before_batch"  # plain Spark's watermark state before a micro-batch
 #: Staged directories of a windowed aggregation that make it rewrite them as one.
 COMPACT_AFTER = 16
+#: An emission of closed windows into native sinks runs its Spark job in a thread of its own,
+#: beside the next micro-batch (which settles it before it closes windows again): the A/B
+#: switch of ``bench_streaming``. False: each micro-batch waits for its windows' write.
+OVERLAP = True
+
+log = logging.getLogger(__name__)
+
+
+class _Emission:
+    """An emission's writes running in a thread (:attr:`StreamState.OVERLAP`): the rows each
+    sink took, or the error that stopped them."""
+
+    def __init__(self, spark: Any, work: Callable[[], list[tuple[Any, int]]]) -> None:
+        from pyspark import InheritableThread
+
+        self.written: list[tuple[Any, int]] = []
+        self.error: BaseException | None = None
+        jsession = spark._jsparkSession
+
+        def run() -> None:
+            try:  # the session is active per JVM thread (functions and readers ask for it)
+                spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(jsession)
+                self.written = work()
+            except BaseException as exc:  # raised by StreamState.settle
+                self.error = exc
+
+        self._thread = InheritableThread(target=run, name="xorack-emission", daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        self._thread.join()
 
 
 def _upstream(node: Any) -> list[Any]:
@@ -204,6 +237,12 @@ class StreamState:
         self.resume = False
         self._before_batch: dict[str, Any] | None = None  # see begin_batch
         self.publishes = 0  # appends of settled rows to the native sinks
+        # the emission whose writes run beside the next micro-batch, and what follows them
+        self._emission: _Emission | None = None
+        self._after_emission: Callable[[], None] | None = None
+        self._before_emission = 0  # the watermark before it (taken back if its writes fail)
+        self._emitting = 0  # the watermark it closes windows by (its files' name)
+        self.overlapped = 0  # emissions whose writes ran beside a micro-batch
 
     @property
     def watermark(self) -> Any:
@@ -311,6 +350,10 @@ class StreamState:
             self.ctx.client.job_state(marks=marks)
 
     def close(self) -> None:
+        try:
+            self.settle()
+        except Exception:  # the run raises its own error: this one is only logged
+            log.exception("the last emission of closed windows failed")
         if self._workdir is not None:
             if not self.resume:  # a resumable query keeps its open windows for a restart
                 close_staging(self.ctx, self._workdir)
@@ -449,6 +492,7 @@ class StreamState:
         closes the windows by the latest watermark."""
         if not self.timed and not self.native and not self.complete and not self.updated:
             return
+        self.settle()
         if not data and self.evict_us != self.spark_us:
             self.evict_us = self.spark_us
             self._note({MARK_EVICT: str(self.evict_us)})
@@ -568,25 +612,87 @@ class StreamState:
             self._compact(ended_df, evicted)
             return
         self._note({MARK_EMIT: str(new)})
+        # what each closing aggregation reads: the staged directories that can hold rows of
+        # its windows, as they are now (a round adds directories of its own; a compaction
+        # waits for the writes)
+        reads = []
         for agg in closing:
             (staging,) = ctx.of(agg).staging
             assert isinstance(staging, WindowStaging)
             horizon = horizon_of(agg.spec)  # (a session can grow: all its rows are read)
             within = None if horizon is None else (self.watermark_us, new, horizon)
-            rows = staging.staged(ctx.spark, ended_df, within=within)
-            out = agg.spec.emit(rows, self.watermark_us, new)
-            readers = sinks_after(ctx.plan, agg)
-            if len(readers) > 1 or agg.spec.kind == "session_window":  # read more than once
-                out = out.localCheckpoint(eager=True)
-            for node, chain in readers:
-                written = write_emitted(node, out, name=f"w{new}", chain=chain)
-                self.report.sink_rows[node.name] = self.report.sink_rows.get(node.name, 0) + written
-            if agg.spec.kind == "session_window":
-                evicted[agg.name] = out
-        self.watermark_us = new
-        self._note({MARK_WATERMARK: str(new), MARK_EMIT: None})
+            reads.append((agg, staging, staging.readable(within)))
+        lo = self.watermark_us
+        readers = {agg.name: sinks_after(ctx.plan, agg) for agg in closing}
+        # the writes can run beside the next micro-batch into native sinks (a Python sink's
+        # writes would meet the next round's), unless the sessions' rows to evict must be
+        # known first
+        overlap = OVERLAP and all(
+            agg.spec.kind != "session_window" and node.caps.native
+            for agg in closing
+            for node, _ in readers[agg.name]
+        )
+
+        def frames() -> list[tuple[Any, Any, tuple[Any, ...]]]:
+            writes = []
+            for agg, staging, paths in reads:
+                rows = staging.staged(ctx.spark, ended_df, paths=paths)
+                out = agg.spec.emit(rows, lo, new)
+                if len(readers[agg.name]) > 1 or agg.spec.kind == "session_window":
+                    out = out.localCheckpoint(eager=True)  # read more than once
+                writes += [(node, out, chain) for node, chain in readers[agg.name]]
+                if agg.spec.kind == "session_window":
+                    evicted[agg.name] = out
+            return writes
+
+        def work() -> list[tuple[Any, int]]:
+            return [
+                (node, write_emitted(node, out, name=f"w{new}", chain=chain))
+                for node, out, chain in frames()
+            ]
+
+        def after() -> None:
+            self._note({MARK_WATERMARK: str(new), MARK_EMIT: None})
+            self._compact(ended_df, evicted)
+
+        if not overlap:
+            self._count(work())
+            self.watermark_us = new
+            self.emits += 1
+            after()
+            return
+        self._before_emission, self._emitting = self.watermark_us, new
+        self.watermark_us = new  # the next round's late rows are judged by it
         self.emits += 1
-        self._compact(ended_df, evicted)
+        self._emission = _Emission(ctx.spark, work)
+        self._after_emission = after
+        self.overlapped += 1
+
+    def _count(self, written: list[tuple[Any, int]]) -> None:
+        for node, rows in written:
+            self.report.sink_rows[node.name] = self.report.sink_rows.get(node.name, 0) + rows
+
+    def settle(self) -> None:
+        """Wait for the emission whose writes run beside this micro-batch (:data:`OVERLAP`),
+        then note it done and compact; its error raises here (its windows' files are taken
+        back, and the watermark too: they are written again by the next emission)."""
+        emission, after = self._emission, self._after_emission
+        if emission is None or after is None:
+            return
+        emission.join()
+        self._emission = self._after_emission = None
+        if emission.error is not None:
+            self.watermark_us = self._before_emission
+            self.emits -= 1
+            for node in self._window_sinks():
+                if node.caps.native:
+                    try:
+                        node.sink.remove_named(self.ctx.spark, f"w{self._emitting}")
+                    except Exception:  # a restart takes them back (its mark stays)
+                        log.exception("could not take back a failed emission's files")
+            raise emission.error
+        self._count(emission.written)
+        after()
 
     def join(self, stats: dict[str, Any]) -> None:
         """Write the rows of each stream-stream join that its settled rows now give and no

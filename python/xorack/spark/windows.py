@@ -353,6 +353,20 @@ class WindowStaging(Staging):
         kept.write.mode("overwrite").parquet(path)
         return path
 
+    def readable(
+        self, within: tuple[int, int, int] | None, paths: list[str] | None = None
+    ) -> list[str]:
+        """The directories of ``paths`` (all staged ones by default) that can hold rows of the
+        windows ending in ``(lo_us, hi_us]``, ``within = (lo_us, hi_us, horizon_us)``
+        (:meth:`may_hold`; all of them without ``within``); those left out are counted in
+        :attr:`pruned`."""
+        paths = list(self.paths if paths is None else paths)
+        if within is None:
+            return paths
+        kept = [p for p in paths if self.may_hold(p, *within)]
+        self.pruned += len(paths) - len(kept)
+        return kept
+
     def staged(
         self,
         spark: Any,
@@ -371,11 +385,7 @@ class WindowStaging(Staging):
         extra = []
         if ids:
             extra = [RID_TAG, RID_NO]
-        paths = self.paths if paths is None else paths
-        if within is not None:
-            kept = [p for p in paths if self.may_hold(p, *within)]
-            self.pruned += len(paths) - len(kept)
-            paths = kept
+        paths = self.readable(within, paths)
         if not paths:
             f = _f()
             df = empty_frame(spark, self.schema).withColumn(WM, micros_literal(0))
