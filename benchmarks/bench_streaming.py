@@ -14,10 +14,19 @@ micro-batch (``maxFilesPerTrigger=1``), ``trigger(availableNow=True)``:
 Per run: the median of Spark's ``triggerExecution`` per data micro-batch (the first is left
 out: it warms the Python workers up), the wall time of the whole query, and the sustained input
 rate (input rows over the summed micro-batch times). For xorack the micro-batch time is that of
-its own ``foreachBatch`` query (tagging, persisting, staging, acking, closing windows). Also the
-bytes the windowed aggregation staged per input row (its state on disk while windows are open).
+its own ``foreachBatch`` query (tagging, persisting, staging, acking, closing windows); the
+write of the windows a micro-batch closes runs beside the next micro-batch
+(``stream_state.OVERLAP``), so it counts in the whole query's time and in a window's latency,
+and in the micro-batch time only as far as the two slow each other down (the last one is
+waited for at the end of the query). Also the bytes the windowed aggregation staged per input
+row (its state on disk while windows are open).
+
+A/B variants, in the same interleaved run: ``--sync`` (each micro-batch waits for its windows'
+write) and ``--spread`` (each micro-batch spread round-robin over the shuffle partitions, as a
+source declared with ``partitions`` is; a shuffle before the tagging).
 
     python benchmarks/bench_streaming.py [--files 12] [--lines 20000] [--repeat 3] [--json F]
+        [--sync] [--spread] [--pandas]
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import time
 from typing import Any
 
 PANDAS = False  # --pandas: xorack splits in a pandas stage (plain Spark: natively)
+PARTITIONS: int | None = None  # the tracked source's partitions (--spread sets them)
 WORDS = ["apple", "pear", "plum", "fig", "kiwi", "lime", "date", "sloe", "yuzu", "nut"]
 T0 = dt.datetime(2026, 11, 26, 12, 0, 0)
 
@@ -136,6 +146,18 @@ def run_xorack_sync(spark: Any, inbox: str, out: str) -> dict[str, Any]:
         stream_state.OVERLAP = True
 
 
+def run_xorack_spread(spark: Any, inbox: str, out: str) -> dict[str, Any]:
+    """xorack with each micro-batch spread round-robin over ``spark.sql.shuffle.partitions``
+    (``--spread``: ``p.source(stream, partitions=n)``, a shuffle before the tagging; a source
+    without ``partitions`` keeps the micro-batch's own partitions)."""
+    global PARTITIONS
+    PARTITIONS = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    try:
+        return run_xorack(spark, inbox, out)
+    finally:
+        PARTITIONS = None
+
+
 def run_xorack(spark: Any, inbox: str, out: str) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
@@ -143,7 +165,9 @@ def run_xorack(spark: Any, inbox: str, out: str) -> dict[str, Any]:
 
     p = Pipeline(spark)
     stream = spark.readStream.schema("id long, ts timestamp, line string")
-    lines = p.source(stream.option("maxFilesPerTrigger", 1).json(inbox), name="lines")
+    lines = p.source(
+        stream.option("maxFilesPerTrigger", 1).json(inbox), name="lines", partitions=PARTITIONS
+    )
     lines = lines.withWatermark("ts", "5 seconds")
     if PANDAS:
         words = lines.map_in_pandas(_split, "id long, ts timestamp, word string", name="split")
@@ -193,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also run xorack with each micro-batch waiting for its windows' write",
     )
+    ap.add_argument(
+        "--spread",
+        action="store_true",
+        help="also run xorack with each micro-batch spread round-robin (a shuffle)",
+    )
     args = ap.parse_args(argv)
     global PANDAS
     PANDAS = args.pandas
@@ -208,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = [("plain", run_plain), ("xorack", run_xorack)]
         if args.sync:
             runs.append(("xorack sync", run_xorack_sync))
+        if args.spread:
+            runs.append(("xorack spread", run_xorack_spread))
         results: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in runs}
         for r in range(args.repeat + 1):  # run 0 warms both up and is left out
             for name, fn in runs:
