@@ -339,6 +339,162 @@ def test_a_failed_emission_beside_the_next_micro_batch_stops_the_stream_and_is_w
     assert {r[:3] for r in got} >= {r[:3] for r in want if r[1] <= T0 + dt.timedelta(seconds=20)}
 
 
+def _slowly(seconds):
+    """A ``mapInPandas`` function passing its batches on after ``seconds``."""
+
+    def run(frames):
+        for frame in frames:
+            time.sleep(seconds)
+            yield frame
+
+    return run
+
+
+def _until(condition, seconds=200.0):
+    deadline = time.time() + seconds
+    while not condition() and time.time() < deadline:
+        time.sleep(0.2)
+    assert condition()
+
+
+def test_stopping_a_stream_waits_for_the_window_write_beside_it(spark, tmp_path, monkeypatch):
+    """The last micro-batch's window write is still running beside an idle stream when
+    ``stop()`` comes: it is waited for before the query stops (stopping the query cancels its
+    jobs, and the write belongs to none of them), and the sink holds every window."""
+    from xorack.spark import stream_state
+
+    directory = tmp_path / "in"
+    _write_input(directory)
+    want = _closed(spark, directory, _tumbling, drop_poison=False)
+    real = stream_state.write_emitted
+    state = {"run": None, "slow": 0}
+
+    def slow(node, out, name, chain=()):
+        if state["run"].batches >= FILES - 1:  # the last micro-batch's write takes 6 s
+            state["slow"] += 1
+            out = out.mapInPandas(_slowly(6.0), out.schema)
+        return real(node, out, name=name, chain=chain)
+
+    monkeypatch.setattr(stream_state, "write_emitted", slow)
+    out = str(tmp_path / "stopped.parquet")
+    p = _tracked(spark, directory, _tumbling, ParquetSink(out), fn=_split_clean)
+    run = state["run"] = p.start_stream(timeout=60.0, trigger_seconds=1)
+    _until(lambda: run.batches >= FILES and state["slow"] > 0)
+    time.sleep(2)  # its job is running
+    report = run.stop()
+    got = sorted(_key(r) for r in spark.read.parquet(out).collect())
+    assert got == want
+    assert report.lost == 0
+
+
+@pytest.mark.parametrize("when", ["last micro-batch", "drain"])
+def test_a_failed_last_window_write_is_raised_and_written_again_by_the_drain(
+    spark, tmp_path, monkeypatch, when
+):
+    """The window write of the last micro-batch (running beside an idle stream), or the
+    drain's own at ``stop()``, fails: ``stop()`` raises its error, never returns a clean
+    report over a sink that lacks windows; a write of the last micro-batch that failed is done
+    again by the drain, so the sink holds every window once."""
+    from xorack.spark import stream_state
+
+    directory = tmp_path / "in"
+    _write_input(directory)
+    want = _closed(spark, directory, _tumbling, drop_poison=False)
+    real = stream_state.write_emitted
+    state = {"run": None, "failed": 0, "stopping": False}
+    # the last micro-batch's write: by the watermark it closes windows by (its files' name):
+    # the micro-batch before's (as Spark's), its file's largest event time (10 f + 9.5 s) less
+    # the 5 s delay
+    epoch = dt.datetime(1970, 1, 1)
+    at = T0 + dt.timedelta(seconds=10 * (FILES - 2) + 9.5 - 5)
+    last = f"w{(at - epoch) // dt.timedelta(microseconds=1)}"
+
+    def flaky(node, out, name, chain=()):
+        fails = state["stopping"] if when == "drain" else name == last
+        if fails and not state["failed"]:
+            state["failed"] += 1
+            raise RuntimeError(f"injected: the {when}'s window write failed")
+        return real(node, out, name=name, chain=chain)
+
+    monkeypatch.setattr(stream_state, "write_emitted", flaky)
+    out = str(tmp_path / "last.parquet")
+    p = _tracked(spark, directory, _tumbling, ParquetSink(out), fn=_split_clean)
+    run = state["run"] = p.start_stream(timeout=60.0, trigger_seconds=1)
+    _until(lambda: run.batches >= FILES)
+    if when == "last micro-batch":
+        _until(lambda: state["failed"] == 1)
+    time.sleep(2)  # no micro-batch comes (no new file)
+    state["stopping"] = True
+    with pytest.raises(RuntimeError, match=f"injected: the {when}'s window write failed"):
+        run.stop()
+    assert state["failed"] == 1
+    got = sorted(_key(r) for r in spark.read.parquet(out).collect())
+    if when == "last micro-batch":
+        assert got == want  # written again by the drain
+    else:  # the drain's write failed: nothing of it in the sink, every earlier window once
+        assert got
+        assert len(got) == len(set(got))
+        assert set(got) <= set(want)
+
+
+def test_a_restart_after_a_crash_beside_a_window_write_drops_late_rows_as_spark(
+    spark, tmp_path, monkeypatch
+):
+    """The driver dies early in micro-batch 3, while the window write of micro-batch 2 may
+    still run beside it and before its watermark is noted (Spark committed micro-batch 2). The
+    restart runs micro-batch 3 again and judges its late rows by the watermark its first run
+    used, not by the older one noted: the windows equal plain Structured Streaming's (its late
+    rows dropped, none counted twice)."""
+    from xorack.spark import stream_state, streaming
+
+    directory = tmp_path / "in"
+    _write_input(directory, late=True)
+    plain = _plain(spark, directory, _tumbling, "plain_late_restart", drop_poison=False)
+    checkpoint = str(tmp_path / "checkpoint")
+    out = str(tmp_path / "late_restart.parquet")
+
+    def start():
+        p = _tracked(spark, directory, _tumbling, ParquetSink(out), fn=_split_clean)
+        run = p.start_stream(timeout=60.0, available_now=True, checkpoint_location=checkpoint)
+        return run.wait(timeout=WAIT)
+
+    dead = []
+    real_before, real_note = stream_state.StreamState.before_batch, stream_state.StreamState._note
+    real_remove = ParquetSink.remove_named
+
+    def before_batch(self):
+        if self.ctx.round == 3:  # the driver dies before micro-batch 3 persisted anything
+            dead.append(True)
+            raise RuntimeError("simulated driver crash in micro-batch 3")
+        return real_before(self)
+
+    def dead_too(real):
+        def call(*args, **kwargs):
+            if dead:  # a dead driver notes nothing, takes nothing back
+                raise RuntimeError("simulated driver crash (dead)")
+            return real(*args, **kwargs)
+
+        return call
+
+    def finish(self, drain):
+        raise RuntimeError("simulated driver crash (dead: no drain)")
+
+    monkeypatch.setattr(stream_state.StreamState, "before_batch", before_batch)
+    monkeypatch.setattr(stream_state.StreamState, "_note", dead_too(real_note))
+    monkeypatch.setattr(ParquetSink, "remove_named", dead_too(real_remove))
+    monkeypatch.setattr(streaming.StreamingRun, "_finish", finish)
+    with pytest.raises(Exception, match="simulated"):
+        start()
+    monkeypatch.undo()
+    assert dead
+    report = start()
+    got = sorted(_key(r) for r in spark.read.parquet(out).collect())
+    last = max(r[1] for r in plain)
+    assert len(got) == len(set(got))
+    assert [r for r in got if r[1] <= last] == plain
+    assert report.lost == 0
+
+
 def test_late_rows_are_dropped_as_plain_spark_drops_them(spark, tmp_path):
     """Lines 22 s behind, in windows the watermark has passed: plain Spark drops them, and so
     does xorack (no failure: its watermark is plain Spark's)."""

@@ -49,24 +49,38 @@ log = logging.getLogger(__name__)
 
 
 class _Emission:
-    """An emission's writes running in a thread (:attr:`StreamState.OVERLAP`): the rows each
-    sink took, or the error that stopped them."""
+    """An emission's writes running in a thread (:data:`OVERLAP`): the rows each sink took, or
+    the error that stopped them. Its jobs belong to no micro-batch: the thread carries none of
+    the query's job group, tags or SQL execution (stopping the query cancels those)."""
+
+    #: Spark's local properties that tie a job to the thread that started it
+    UNTIED = (
+        "spark.jobGroup.id",
+        "spark.job.description",
+        "spark.job.interruptOnCancel",
+        "spark.job.tags",
+        "spark.sql.execution.id",
+        "spark.sql.execution.root.id",
+    )
 
     def __init__(self, spark: Any, work: Callable[[], list[tuple[Any, int]]]) -> None:
-        from pyspark import InheritableThread
+        import threading
 
         self.written: list[tuple[Any, int]] = []
         self.error: BaseException | None = None
         jsession = spark._jsparkSession
+        sc = spark.sparkContext
 
         def run() -> None:
             try:  # the session is active per JVM thread (functions and readers ask for it)
+                for key in self.UNTIED:  # (a JVM thread may inherit them from its creator)
+                    sc.setLocalProperty(key, None)
                 spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(jsession)
                 self.written = work()
             except BaseException as exc:  # raised by StreamState.settle
                 self.error = exc
 
-        self._thread = InheritableThread(target=run, name="xorack-emission", daemon=True)
+        self._thread = threading.Thread(target=run, name="xorack-emission", daemon=True)
         self._thread.start()
 
     def join(self) -> None:
@@ -243,6 +257,10 @@ class StreamState:
         self._before_emission = 0  # the watermark before it (taken back if its writes fail)
         self._emitting = 0  # the watermark it closes windows by (its files' name)
         self.overlapped = 0  # emissions whose writes ran beside a micro-batch
+        # whether a window write may run beside the next micro-batch (OVERLAP; off for the
+        # drain at stop(), and where joins or deduplications keep event-time state too)
+        self.overlap = OVERLAP and not self.joins and not self.dedups
+        self._stamp: int | None = None  # a re-run micro-batch's late-row watermark
 
     @property
     def watermark(self) -> Any:
@@ -379,20 +397,32 @@ class StreamState:
         if before is not None and int(before["batch"]) == batch_id:  # run again
             self.spark_us, self.evict_us = int(before["spark"]), int(before["evict"])
             self.max_event = {k: int(v) for k, v in before["max"].items()}
+            # the watermark its first run judged late rows by: one whose window write was
+            # running beside it (not noted yet) may be ahead of the restored one
+            stamp = before.get("stamp")
+            self._stamp = None if stamp is None else int(stamp)
         state = {
             "batch": batch_id,
             "spark": self.spark_us,
             "evict": self.evict_us,
             "max": dict(self.max_event),
+            "stamp": self._late_stamp(),
         }
         self._before_batch = state
         self._note({MARK_BEFORE_BATCH: json.dumps(state)})
+
+    def _late_stamp(self) -> int:
+        """The watermark the next round's staged rows are late against."""
+        if self._stamp is not None:
+            return self._stamp
+        return min(self.watermark_us, self.evict_us)
 
     def before_round(self) -> None:
         """The rows staged by the next round are late against the watermark now: the held-back
         watermark, never ahead of the one plain Spark judges late rows by (the two differ only
         after a restart that runs a micro-batch again, see :meth:`begin_batch`)."""
-        stamp = min(self.watermark_us, self.evict_us)
+        stamp = self._late_stamp()
+        self._stamp = None
         for st in self._stagings():
             st.watermark_us = stamp
         for ds in self.dedup_states:  # a key's expiry: by plain Spark's watermark, not held
@@ -626,8 +656,9 @@ class StreamState:
         readers = {agg.name: sinks_after(ctx.plan, agg) for agg in closing}
         # the writes can run beside the next micro-batch into native sinks (a Python sink's
         # writes would meet the next round's), unless the sessions' rows to evict must be
-        # known first
-        overlap = OVERLAP and all(
+        # known first (and not in a query whose joins or deduplications judge rows by the
+        # watermark too: see overlap)
+        overlap = self.overlap and all(
             agg.spec.kind != "session_window" and node.caps.native
             for agg in closing
             for node, _ in readers[agg.name]

@@ -413,6 +413,8 @@ class StreamingRun:
             self._wake.set()
             if self._idle is not None:
                 self._idle.join()
+            with self._lock:
+                self._settle_windows()
             self.query.stop()
             if self._embedded_rotation:
                 ctx.ft_layer.stop()
@@ -445,9 +447,22 @@ class StreamingRun:
             raise self._error
         return self.report
 
+    def _settle_windows(self) -> None:
+        """Wait for the window write running beside the last micro-batch (before the query
+        stops: stopping it cancels its jobs). Its error is the run's (raised by ``stop()``)
+        and the drain writes its windows again (its watermark went back)."""
+        try:
+            self.windows.settle()
+        except Exception as exc:
+            log.warning("the last window write failed; the drain writes its windows again")
+            if self._error is None:
+                self._error = unisolated(exc)
+
     def _finish(self, drain: bool) -> None:
         """With FT on, after the query stopped: drain, retract, fill the report."""
         ctx = self.ctx
+        self._settle_windows()
+        self.windows.overlap = False  # the drain's window writes are waited for
         if drain:
             for r in range(ctx.config.max_attempts + 1):
                 ctx.client.expire_all()
