@@ -161,6 +161,18 @@ def _tracked(spark, directory, window, sink, fn=_split, max_attempts=3, branch=N
     return p
 
 
+def _restartable(spark, directory, out, checkpoint, fn):
+    """A start of the tumbling-window query into the ``ParquetSink`` at ``out``, on
+    ``checkpoint`` (call it again to restart it); returns the report."""
+
+    def start():
+        p = _tracked(spark, directory, _tumbling, ParquetSink(out), fn=fn)
+        run = p.start_stream(timeout=60.0, available_now=True, checkpoint_location=checkpoint)
+        return run.wait(timeout=WAIT)
+
+    return start
+
+
 def _tumbling():
     from pyspark.sql import functions as F
 
@@ -450,13 +462,8 @@ def test_a_restart_after_a_crash_beside_a_window_write_drops_late_rows_as_spark(
     directory = tmp_path / "in"
     _write_input(directory, late=True)
     plain = _plain(spark, directory, _tumbling, "plain_late_restart", drop_poison=False)
-    checkpoint = str(tmp_path / "checkpoint")
     out = str(tmp_path / "late_restart.parquet")
-
-    def start():
-        p = _tracked(spark, directory, _tumbling, ParquetSink(out), fn=_split_clean)
-        run = p.start_stream(timeout=60.0, available_now=True, checkpoint_location=checkpoint)
-        return run.wait(timeout=WAIT)
+    start = _restartable(spark, directory, out, str(tmp_path / "checkpoint"), _split_clean)
 
     dead = []
     real_before, real_note = stream_state.StreamState.before_batch, stream_state.StreamState._note
@@ -1065,13 +1072,8 @@ def test_a_restart_whose_first_emission_comes_at_another_watermark_takes_the_cut
     directory = tmp_path / "in"
     _write_input(directory)
     want = _closed(spark, directory, _tumbling, drop_poison=False)
-    checkpoint = str(tmp_path / "checkpoint")
     out = str(tmp_path / "windows.parquet")
-
-    def start():
-        p = _tracked(spark, directory, _tumbling, ParquetSink(out), fn=_held_back)
-        run = p.start_stream(timeout=60.0, available_now=True, checkpoint_location=checkpoint)
-        return run.wait(timeout=WAIT)
+    start = _restartable(spark, directory, out, str(tmp_path / "checkpoint"), _held_back)
 
     written = crash_after_window_write(monkeypatch, in_stop=False)
     with pytest.raises(Exception, match="simulated"):

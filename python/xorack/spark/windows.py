@@ -373,19 +373,16 @@ class WindowStaging(Staging):
         ended: Any,
         ids: bool = False,
         paths: list[str] | None = None,
-        within: tuple[int, int, int] | None = None,
     ) -> Any:
         """The staged rows of attempts not in ``ended`` with their ``_ft_wm`` (and their ids:
-        ``ids``), ghosts left out; those of ``paths`` only, if given; with ``within`` =
-        ``(lo_us, hi_us, horizon_us)``, those of the directories that can hold rows of the
-        windows ending in ``(lo_us, hi_us]`` only (:meth:`may_hold`: a superset of the rows
-        of those windows)."""
+        ``ids``), ghosts left out; those of ``paths`` only, if given (an emission picks them
+        with :meth:`readable`)."""
         from .schema import empty_frame
 
         extra = []
         if ids:
             extra = [RID_TAG, RID_NO]
-        paths = self.readable(within, paths)
+        paths = list(self.paths if paths is None else paths)
         if not paths:
             f = _f()
             df = empty_frame(spark, self.schema).withColumn(WM, micros_literal(0))
