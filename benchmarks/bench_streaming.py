@@ -25,8 +25,14 @@ A/B variants, in the same interleaved run: ``--sync`` (each micro-batch waits fo
 write) and ``--spread`` (each micro-batch spread round-robin over the shuffle partitions, as a
 source declared with ``partitions`` is; a shuffle before the tagging).
 
+``--rate N`` runs a rate source instead (``rowsPerSecond`` N, a micro-batch each second for
+``--seconds``): ``value % 100`` counted per 10 s window with a 5 s watermark, the same two
+queries; per run the rows it took in, the micro-batch times and whether it kept up with the
+source (its micro-batches within the 1 s trigger). The windows are not compared: each run reads
+other rows (a rate source's rows follow the wall clock).
+
     python benchmarks/bench_streaming.py [--files 12] [--lines 20000] [--repeat 3] [--json F]
-        [--sync] [--spread] [--pandas]
+        [--sync] [--spread] [--pandas] [--rate 100000 [--seconds 30]]
 """
 
 from __future__ import annotations
@@ -205,6 +211,97 @@ def run_xorack(spark: Any, inbox: str, out: str) -> dict[str, Any]:
     }
 
 
+def _rate_query(stream: Any, select: Any) -> Any:
+    """The rate query on a streaming frame (plain) or a tracked source (xorack)."""
+    from pyspark.sql import functions as F
+
+    keyed = select(stream.withWatermark("timestamp", "5 seconds"))
+    return keyed.groupBy(F.window("timestamp", "10 seconds"), "key").count()
+
+
+def _rate_stream(spark: Any, rate: int) -> Any:
+    return spark.readStream.format("rate").option("rowsPerSecond", rate).load()
+
+
+def _rate_select(df: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return df.select("timestamp", (F.col("value") % 100).alias("key"))
+
+
+def _rate_figures(progress: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+    times, rows = _times(progress)
+    return {"wall": wall, "batches": times, "rows": rows}
+
+
+def run_plain_rate(spark: Any, rate: int, seconds: float, out: str) -> dict[str, Any]:
+    counts = _rate_query(_rate_stream(spark, rate), _rate_select)
+    start = time.perf_counter()
+    q = (
+        counts.writeStream.outputMode("append")
+        .format("parquet")
+        .option("path", out)
+        .option("checkpointLocation", out + ".ckpt")
+        .trigger(processingTime="1 second")
+        .start()
+    )
+    time.sleep(seconds)
+    q.stop()
+    return _rate_figures(q.recentProgress, time.perf_counter() - start)
+
+
+def run_xorack_rate(spark: Any, rate: int, seconds: float, out: str) -> dict[str, Any]:
+    from xorack.spark import ParquetSink, Pipeline
+
+    p = Pipeline(spark)
+    counts = _rate_query(p.source(_rate_stream(spark, rate), name="rate"), _rate_select)
+    counts.sink(ParquetSink(out), name="windows")
+    start = time.perf_counter()
+    run = p.start_stream(timeout=300.0, trigger_seconds=1.0)
+    time.sleep(seconds)
+    report = run.stop()
+    assert report.lost == 0
+    assert report.dead_lettered == 0
+    return _rate_figures(run.query.recentProgress, time.perf_counter() - start)
+
+
+def rate_main(spark: Any, args: argparse.Namespace, work: str) -> None:
+    runs = [("plain", run_plain_rate), ("xorack", run_xorack_rate)]
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in runs}
+    for r in range(args.repeat + 1):  # run 0 warms both up and is left out
+        for name, fn in runs:
+            got = fn(spark, args.rate, args.seconds, os.path.join(work, f"rate-{name}-{r}"))
+            if r:
+                results[name].append(got)
+            print(
+                f"run {r} {name}: {got['rows']:,} rows in {len(got['batches'])} micro-batches",
+                file=sys.stderr,
+            )
+    lines = [
+        f"rate source, {args.rate:,} rows/s, a micro-batch per second for {args.seconds:.0f} s, "
+        f"{args.repeat} interleaved runs (medians; the first micro-batch left out)",
+        "",
+        "| query | rows in | micro-batch | slowest | processed | kept up |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    med = {}
+    for name, got in results.items():
+        batch = statistics.median(statistics.median(x["batches"][1:]) for x in got)
+        slow = statistics.median(max(x["batches"][1:]) for x in got)
+        rows = statistics.median(x["rows"] for x in got)
+        done = statistics.median(x["rows"] / sum(x["batches"]) for x in got)
+        med[name] = batch
+        kept = "yes" if slow <= 1.0 else f"no ({sum(b > 1.0 for b in got[0]['batches'])} over 1 s)"
+        lines.append(
+            f"| {name} | {rows:,.0f} | {batch:.3f} s | {slow:.3f} s | {done:,.0f} rows/s | {kept} |"
+        )
+    lines += ["", f"xorack / plain: micro-batch {med['xorack'] / med['plain']:.2f}"]
+    print("\n".join(lines))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=1)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, default=12, help="input files (micro-batches)")
@@ -222,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also run xorack with each micro-batch spread round-robin (a shuffle)",
     )
+    ap.add_argument("--rate", type=int, help="a rate source of this many rows/s instead")
+    ap.add_argument("--seconds", type=float, default=30.0, help="how long a --rate run lasts")
     args = ap.parse_args(argv)
     global PANDAS
     PANDAS = args.pandas
@@ -232,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     spark.sparkContext.setLogLevel("ERROR")
     work = tempfile.mkdtemp(prefix="xorack-bench-stream-")
     try:
+        if args.rate:
+            rate_main(spark, args, work)
+            return 0
         inbox = os.path.join(work, "in")
         write_input(inbox, args.files, args.lines)
         runs = [("plain", run_plain), ("xorack", run_xorack)]

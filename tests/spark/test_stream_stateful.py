@@ -220,7 +220,7 @@ def test_windows_equal_plain_structured_streaming_under_failures(
     assert run.windows.compactions > 0  # a session's rows leave once it is written
     # a time window's write into a native sink runs beside the next micro-batch (a session
     # window's is waited for: the sessions it writes leave the staged rows)
-    assert (run.windows.overlapped > 0) == (window is not _session)
+    assert (run.windows.beside.started > 0) == (window is not _session)
 
 
 @pytest.mark.parametrize("window", [_tumbling, _sliding], ids=["tumbling", "sliding"])
@@ -343,7 +343,7 @@ def test_a_failed_emission_beside_the_next_micro_batch_stops_the_stream_and_is_w
     run = p.start_stream(timeout=60.0, available_now=True)
     with pytest.raises(RuntimeError, match="injected: the emission's write failed"):
         run.wait(timeout=WAIT)
-    assert run.windows.overlapped >= 2
+    assert run.windows.beside.started >= 2
     got = [_key(r) for r in spark.read.parquet(out).collect()]
     assert len(got) == len(set(got))  # no window written twice
     assert set(got) <= want  # each with its final value
@@ -369,12 +369,85 @@ def _until(condition, seconds=200.0):
     assert condition()
 
 
-def test_stopping_a_stream_waits_for_the_window_write_beside_it(spark, tmp_path, monkeypatch):
+def _tied(monkeypatch, spark):
+    """Window writes that carry the job group, tags and SQL execution of the thread that
+    started them (as an ``InheritableThread`` would): only the wait before the query stops
+    keeps ``stop()`` from cancelling them."""
+    from xorack.spark import stream_emission
+
+    sc = spark.sparkContext
+    keys = stream_emission._Emission.UNTIED
+    start = stream_emission.BesideWrites.start
+
+    def tied_start(self, work, done, undo):
+        props = {k: sc.getLocalProperty(k) for k in keys}
+        assert props["spark.jobGroup.id"], "a micro-batch's thread has the query's job group"
+
+        def tied_work():
+            for key, value in props.items():
+                sc.setLocalProperty(key, value)
+            return work()
+
+        start(self, tied_work, done, undo)
+
+    monkeypatch.setattr(stream_emission._Emission, "UNTIED", ())
+    monkeypatch.setattr(stream_emission.BesideWrites, "start", tied_start)
+
+
+def test_a_window_write_beside_a_micro_batch_carries_none_of_its_job_properties(spark, monkeypatch):
+    """The thread of a write beside the next micro-batch clears the job group, tags and SQL
+    execution its JVM thread could inherit: stopping the query (which cancels its job group)
+    cannot cancel it. Its thread made an ``InheritableThread`` here, which copies them from
+    the thread that starts it (a plain thread's JVM thread may still hold them when py4j
+    gives it one that served another thread)."""
+    import types
+
+    from pyspark import InheritableThread
+
+    from xorack.spark import stream_emission
+    from xorack.spark.stream_emission import BesideWrites
+
+    monkeypatch.setattr(
+        stream_emission, "threading", types.SimpleNamespace(Thread=InheritableThread)
+    )
+
+    sc = spark.sparkContext
+    keys = ("spark.jobGroup.id", "spark.job.tags", "spark.sql.execution.id")
+    seen = {}
+
+    def work():
+        seen.update({k: sc.getLocalProperty(k) for k in keys})
+        return [(None, spark.range(5).count())]
+
+    def started_from_a_query_thread():
+        for key in keys:
+            sc.setLocalProperty(key, "query-" + key)
+        writes = BesideWrites(spark, enabled=True)
+        done = []
+        writes.start(work, done.append, lambda: None)
+        writes.settle()
+        seen["written"] = done
+        for key in keys:
+            sc.setLocalProperty(key, None)
+
+    thread = threading.Thread(target=started_from_a_query_thread)
+    thread.start()
+    thread.join()
+    assert seen == {**dict.fromkeys(keys), "written": [[(None, 5)]]}
+
+
+@pytest.mark.parametrize("thread", ["untied", "tied"])
+def test_stopping_a_stream_waits_for_the_window_write_beside_it(
+    spark, tmp_path, monkeypatch, thread
+):
     """The last micro-batch's window write is still running beside an idle stream when
     ``stop()`` comes: it is waited for before the query stops (stopping the query cancels its
-    jobs, and the write belongs to none of them), and the sink holds every window."""
+    jobs, and the write belongs to none of them), and the sink holds every window. ``tied``:
+    the write carries the query's job group, so the wait alone keeps it from being cancelled."""
     from xorack.spark import stream_state
 
+    if thread == "tied":
+        _tied(monkeypatch, spark)
     directory = tmp_path / "in"
     _write_input(directory)
     want = _closed(spark, directory, _tumbling, drop_poison=False)
@@ -816,7 +889,7 @@ def test_update_mode_windows_equal_plain_structured_streaming(spark, tmp_path):
     assert got == want
     assert report.lost == 0
     assert report.replayed > 0
-    assert run.windows.upserts >= 2  # updated along the way, not once at the end
+    assert run.windows.updates.writes >= 2  # updated along the way, not once at the end
     final = {r[:3]: r[3] for r in got}
     for before, after in itertools.pairwise(snapshots):
         assert all(after.get(w, 0) >= n for w, n in before.items())  # never falls

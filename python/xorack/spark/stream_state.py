@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,7 +21,9 @@ from .publish import adopt_staged, close_staging, open_staging
 from .report import RunReport
 from .rows import RowOperation, Source
 from .stream_dedup import DedupStaging, DedupState
+from .stream_emission import BesideWrites, Written
 from .stream_join import JoinState
+from .stream_update import Updates
 from .windows import WindowStaging, closes_any, horizon_of, write_emitted
 
 #: A resumable stream's marks in its FT state (job_state): the watermark windows closed by,
@@ -36,55 +37,16 @@ MARK_EMIT = "stream:emitting"
 MARK_JOIN = "stream:joining:"
 MARK_PUBLISH = "stream:publishing:"
 MARK_COMPACTED = "stream:compacted:"
-MARK_SETTLED = "stream:settled:"  # update mode: the last staged directory known settled
 MARK_BEFORE_BATCH = "stream:before_batch"  # plain Spark's watermark state before a micro-batch
 #: Staged directories of a windowed aggregation that make it rewrite them as one.
 COMPACT_AFTER = 16
 #: An emission of closed windows into native sinks runs its Spark job in a thread of its own,
-#: beside the next micro-batch (which settles it before it closes windows again): the A/B
-#: switch of ``bench_streaming``. False: each micro-batch waits for its windows' write.
+#: beside the next micro-batch (which settles it before it closes windows again; see
+#: :mod:`xorack.spark.stream_emission`): the A/B switch of ``bench_streaming``. False: each
+#: micro-batch waits for its windows' write.
 OVERLAP = True
 
 log = logging.getLogger(__name__)
-
-
-class _Emission:
-    """An emission's writes running in a thread (:data:`OVERLAP`): the rows each sink took, or
-    the error that stopped them. Its jobs belong to no micro-batch: the thread carries none of
-    the query's job group, tags or SQL execution (stopping the query cancels those)."""
-
-    #: Spark's local properties that tie a job to the thread that started it
-    UNTIED = (
-        "spark.jobGroup.id",
-        "spark.job.description",
-        "spark.job.interruptOnCancel",
-        "spark.job.tags",
-        "spark.sql.execution.id",
-        "spark.sql.execution.root.id",
-    )
-
-    def __init__(self, spark: Any, work: Callable[[], list[tuple[Any, int]]]) -> None:
-        import threading
-
-        self.written: list[tuple[Any, int]] = []
-        self.error: BaseException | None = None
-        jsession = spark._jsparkSession
-        sc = spark.sparkContext
-
-        def run() -> None:
-            try:  # the session is active per JVM thread (functions and readers ask for it)
-                for key in self.UNTIED:  # (a JVM thread may inherit them from its creator)
-                    sc.setLocalProperty(key, None)
-                spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(jsession)
-                self.written = work()
-            except BaseException as exc:  # raised by StreamState.settle
-                self.error = exc
-
-        self._thread = threading.Thread(target=run, name="xorack-emission", daemon=True)
-        self._thread.start()
-
-    def join(self) -> None:
-        self._thread.join()
 
 
 def _upstream(node: Any) -> list[Any]:
@@ -216,12 +178,7 @@ class StreamState:
         append = output_mode == "append"
         self.windowed = [a for a in aggs if isinstance(a, WindowAggregate) and append]
         self.updated = aggs if output_mode == "update" else []
-        self._upserted: dict[str, set[int]] = {}  # per aggregation: the rows' hashes written
-        # update mode, per windowed aggregation: its staged directories written before an
-        # instant when nothing was pending (their rows' records have all settled)
-        self._settled: dict[str, str] = {}
-        self._updated_at = -1  # the watermark of the last update
-        self.upserts = 0  # writes of an update-mode aggregation's changed groups
+        self.updates = Updates(ctx, self.updated, self._count, self._note)
         self.joins = [b for b in ctx.plan.barriers() if isinstance(b, StreamJoin)]
         self.join_states: list[JoinState] = []
         self.dedups = [b for b in ctx.plan.barriers() if isinstance(b, StreamDedup)]
@@ -251,15 +208,9 @@ class StreamState:
         self.resume = False
         self._before_batch: dict[str, Any] | None = None  # see begin_batch
         self.publishes = 0  # appends of settled rows to the native sinks
-        # the emission whose writes run beside the next micro-batch, and what follows them
-        self._emission: _Emission | None = None
-        self._after_emission: Callable[[], None] | None = None
-        self._before_emission = 0  # the watermark before it (taken back if its writes fail)
-        self._emitting = 0  # the watermark it closes windows by (its files' name)
-        self.overlapped = 0  # emissions whose writes ran beside a micro-batch
-        # whether a window write may run beside the next micro-batch (OVERLAP; off for the
-        # drain at stop(), and where joins or deduplications keep event-time state too)
-        self.overlap = OVERLAP and not self.joins and not self.dedups
+        # the window write running beside the next micro-batch (OVERLAP; not where joins or
+        # deduplications keep event-time state too)
+        self.beside = BesideWrites(ctx.spark, OVERLAP and not self.joins and not self.dedups)
         self._stamp: int | None = None  # a re-run micro-batch's late-row watermark
 
     @property
@@ -305,9 +256,7 @@ class StreamState:
         }
         before = marks.get(MARK_BEFORE_BATCH)
         self._before_batch = json.loads(before) if before else None
-        self._settled = {
-            k[len(MARK_SETTLED) :]: v for k, v in marks.items() if k.startswith(MARK_SETTLED) and v
-        }
+        self.updates.restore(marks)
         adopt_staged(ctx, np.empty(0, np.uint64))
         for key, staging in self._compacted():  # a compaction holds the rows of those before
             last = marks.get(MARK_COMPACTED + key)
@@ -320,9 +269,7 @@ class StreamState:
         undone: dict[str, str | None] = {}
         cut = marks.get(MARK_EMIT)
         if cut:  # an emission cut short: its files go, the windows are written again
-            for node in self._window_sinks():
-                if node.caps.native:
-                    node.sink.remove_named(ctx.spark, f"w{cut}")
+            self._take_back(f"w{cut}")
             undone[MARK_EMIT] = None
         states: list[JoinState | DedupState] = [*self.join_states, *self.dedup_states]
         for js in states:
@@ -358,9 +305,12 @@ class StreamState:
         out += [(ds.node.name, ds.staging) for ds in self.dedup_states]
         return out
 
-    def _window_sinks(self) -> list[Any]:
-        plan = self.ctx.plan
-        return [n for agg in self.windowed for n, _ in sinks_after(plan, agg)]
+    def _take_back(self, name: str) -> None:
+        """Delete the files a window write named ``name`` moved into the native sinks."""
+        for agg in self.windowed:
+            for node, _ in sinks_after(self.ctx.plan, agg):
+                if node.caps.native:
+                    node.sink.remove_named(self.ctx.spark, name)
 
     def _note(self, marks: dict[str, str | None]) -> None:
         """A resumable query's stream state, durable with its FT state."""
@@ -369,7 +319,7 @@ class StreamState:
 
     def close(self) -> None:
         try:
-            self.settle()
+            self.beside.settle()
         except Exception:  # the run raises its own error: this one is only logged
             log.exception("the last emission of closed windows failed")
         if self._workdir is not None:
@@ -435,8 +385,7 @@ class StreamState:
         ctx = self.ctx
         if not work.staged:
             return
-        self._tags += 1
-        name = f"{ctx.run_tag}{self._tags:07d}-{tag}"  # name order = write order
+        name = self._name("", f"-{tag}")  # name order = write order
         paths = [st.write(df, name) for st, df in work.staged]
         self._dirty = True
         assert ctx.location is not None
@@ -508,9 +457,7 @@ class StreamState:
             self._note({key: f"{name}:started"})
             written = node.sink.append(staging.rows(ctx.spark, ended_df), name=name)
             self._note({key: f"{name}:done"})
-            self.report.sink_rows[node.name] = self.report.sink_rows.get(node.name, 0) + int(
-                written or 0
-            )
+            self._count([(node, int(written or 0))])
             staging.remove()
             self._note({key: None})
             self.publishes += 1
@@ -522,7 +469,7 @@ class StreamState:
         closes the windows by the latest watermark."""
         if not self.timed and not self.native and not self.complete and not self.updated:
             return
-        self.settle()
+        self.beside.settle()
         if not data and self.evict_us != self.spark_us:
             self.evict_us = self.spark_us
             self._note({MARK_EVICT: str(self.evict_us)})
@@ -552,58 +499,11 @@ class StreamState:
 
     def update(self, stats: dict[str, Any]) -> None:
         """Update mode: the groups whose row changed since the last write replace their rows
-        in the sinks, by key. A row counts once its record has settled: an aggregation by a
-        time window counts the rows staged before the last instant when nothing was pending,
-        and the later ones below the watermark (a record still pending has an event time at or
-        above it), late rows left out as Spark drops them — so a window's row is written as
-        its records settle, and its count never falls; an aggregation without a window is
-        written whenever nothing is pending."""
-        from pyspark.sql import functions as F
-
-        from .lineage import q
-
-        ctx = self.ctx
+        in the sinks, by key (:class:`xorack.spark.stream_update.Updates`)."""
         pending = bool(stats.get("pending", 0))
-        moved = self.watermark_us != self._updated_at
-        if not self.updated or not (self._dirty or moved):
-            return
-        ended_df = self._ended_frame()
-        wrote = False
-        for agg in self.updated:
-            if isinstance(agg, WindowAggregate):
-                (staging,) = ctx.of(agg).staging
-                assert isinstance(staging, WindowStaging)
-                if not pending and staging.paths:
-                    self._settled[agg.name] = os.path.basename(staging.paths[-1])
-                    self._note({MARK_SETTLED + agg.name: self._settled[agg.name]})
-                cut = self._settled.get(agg.name, "")
-                old = [p for p in staging.paths if os.path.basename(p) <= cut]
-                new = [p for p in staging.paths if os.path.basename(p) > cut]
-                rows = staging.staged(ctx.spark, ended_df, paths=old)
-                if new:
-                    t = F.unix_micros(F.col(q(agg.spec.time)).cast("timestamp"))
-                    fresh = staging.staged(ctx.spark, ended_df, paths=new)
-                    rows = rows.unionByName(fresh.where(t < F.lit(self.watermark_us)))
-                out = agg.spec.emit(rows, -(1 << 62), 1 << 62)
-            elif pending:
-                continue
-            else:
-                out = agg.output(ctx, ended_df)
-            digest = F.xxhash64(*[F.col(q(c)) for c in out.columns])
-            rows = out.withColumn("_ft_digest", digest).toPandas()
-            seen = self._upserted.get(agg.name, set())
-            changed = rows[~rows["_ft_digest"].isin(seen)]
-            keys = list(ctx.plan.derived_source(agg).keys)
-            for node in ctx.plan.readers(ctx.plan.derived_source(agg)):
-                assert isinstance(node, Sink)  # checked at start_stream
-                written = int(node.sink.upsert(changed[list(node.columns)], keys))
-                self.report.sink_rows[node.name] = self.report.sink_rows.get(node.name, 0) + written
-            self._upserted[agg.name] = set(rows["_ft_digest"].tolist())
-            wrote = wrote or bool(len(changed))
-        if not pending:
+        looked = self.updates.write(pending, self._dirty, self.watermark_us, self._ended_frame)
+        if looked and not pending:
             self._dirty = False
-        self._updated_at = self.watermark_us
-        self.upserts += int(wrote)
 
     def emit(self, stats: dict[str, Any]) -> None:
         """Move the watermark as far as the records still pending allow, and write the windows
@@ -657,8 +557,8 @@ class StreamState:
         # the writes can run beside the next micro-batch into native sinks (a Python sink's
         # writes would meet the next round's), unless the sessions' rows to evict must be
         # known first (and not in a query whose joins or deduplications judge rows by the
-        # watermark too: see overlap)
-        overlap = self.overlap and all(
+        # watermark too: see beside)
+        overlap = self.beside.enabled and all(
             agg.spec.kind != "session_window" and node.caps.native
             for agg in closing
             for node, _ in readers[agg.name]
@@ -676,54 +576,49 @@ class StreamState:
                     evicted[agg.name] = out
             return writes
 
-        def work() -> list[tuple[Any, int]]:
+        def work() -> Written:
             return [
                 (node, write_emitted(node, out, name=f"w{new}", chain=chain))
                 for node, out, chain in frames()
             ]
 
-        def after() -> None:
+        def done(written: Written) -> None:
+            self._count(written)
             self._note({MARK_WATERMARK: str(new), MARK_EMIT: None})
             self._compact(ended_df, evicted)
 
-        if not overlap:
-            self._count(work())
-            self.watermark_us = new
-            self.emits += 1
-            after()
-            return
-        self._before_emission, self._emitting = self.watermark_us, new
+        def undo() -> None:  # the windows are written again by the next emission
+            self.watermark_us, self.emits = lo, self.emits - 1
+            try:
+                self._take_back(f"w{new}")
+            except Exception:  # a restart takes them back (its mark stays)
+                log.exception("could not take back a failed emission's files")
+
         self.watermark_us = new  # the next round's late rows are judged by it
         self.emits += 1
-        self._emission = _Emission(ctx.spark, work)
-        self._after_emission = after
-        self.overlapped += 1
+        if overlap:
+            self.beside.start(work, done, undo)
+            return
+        try:
+            written = work()
+        except BaseException:
+            undo()
+            raise
+        done(written)
 
-    def _count(self, written: list[tuple[Any, int]]) -> None:
+    def _count(self, written: Written) -> None:
         for node, rows in written:
             self.report.sink_rows[node.name] = self.report.sink_rows.get(node.name, 0) + rows
 
-    def settle(self) -> None:
-        """Wait for the emission whose writes run beside this micro-batch (:data:`OVERLAP`),
-        then note it done and compact; its error raises here (its windows' files are taken
-        back, and the watermark too: they are written again by the next emission)."""
-        emission, after = self._emission, self._after_emission
-        if emission is None or after is None:
-            return
-        emission.join()
-        self._emission = self._after_emission = None
-        if emission.error is not None:
-            self.watermark_us = self._before_emission
-            self.emits -= 1
-            for node in self._window_sinks():
-                if node.caps.native:
-                    try:
-                        node.sink.remove_named(self.ctx.spark, f"w{self._emitting}")
-                    except Exception:  # a restart takes them back (its mark stays)
-                        log.exception("could not take back a failed emission's files")
-            raise emission.error
-        self._count(emission.written)
-        after()
+    def _name(self, prefix: str, suffix: str = "") -> str:
+        """A new name for a write of this run, after every earlier one in name order."""
+        self._tags += 1
+        return f"{prefix}{self.ctx.run_tag}{self._tags:07d}{suffix}"
+
+    def _write_new(self, barrier: Any, new: Any, name: str) -> None:
+        """Write a join's or deduplication's new rows into the sinks after it."""
+        chains = sinks_after(self.ctx.plan, barrier)
+        self._count([(n, write_emitted(n, new, name=name, chain=c)) for n, c in chains])
 
     def join(self, stats: dict[str, Any]) -> None:
         """Write the rows of each stream-stream join that its settled rows now give and no
@@ -747,19 +642,15 @@ class StreamState:
             new = js.new_rows(ctx.spark, ended_df, frontier, w).localCheckpoint(eager=True)
             if new.isEmpty():
                 continue
-            self._tags += 1
-            name = f"j{ctx.run_tag}{self._tags:07d}"
+            name = self._name("j")
             self._note({MARK_JOIN + js.node.name: name})
             new = new.withColumn(ROW_ID, F.xxhash64(*[F.col(c) for c in PAIR]))
-            for node, chain in sinks_after(ctx.plan, js.node):
-                written = write_emitted(node, new, name=name, chain=chain)
-                self.report.sink_rows[node.name] = self.report.sink_rows.get(node.name, 0) + written
+            self._write_new(js.node, new, name)
             js.record(new, name)
             self._note({MARK_JOIN + js.node.name: None})
             self.joined += 1
             if len(js.left.paths) + len(js.right.paths) >= COMPACT_AFTER:
-                self._tags += 1
-                name = f"{ctx.run_tag}{self._tags:07d}-compacted"
+                name = self._name("", "-compacted")
                 hidden = js.compact_sides(ctx.spark, ended_df, frontier, w, name)
                 for st, path in hidden:
                     key = f"{js.node.name}:{0 if st is js.left else 1}"
@@ -785,21 +676,15 @@ class StreamState:
                 continue  # rows without an event time settle when nothing is pending
             new = ds.new_rows(ctx.spark, ended_df, frontier).localCheckpoint(eager=True)
             if not new.isEmpty():
-                self._tags += 1
-                name = f"d{ctx.run_tag}{self._tags:07d}"
+                name = self._name("d")
                 self._note({MARK_JOIN + ds.node.name: name})
                 new = ds.with_row_id(new)  # a write done again is absorbed by an idempotent sink
-                for node, chain in sinks_after(ctx.plan, ds.node):
-                    written = write_emitted(node, new, name=name, chain=chain)
-                    self.report.sink_rows[node.name] = (
-                        self.report.sink_rows.get(node.name, 0) + written
-                    )
+                self._write_new(ds.node, new, name)
                 ds.record(new, name)
                 self._note({MARK_JOIN + ds.node.name: None})
                 self.deduped += 1
             if len(ds.staging.paths) >= COMPACT_AFTER:
-                self._tags += 1
-                name = f"{ctx.run_tag}{self._tags:07d}-compacted"
+                name = self._name("", "-compacted")
                 hidden = ds.compact_rows(ctx.spark, ended_df, name)
                 self._note({MARK_COMPACTED + ds.node.name: name})  # then a restart commits it
                 ds.staging.drop_before(ds.staging.commit(hidden))
@@ -819,8 +704,7 @@ class StreamState:
             written = evicted.get(agg.name)
             if written is None and (horizon is None or len(staging.paths) < COMPACT_AFTER):
                 continue
-            self._tags += 1
-            name = f"{ctx.run_tag}{self._tags:07d}-compacted"
+            name = self._name("", "-compacted")
             if written is not None:  # the rows of the sessions written leave at once
                 sessions = agg.spec.session_rows(written)
                 hidden = staging.evict(ctx.spark, ended_df, sessions, agg.spec.keys, name)

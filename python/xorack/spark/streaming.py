@@ -452,7 +452,7 @@ class StreamingRun:
         stops: stopping it cancels its jobs). Its error is the run's (raised by ``stop()``)
         and the drain writes its windows again (its watermark went back)."""
         try:
-            self.windows.settle()
+            self.windows.beside.settle()
         except Exception as exc:
             log.warning("the last window write failed; the drain writes its windows again")
             if self._error is None:
@@ -462,7 +462,7 @@ class StreamingRun:
         """With FT on, after the query stopped: drain, retract, fill the report."""
         ctx = self.ctx
         self._settle_windows()
-        self.windows.overlap = False  # the drain's window writes are waited for
+        self.windows.beside.enabled = False  # the drain's window writes are waited for
         if drain:
             for r in range(ctx.config.max_attempts + 1):
                 ctx.client.expire_all()
