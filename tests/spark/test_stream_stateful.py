@@ -315,15 +315,19 @@ def test_a_stream_without_partitions_reads_its_micro_batches_without_a_shuffle(
     assert any("Exchange" in plan for plan in plans)
 
 
+@pytest.mark.parametrize("fails", ["after its files", "before its files"])
+@pytest.mark.parametrize("overlap", [True, False], ids=["beside", "waited"])
 def test_a_failed_emission_beside_the_next_micro_batch_stops_the_stream_and_is_written_again(
-    spark, tmp_path, monkeypatch
+    spark, tmp_path, monkeypatch, overlap, fails
 ):
-    """An emission's write runs beside the next micro-batch: when it fails, the error stops
-    the stream (raised by ``wait``, not lost), its files are taken back and the watermark with
-    them, and ``stop()``'s drain writes those windows again: the sink holds each window once,
-    with its value."""
+    """An emission's write runs beside the next micro-batch (or is waited for: ``waited``):
+    when it fails (once its files are in the sink, or before), the error stops the stream
+    (raised by ``wait``, not lost), its files are taken back and the watermark with them, and
+    ``stop()``'s drain writes those windows again: the sink holds each window once, with its
+    value."""
     from xorack.spark import stream_state
 
+    monkeypatch.setattr(stream_state, "OVERLAP", overlap)
     directory = tmp_path / "in"
     _write_input(directory)
     want = set(_closed(spark, directory, _tumbling, drop_poison=False))  # no line fails
@@ -332,6 +336,8 @@ def test_a_failed_emission_beside_the_next_micro_batch_stops_the_stream_and_is_w
 
     def flaky(node, out, name, chain=()):
         calls.append(name)
+        if len(calls) == 2 and fails == "before its files":
+            raise RuntimeError("injected: the emission's write failed")
         written = real(node, out, name=name, chain=chain)
         if len(calls) == 2:  # its files are in the sink: taken back
             raise RuntimeError("injected: the emission's write failed")
@@ -343,7 +349,7 @@ def test_a_failed_emission_beside_the_next_micro_batch_stops_the_stream_and_is_w
     run = p.start_stream(timeout=60.0, available_now=True)
     with pytest.raises(RuntimeError, match="injected: the emission's write failed"):
         run.wait(timeout=WAIT)
-    assert run.windows.beside.started >= 2
+    assert (run.windows.beside.started >= 2) if overlap else not run.windows.beside.started
     got = [_key(r) for r in spark.read.parquet(out).collect()]
     assert len(got) == len(set(got))  # no window written twice
     assert set(got) <= want  # each with its final value
