@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from typing import Any
 
 import numpy as np
@@ -576,19 +577,31 @@ class StreamState:
                     evicted[agg.name] = out
             return writes
 
+        # a compaction after a write beside the next micro-batch is written there too (of the
+        # directories staged so far), and committed when it is settled
+        compactions = self._compactions(evicted) if overlap else []
+        hidden: list[str] = []
+
         def work() -> Written:
-            return [
+            written = [
                 (node, write_emitted(node, out, name=f"w{new}", chain=chain))
                 for node, out, chain in frames()
             ]
+            hidden.extend(self._rewrite(c, ended_df, evicted, new) for c in compactions)
+            return written
 
         def done(written: Written) -> None:
             self._count(written)
             self._note({MARK_WATERMARK: str(new), MARK_EMIT: None})
-            self._compact(ended_df, evicted)
+            if not overlap:
+                self._compact(ended_df, evicted)
+            for item, path in zip(compactions, hidden, strict=True):
+                self._commit(item, path)
 
         def undo() -> None:  # the windows are written again by the next emission
             self.watermark_us, self.emits = lo, self.emits - 1
+            for path in hidden:
+                shutil.rmtree(path, ignore_errors=True)
             try:
                 self._take_back(f"w{new}")
             except Exception:  # a restart takes them back (its mark stays)
@@ -696,24 +709,39 @@ class StreamState:
         staged ``COMPACT_AFTER`` directories, they are rewritten as one without the rows whose
         windows have all closed (a session window keeps its rows: a session can grow as long
         as rows come)."""
-        ctx = self.ctx
+        for item in self._compactions(evicted):
+            self._commit(item, self._rewrite(item, ended_df, evicted, self.watermark_us))
+
+    def _compactions(self, evicted: dict[str, Any]) -> list[tuple[Any, WindowStaging, str, list]]:
+        """The aggregations whose staging is rewritten now: each with its rewrite's name and the
+        directories it reads (every one staged so far: later ones are named after it)."""
+        out = []
         for agg in self.windowed:
             horizon = horizon_of(agg.spec)
-            (staging,) = ctx.of(agg).staging
+            (staging,) = self.ctx.of(agg).staging
             assert isinstance(staging, WindowStaging)
-            written = evicted.get(agg.name)
-            if written is None and (horizon is None or len(staging.paths) < COMPACT_AFTER):
+            if agg.name not in evicted and (horizon is None or len(staging.paths) < COMPACT_AFTER):
                 continue
-            name = self._name("", "-compacted")
-            if written is not None:  # the rows of the sessions written leave at once
-                sessions = agg.spec.session_rows(written)
-                hidden = staging.evict(ctx.spark, ended_df, sessions, agg.spec.keys, name)
-            else:
-                assert horizon is not None
-                hidden = staging.compact(ctx.spark, ended_df, self.watermark_us, horizon, name)
-            self._note({MARK_COMPACTED + agg.name: name})  # then a restart commits it
-            staging.drop_before(staging.commit(hidden))
-            self.compactions += 1
+            out.append((agg, staging, self._name("", "-compacted"), list(staging.paths)))
+        return out
+
+    def _rewrite(self, item: tuple, ended_df: Any, evicted: dict[str, Any], wm_us: int) -> str:
+        """Write a compaction (hidden until :meth:`_commit`); the rows of the sessions
+        ``evicted`` (written) leave at once."""
+        agg, staging, name, paths = item
+        written = evicted.get(agg.name)
+        if written is not None:
+            sessions = agg.spec.session_rows(written)
+            return staging.evict(self.ctx.spark, ended_df, sessions, agg.spec.keys, name)
+        horizon = horizon_of(agg.spec)
+        assert horizon is not None
+        return staging.compact(self.ctx.spark, ended_df, wm_us, horizon, name, paths=paths)
+
+    def _commit(self, item: tuple, hidden: str) -> None:
+        agg, staging, name, _ = item
+        self._note({MARK_COMPACTED + agg.name: name})  # then a restart commits it
+        staging.drop_before(staging.commit(hidden))
+        self.compactions += 1
 
 
 __all__ = [

@@ -290,24 +290,36 @@ class WindowStaging(Staging):
         bounds = self.bounds[path]
         return bounds is not None and bounds[0] < hi_us and bounds[1] + horizon_us > lo_us
 
-    def compact(self, spark: Any, ended: Any, watermark_us: int, horizon_us: int, tag: str) -> str:
-        """Write the staged rows as one directory ``tag`` without the rows every window of
-        which has closed (event time + ``horizon_us``, the window's duration, at or below the
-        watermark), the ghosts and the rows of attempts in ``ended``; returns its path (the
-        old directories stay until :meth:`drop_before`). The events of the rows were sent when
-        they were first staged: they are not sent again."""
+    def compact(
+        self,
+        spark: Any,
+        ended: Any,
+        watermark_us: int,
+        horizon_us: int,
+        tag: str,
+        paths: Sequence[str] | None = None,
+    ) -> str:
+        """Write the staged rows (of ``paths``: every directory by default) as one directory
+        ``tag`` without the rows every window of which has closed (event time +
+        ``horizon_us``, the window's duration, at or below the watermark), the ghosts and the
+        rows of attempts in ``ended``; returns its path (the old directories stay until
+        :meth:`drop_before`). The events of the rows were sent when they were first staged:
+        they are not sent again."""
         f = _f()
         time = f.unix_micros(f.col(q(self.time)).cast("timestamp"))
         keep = time + f.lit(int(horizon_us)) > f.lit(int(watermark_us))
-        return self.rewrite(spark, ended, keep, tag)
+        return self.rewrite(spark, ended, keep, tag, paths)
 
-    def rewrite(self, spark: Any, ended: Any, keep: Any, tag: str) -> str:
-        """Write the staged rows for which ``keep`` holds as one hidden directory ``tag``,
-        without the ghosts and the rows of attempts in ``ended``; returns its path (the old
-        directories stay until :meth:`commit` and :meth:`drop_before`)."""
+    def rewrite(
+        self, spark: Any, ended: Any, keep: Any, tag: str, paths: Sequence[str] | None = None
+    ) -> str:
+        """Write the staged rows (of ``paths``: every directory by default) for which ``keep``
+        holds as one hidden directory ``tag``, without the ghosts and the rows of attempts in
+        ``ended``; returns its path (the old directories stay until :meth:`commit` and
+        :meth:`drop_before`)."""
         f = _f()
         path = os.path.join(self.root, "_" + tag)  # hidden from a restart until committed
-        rows = self.read(spark, self.paths).where(f.col(KEEP))
+        rows = self.read(spark, self.paths if paths is None else paths).where(f.col(KEEP))
         if ended is not None:
             rows = rows.join(ended, SRC, "left_anti")
         rows.where(keep).write.mode("overwrite").parquet(path)
