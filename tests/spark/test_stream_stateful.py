@@ -230,7 +230,8 @@ def test_an_emission_reads_only_the_staged_directories_that_can_hold_its_windows
     """Each staged micro-batch's event times are known (observed as it is written): an
     emission leaves the directories whose rows cannot fall into the windows it writes unread
     (replays included: a replayed record is staged with its own event time, in a later
-    directory) and still writes what plain Structured Streaming writes."""
+    directory) and still writes what plain Structured Streaming writes; once every window of
+    a directory has closed, it is deleted whole (no rewrite)."""
     directory = tmp_path / "in"
     _write_input(directory)
     plain = _plain(spark, directory, window, f"plain_pruned_{window.__name__[1:]}")
@@ -254,7 +255,9 @@ def test_an_emission_reads_only_the_staged_directories_that_can_hold_its_windows
     assert report.replayed > 0
     (staging,) = stagings.values()
     assert staging.bounds  # the micro-batches' event times, observed
-    assert staging.pruned > 0  # directories an emission did not read
+    # directories whose windows had all closed are deleted (before, an emission left them
+    # unread: they are what it pruned in this in-order input)
+    assert staging.dropped > 0
 
 
 @contextlib.contextmanager

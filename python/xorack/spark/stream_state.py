@@ -579,7 +579,7 @@ class StreamState:
 
         # a compaction after a write beside the next micro-batch is written there too (of the
         # directories staged so far), and committed when it is settled
-        compactions = self._compactions(evicted) if overlap else []
+        compactions = self._compactions(evicted, new) if overlap else []
         hidden: list[str] = []
 
         def work() -> Written:
@@ -595,6 +595,7 @@ class StreamState:
             self._note({MARK_WATERMARK: str(new), MARK_EMIT: None})
             if not overlap:
                 self._compact(ended_df, evicted)
+            self._drop_closed(new)
             for item, path in zip(compactions, hidden, strict=True):
                 self._commit(item, path)
 
@@ -709,20 +710,34 @@ class StreamState:
         staged ``COMPACT_AFTER`` directories, they are rewritten as one without the rows whose
         windows have all closed (a session window keeps its rows: a session can grow as long
         as rows come)."""
-        for item in self._compactions(evicted):
+        self._drop_closed(self.watermark_us)
+        for item in self._compactions(evicted, self.watermark_us):
             self._commit(item, self._rewrite(item, ended_df, evicted, self.watermark_us))
 
-    def _compactions(self, evicted: dict[str, Any]) -> list[tuple[Any, WindowStaging, str, list]]:
+    def _drop_closed(self, wm_us: int) -> None:
+        """Delete the staged directories of time windows that have all closed."""
+        for agg in self.windowed:
+            horizon = horizon_of(agg.spec)
+            (staging,) = self.ctx.of(agg).staging
+            if horizon is not None and isinstance(staging, WindowStaging):
+                staging.drop_closed(wm_us, horizon)
+
+    def _compactions(
+        self, evicted: dict[str, Any], wm_us: int
+    ) -> list[tuple[Any, WindowStaging, str, list]]:
         """The aggregations whose staging is rewritten now: each with its rewrite's name and the
-        directories it reads (every one staged so far: later ones are named after it)."""
+        directories it reads (those staged so far whose windows are not all closed at
+        ``wm_us``: later ones are named after it, closed ones are dropped)."""
         out = []
         for agg in self.windowed:
             horizon = horizon_of(agg.spec)
             (staging,) = self.ctx.of(agg).staging
             assert isinstance(staging, WindowStaging)
-            if agg.name not in evicted and (horizon is None or len(staging.paths) < COMPACT_AFTER):
+            closed = [p for p in staging.paths if horizon and staging.closed(p, wm_us, horizon)]
+            paths = [p for p in staging.paths if p not in closed]
+            if agg.name not in evicted and (horizon is None or len(paths) < COMPACT_AFTER):
                 continue
-            out.append((agg, staging, self._name("", "-compacted"), list(staging.paths)))
+            out.append((agg, staging, self._name("", "-compacted"), paths))
         return out
 
     def _rewrite(self, item: tuple, ended_df: Any, evicted: dict[str, Any], wm_us: int) -> str:

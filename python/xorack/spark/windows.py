@@ -243,10 +243,16 @@ class WindowStaging(Staging):
     #: the event times (microseconds, min and max) of the rows each directory this run wrote
     #: staged, or None where it staged none that can fall into a window: an emission reads
     #: only the directories that can hold rows of the windows it writes (a directory not in
-    #: here, e.g. one a restart found or a compaction wrote, is always read)
+    #: here, e.g. one a restart found, is always read; a compaction's are those of the
+    #: directories it rewrote)
     bounds: dict[str, tuple[int, int] | None] = field(default_factory=dict)
     #: directories an emission left unread, so far (their rows could not fall into its windows)
     pruned: int = 0
+    #: directories deleted whole, so far: every window their rows fall into had closed
+    dropped: int = 0
+    #: the bounds of a rewrite's rows, by its hidden path, until :meth:`commit` (those of the
+    #: directories it read, where each was known: its rows are some of theirs)
+    rewritten: dict[str, tuple[int, int] | None] = field(default_factory=dict)
 
     def read(self, spark: Any, paths: Sequence[str]) -> Any:
         """The staged files at ``paths`` (all of one schema), ghosts included."""
@@ -290,6 +296,25 @@ class WindowStaging(Staging):
         bounds = self.bounds[path]
         return bounds is not None and bounds[0] < hi_us and bounds[1] + horizon_us > lo_us
 
+    def closed(self, path: str, watermark_us: int, horizon_us: int) -> bool:
+        """Whether every window a row of the directory ``path`` falls into has closed (its
+        latest event time + ``horizon_us`` at or below the watermark: the rows a
+        :meth:`compact` leaves out). Unknown directories are not."""
+        if path not in self.bounds:
+            return False
+        bounds = self.bounds[path]
+        return bounds is None or bounds[1] + horizon_us <= watermark_us
+
+    def drop_closed(self, watermark_us: int, horizon_us: int) -> None:
+        """Delete the directories whose windows have all closed (no rewrite: nothing of them
+        is read again; an in-order stream's old directories all are)."""
+        gone = [p for p in self.paths if self.closed(p, watermark_us, horizon_us)]
+        self.paths = [p for p in self.paths if p not in gone]
+        for p in gone:
+            self.bounds.pop(p, None)
+            _remove_local(p)
+        self.dropped += len(gone)
+
     def compact(
         self,
         spark: Any,
@@ -319,7 +344,13 @@ class WindowStaging(Staging):
         :meth:`drop_before`)."""
         f = _f()
         path = os.path.join(self.root, "_" + tag)  # hidden from a restart until committed
-        rows = self.read(spark, self.paths if paths is None else paths).where(f.col(KEEP))
+        read = list(self.paths if paths is None else paths)
+        known = [self.bounds[p] for p in read if p in self.bounds]
+        if len(known) == len(read):
+            live = [b for b in known if b is not None]
+            lo, hi = min((b[0] for b in live), default=0), max((b[1] for b in live), default=0)
+            self.rewritten[path] = (lo, hi) if live else None
+        rows = self.read(spark, read).where(f.col(KEEP))
         if ended is not None:
             rows = rows.join(ended, SRC, "left_anti")
         rows.where(keep).write.mode("overwrite").parquet(path)
@@ -331,7 +362,10 @@ class WindowStaging(Staging):
         path = os.path.join(os.path.dirname(hidden), os.path.basename(hidden)[1:])
         if os.path.isdir(hidden):
             os.replace(hidden, path)
-        self.bounds.pop(path, None)  # its rows are not observed: always read
+        if hidden in self.rewritten:
+            self.bounds[path] = self.rewritten.pop(hidden)
+        else:  # (a restart's) its rows are not observed: always read
+            self.bounds.pop(path, None)
         return path
 
     def drop_before(self, path: str) -> None:
@@ -341,9 +375,7 @@ class WindowStaging(Staging):
         self.paths = [p for p in self.paths if p not in old]
         for p in old:
             self.bounds.pop(p, None)
-            local = p[len("file:") :] if p.startswith("file:") else p
-            if "://" not in local:
-                shutil.rmtree(local, ignore_errors=True)
+            _remove_local(p)
         if path not in self.paths:
             self.paths.append(path)
 
@@ -405,6 +437,13 @@ class WindowStaging(Staging):
         if ended is not None:
             df = df.join(ended, SRC, "left_anti")
         return df.selectExpr(*map(q, self.payload), WM, *extra)
+
+
+def _remove_local(path: str) -> None:
+    """Delete a staged directory (a local or ``file:`` path; elsewhere it is left)."""
+    local = path[len("file:") :] if path.startswith("file:") else path
+    if "://" not in local:
+        shutil.rmtree(local, ignore_errors=True)
 
 
 def _duration_of(column: Any) -> int | None:
