@@ -113,6 +113,12 @@ def _latencies(spark: Any, out: str, progress: list[dict[str, Any]]) -> list[flo
     return [at - ends[f] for f, at in sorted(written.items()) if f < len(ends)]
 
 
+def _to_parquet(counts: Any, out: str, **trigger: Any) -> Any:
+    """Plain Structured Streaming: ``counts`` appended to Spark's Parquet sink at ``out``."""
+    writer = counts.writeStream.outputMode("append").format("parquet").option("path", out)
+    return writer.option("checkpointLocation", out + ".ckpt").trigger(**trigger).start()
+
+
 def run_plain(spark: Any, inbox: str, out: str) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
@@ -121,14 +127,7 @@ def run_plain(spark: Any, inbox: str, out: str) -> dict[str, Any]:
     words = lines.select("id", "ts", F.explode(F.split("line", " ")).alias("word"))
     counts = words.groupBy(F.window("ts", "10 seconds"), "word").count()
     start = time.perf_counter()
-    q = (
-        counts.writeStream.outputMode("append")
-        .format("parquet")
-        .option("path", out)
-        .option("checkpointLocation", out + ".ckpt")
-        .trigger(availableNow=True)
-        .start()
-    )
+    q = _to_parquet(counts, out, availableNow=True)
     q.awaitTermination()
     wall = time.perf_counter() - start
     times, rows = _times(q.recentProgress)
@@ -238,15 +237,11 @@ def _rate_figures(progress: list[dict[str, Any]], wall: float) -> dict[str, Any]
 def run_plain_rate(spark: Any, rate: int, seconds: float, out: str) -> dict[str, Any]:
     counts = _rate_query(_rate_stream(spark, rate), _rate_select)
     start = time.perf_counter()
-    q = (
-        counts.writeStream.outputMode("append")
-        .format("parquet")
-        .option("path", out)
-        .option("checkpointLocation", out + ".ckpt")
-        .trigger(processingTime="1 second")
-        .start()
-    )
+    q = _to_parquet(counts, out, processingTime="1 second")
     time.sleep(seconds)
+    until = time.monotonic() + 5.0  # between micro-batches (stopping one logs its abort)
+    while q.status["isTriggerActive"] and time.monotonic() < until:
+        time.sleep(0.01)
     q.stop()
     return _rate_figures(q.recentProgress, time.perf_counter() - start)
 
@@ -287,8 +282,8 @@ def rate_main(spark: Any, args: argparse.Namespace, work: str) -> None:
     ]
     med = {}
     for name, got in results.items():
-        batch = statistics.median(statistics.median(x["batches"][1:]) for x in got)
-        slow = statistics.median(max(x["batches"][1:]) for x in got)
+        batch = statistics.median(statistics.median(x["batches"][1:] or [0.0]) for x in got)
+        slow = statistics.median(max(x["batches"][1:], default=0.0) for x in got)
         rows = statistics.median(x["rows"] for x in got)
         done = statistics.median(x["rows"] / sum(x["batches"]) for x in got)
         over = statistics.median(sum(b > 1.0 for b in x["batches"][1:]) for x in got)
