@@ -240,12 +240,20 @@ def test_an_emission_reads_only_the_staged_directories_that_can_hold_its_windows
 
     stagings = {}
     write = WindowStaging.write
+    readable = WindowStaging.readable
+    read = []  # per emission: each directory read, with the bounds known of it then
 
     def noted(self, df, tag):
         stagings[id(self)] = self
         return write(self, df, tag)
 
+    def reading(self, within, paths=None):
+        got = readable(self, within, paths)
+        read.extend((within, self.bounds.get(p, "unknown")) for p in got)
+        return got
+
     monkeypatch.setattr(WindowStaging, "write", noted)
+    monkeypatch.setattr(WindowStaging, "readable", reading)
     out = str(tmp_path / "windows.parquet")
     p = _tracked(spark, directory, window, ParquetSink(out))
     report = p.start_stream(timeout=60.0, available_now=True).wait(timeout=WAIT)
@@ -255,8 +263,11 @@ def test_an_emission_reads_only_the_staged_directories_that_can_hold_its_windows
     assert report.replayed > 0
     (staging,) = stagings.values()
     assert staging.bounds  # the micro-batches' event times, observed
-    # directories whose windows had all closed are deleted (before, an emission left them
-    # unread: they are what it pruned in this in-order input)
+    # no emission read a directory whose rows' windows had all ended before the ones it
+    # writes: in this in-order input they are deleted once closed (else left unread)
+    assert read
+    for (lo, _, horizon), bounds in read:
+        assert bounds == "unknown" or (bounds is not None and bounds[1] + horizon > lo)
     assert staging.dropped > 0
 
 

@@ -289,9 +289,7 @@ class Staging:
 
     def remove(self) -> None:
         """Delete the staged rows (local or ``file:`` paths; elsewhere they are left)."""
-        root = self.root[len("file:") :] if self.root.startswith("file:") else self.root
-        if "://" not in root and os.path.isdir(root):
-            shutil.rmtree(root, ignore_errors=True)
+        remove_local(self.root)
         self.paths.clear()
 
 
@@ -495,6 +493,13 @@ def send_staged_events(
     return int(sent[0][0] or 0)
 
 
+def remove_local(path: str) -> None:
+    """Delete a staged directory (a local or ``file:`` path; elsewhere it is left)."""
+    local = path[len("file:") :] if path.startswith("file:") else path
+    if "://" not in local and os.path.isdir(local):
+        shutil.rmtree(local, ignore_errors=True)
+
+
 def ids_frame(spark: Any, ids: np.ndarray, column: str = SRC) -> Any:
     """A one-column DataFrame (``column`` bigint) of uint64 ids, or None when there are none."""
     if not len(ids):
@@ -514,5 +519,6 @@ __all__ = [
     "Staging",
     "combining_plan",
     "ids_frame",
+    "remove_local",
     "send_staged_events",
 ]

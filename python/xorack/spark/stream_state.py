@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from typing import Any
 
 import numpy as np
 
-from .barrier import ids_frame, send_staged_events
+from .barrier import ids_frame, remove_local, send_staged_events
 from .context import RunContext
 from .node import roots
 from .outputs import Aggregate, Sink, StreamDedup, StreamJoin, WindowAggregate
@@ -595,6 +594,7 @@ class StreamState:
             self._note({MARK_WATERMARK: str(new), MARK_EMIT: None})
             if not overlap:
                 self._compact(ended_df, evicted)
+                return
             self._drop_closed(new)
             for item, path in zip(compactions, hidden, strict=True):
                 self._commit(item, path)
@@ -602,7 +602,7 @@ class StreamState:
         def undo() -> None:  # the windows are written again by the next emission
             self.watermark_us, self.emits = lo, self.emits - 1
             for path in hidden:
-                shutil.rmtree(path, ignore_errors=True)
+                remove_local(path)
             try:
                 self._take_back(f"w{new}")
             except Exception:  # a restart takes them back (its mark stays)
@@ -753,9 +753,9 @@ class StreamState:
         return staging.compact(self.ctx.spark, ended_df, wm_us, horizon, name, paths=paths)
 
     def _commit(self, item: tuple, hidden: str) -> None:
-        agg, staging, name, _ = item
+        agg, staging, name, read = item
         self._note({MARK_COMPACTED + agg.name: name})  # then a restart commits it
-        staging.drop_before(staging.commit(hidden))
+        staging.drop_before(staging.commit(hidden, read))
         self.compactions += 1
 
 

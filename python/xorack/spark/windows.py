@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .barrier import Staging
+from .barrier import Staging, remove_local
 from .lineage import KEEP, SRC, q
 
 #: The staged column of the watermark in force when a row was staged (timestamp).
@@ -244,15 +244,12 @@ class WindowStaging(Staging):
     #: staged, or None where it staged none that can fall into a window: an emission reads
     #: only the directories that can hold rows of the windows it writes (a directory not in
     #: here, e.g. one a restart found, is always read; a compaction's are those of the
-    #: directories it rewrote)
+    #: directories it rewrote, where known)
     bounds: dict[str, tuple[int, int] | None] = field(default_factory=dict)
     #: directories an emission left unread, so far (their rows could not fall into its windows)
     pruned: int = 0
     #: directories deleted whole, so far: every window their rows fall into had closed
     dropped: int = 0
-    #: the bounds of a rewrite's rows, by its hidden path, until :meth:`commit` (those of the
-    #: directories it read, where each was known: its rows are some of theirs)
-    rewritten: dict[str, tuple[int, int] | None] = field(default_factory=dict)
 
     def read(self, spark: Any, paths: Sequence[str]) -> Any:
         """The staged files at ``paths`` (all of one schema), ghosts included."""
@@ -312,7 +309,7 @@ class WindowStaging(Staging):
         self.paths = [p for p in self.paths if p not in gone]
         for p in gone:
             self.bounds.pop(p, None)
-            _remove_local(p)
+            remove_local(p)
         self.dropped += len(gone)
 
     def compact(
@@ -344,28 +341,24 @@ class WindowStaging(Staging):
         :meth:`drop_before`)."""
         f = _f()
         path = os.path.join(self.root, "_" + tag)  # hidden from a restart until committed
-        read = list(self.paths if paths is None else paths)
-        known = [self.bounds[p] for p in read if p in self.bounds]
-        if len(known) == len(read):
-            live = [b for b in known if b is not None]
-            lo, hi = min((b[0] for b in live), default=0), max((b[1] for b in live), default=0)
-            self.rewritten[path] = (lo, hi) if live else None
-        rows = self.read(spark, read).where(f.col(KEEP))
+        rows = self.read(spark, self.paths if paths is None else paths).where(f.col(KEEP))
         if ended is not None:
             rows = rows.join(ended, SRC, "left_anti")
         rows.where(keep).write.mode("overwrite").parquet(path)
         return path
 
-    def commit(self, hidden: str) -> str:
+    def commit(self, hidden: str, read: Sequence[str] | None = None) -> str:
         """Give a compaction written by :meth:`compact` its name (once its mark is noted):
-        from then on a restart adopts it; returns its path."""
+        from then on a restart adopts it; returns its path. Its rows are some of those of the
+        directories it ``read``: their bounds are its own where all are known (else it is
+        always read)."""
         path = os.path.join(os.path.dirname(hidden), os.path.basename(hidden)[1:])
         if os.path.isdir(hidden):
             os.replace(hidden, path)
-        if hidden in self.rewritten:
-            self.bounds[path] = self.rewritten.pop(hidden)
-        else:  # (a restart's) its rows are not observed: always read
-            self.bounds.pop(path, None)
+        self.bounds.pop(path, None)
+        if read is not None and all(p in self.bounds for p in read):
+            live = [b for p in read if (b := self.bounds[p]) is not None]
+            self.bounds[path] = (min(b[0] for b in live), max(b[1] for b in live)) if live else None
         return path
 
     def drop_before(self, path: str) -> None:
@@ -375,7 +368,7 @@ class WindowStaging(Staging):
         self.paths = [p for p in self.paths if p not in old]
         for p in old:
             self.bounds.pop(p, None)
-            _remove_local(p)
+            remove_local(p)
         if path not in self.paths:
             self.paths.append(path)
 
@@ -437,13 +430,6 @@ class WindowStaging(Staging):
         if ended is not None:
             df = df.join(ended, SRC, "left_anti")
         return df.selectExpr(*map(q, self.payload), WM, *extra)
-
-
-def _remove_local(path: str) -> None:
-    """Delete a staged directory (a local or ``file:`` path; elsewhere it is left)."""
-    local = path[len("file:") :] if path.startswith("file:") else path
-    if "://" not in local:
-        shutil.rmtree(local, ignore_errors=True)
 
 
 def _duration_of(column: Any) -> int | None:
