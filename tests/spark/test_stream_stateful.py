@@ -475,9 +475,9 @@ def test_stopping_a_stream_waits_for_the_window_write_beside_it(
     state = {"run": None, "slow": 0}
 
     def slow(node, out, name, chain=()):
-        if state["run"].batches >= FILES - 1:  # the last micro-batch's write takes 6 s
+        if state["run"].batches >= FILES - 1:  # the last micro-batch's write: 4 s a task
             state["slow"] += 1
-            out = out.mapInPandas(_slowly(6.0), out.schema)
+            out = out.mapInPandas(_slowly(4.0), out.schema)
         return real(node, out, name=name, chain=chain)
 
     monkeypatch.setattr(stream_state, "write_emitted", slow)
