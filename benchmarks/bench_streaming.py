@@ -22,18 +22,22 @@ waited for at the end of the query). Also the bytes the windowed aggregation sta
 row (its state on disk while windows are open).
 
 A/B variants, in the same interleaved run: ``--sync`` (each micro-batch waits for its windows'
-write) and ``--spread`` (each micro-batch spread round-robin over the shuffle partitions, as a
-source declared with ``partitions`` is; a shuffle before the tagging).
+write), ``--settle`` (each micro-batch waits at its end for a window write still running
+beside it, ``stream_state.DEFER`` off) and ``--spread`` (each micro-batch spread round-robin
+over the shuffle partitions, as a source declared with ``partitions`` is; a shuffle before
+the tagging).
 
 ``--rate N`` runs a rate source instead (``rowsPerSecond`` N, a micro-batch each second for
 ``--seconds``): ``value % 100`` counted per 10 s window with a 5 s watermark, the same two
 queries; per run the rows it took in, the micro-batch times, how many took longer than the 1 s
 trigger (the source's rows then wait: the next micro-batch is larger) and the rows processed
 per second of micro-batch time. The windows are not compared: each run reads
-other rows (a rate source's rows follow the wall clock).
+other rows (a rate source's rows follow the wall clock). ``--settle`` adds xorack with each
+micro-batch waiting at its end for a window write still running beside it
+(``stream_state.DEFER`` off: how it ran before).
 
     python benchmarks/bench_streaming.py [--files 12] [--lines 20000] [--repeat 3] [--json F]
-        [--sync] [--spread] [--pandas] [--rate 100000 [--seconds 30]]
+        [--sync] [--spread] [--settle] [--pandas] [--rate 100000 [--seconds 30]]
 """
 
 from __future__ import annotations
@@ -152,6 +156,18 @@ def run_xorack_sync(spark: Any, inbox: str, out: str) -> dict[str, Any]:
         stream_state.OVERLAP = True
 
 
+def run_xorack_settled(spark: Any, inbox: str, out: str) -> dict[str, Any]:
+    """xorack with each micro-batch waiting at its end for a window write still running beside
+    it (``--settle``: ``stream_state.DEFER`` off)."""
+    from xorack.spark import stream_state
+
+    stream_state.DEFER = False
+    try:
+        return run_xorack(spark, inbox, out)
+    finally:
+        stream_state.DEFER = True
+
+
 def run_xorack_spread(spark: Any, inbox: str, out: str) -> dict[str, Any]:
     """xorack with each micro-batch spread round-robin over ``spark.sql.shuffle.partitions``
     (``--spread``: ``p.source(stream, partitions=n)``, a shuffle before the tagging; a source
@@ -261,8 +277,21 @@ def run_xorack_rate(spark: Any, rate: int, seconds: float, out: str) -> dict[str
     return _rate_figures(run.query.recentProgress, time.perf_counter() - start)
 
 
+def run_xorack_rate_settled(spark: Any, rate: int, seconds: float, out: str) -> dict[str, Any]:
+    """``--settle``: each micro-batch waits at its end for a window write still running."""
+    from xorack.spark import stream_state
+
+    stream_state.DEFER = False
+    try:
+        return run_xorack_rate(spark, rate, seconds, out)
+    finally:
+        stream_state.DEFER = True
+
+
 def rate_main(spark: Any, args: argparse.Namespace, work: str) -> None:
     runs = [("plain", run_plain_rate), ("xorack", run_xorack_rate)]
+    if args.settle:
+        runs.append(("xorack settled", run_xorack_rate_settled))
     results: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in runs}
     for r in range(args.repeat + 1):  # run 0 warms both up and is left out
         for name, fn in runs:
@@ -292,7 +321,11 @@ def rate_main(spark: Any, args: argparse.Namespace, work: str) -> None:
             f"| {name} | {rows:,.0f} | {batch:.3f} s | {slow:.3f} s | {over:g} of "
             f"{len(got[0]['batches']) - 1} | {done:,.0f} rows/s |"
         )
-    lines += ["", f"xorack / plain: micro-batch {med['xorack'] / med['plain']:.2f}"]
+    lines += [""] + [
+        f"{name} / plain: micro-batch {med[name] / med['plain']:.2f}"
+        for name in med
+        if name != "plain"
+    ]
     print("\n".join(lines))
     if args.json:
         with open(args.json, "w") as f:
@@ -318,6 +351,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--rate", type=int, help="a rate source of this many rows/s instead")
     ap.add_argument("--seconds", type=float, default=30.0, help="how long a --rate run lasts")
+    ap.add_argument(
+        "--settle",
+        action="store_true",
+        help="also run xorack with each micro-batch waiting for a window write beside it",
+    )
     args = ap.parse_args(argv)
     global PANDAS
     PANDAS = args.pandas
@@ -338,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(("xorack sync", run_xorack_sync))
         if args.spread:
             runs.append(("xorack spread", run_xorack_spread))
+        if args.settle:
+            runs.append(("xorack settled", run_xorack_settled))
         results: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in runs}
         for r in range(args.repeat + 1):  # run 0 warms both up and is left out
             for name, fn in runs:
@@ -404,6 +444,12 @@ def summarize(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace
             f"plain {late['plain']:.2f} s (max {worst['plain']:.2f}), xorack "
             f"{late['xorack']:.2f} s (max {worst['xorack']:.2f}), "
             f"extra {late['xorack'] - late['plain']:.2f} s",
+            *(
+                f"{name}: a window's latency {late[name]:.2f} s (max {worst[name]:.2f}), "
+                f"extra {late[name] - late['plain']:.2f} s"
+                for name in late
+                if name not in ("plain", "xorack")
+            ),
         ]
     )
 

@@ -232,6 +232,7 @@ def test_a_crash_after_a_compaction_is_written_but_not_marked_counts_rows_twice(
     from xorack.spark import stream_state
 
     monkeypatch.setattr(stream_state, "COMPACT_AFTER", 2)
+    monkeypatch.setattr(stream_state, "COMPACT_FILES", 2)
     schema = "k string, ts timestamp"
     batches = [[{"k": "a", "ts": _ts(10 * f + s)} for s in range(0, 10, 2)] for f in range(6)]
     directory = tmp_path / "in"

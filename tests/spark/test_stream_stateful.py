@@ -197,10 +197,12 @@ def _session():
 def test_windows_equal_plain_structured_streaming_under_failures(
     spark, tmp_path, window, monkeypatch
 ):
-    """Also with the staged rows compacted every other emission (rows of closed windows go)."""
+    """Also with the staged rows compacted once two directories are staged (rows of closed
+    windows go)."""
     from xorack.spark import stream_state
 
     monkeypatch.setattr(stream_state, "COMPACT_AFTER", 2)
+    monkeypatch.setattr(stream_state, "COMPACT_FILES", 2)
     directory = tmp_path / "in"
     _write_input(directory)
     plain = _plain(spark, directory, window, f"plain_{window.__name__[1:]}")
@@ -264,10 +266,13 @@ def test_an_emission_reads_only_the_staged_directories_that_can_hold_its_windows
     (staging,) = stagings.values()
     assert staging.bounds  # the micro-batches' event times, observed
     # no emission read a directory whose rows' windows had all ended before the ones it
-    # writes: in this in-order input they are deleted once closed (else left unread)
+    # writes: in this in-order input they are deleted once closed (else left unread); each
+    # directory read had its bounds known (only a restart adopts directories without them)
     assert read
     for (lo, _, horizon), bounds in read:
-        assert bounds == "unknown" or (bounds is not None and bounds[1] + horizon > lo)
+        assert bounds != "unknown"
+        assert bounds is not None
+        assert bounds[1] + horizon > lo
     assert staging.dropped > 0
 
 
@@ -592,6 +597,144 @@ def test_a_restart_after_a_crash_beside_a_window_write_drops_late_rows_as_spark(
     last = max(r[1] for r in plain)
     assert len(got) == len(set(got))
     assert [r for r in got if r[1] <= last] == plain
+    assert report.lost == 0
+
+
+def _twenty():
+    from pyspark.sql import functions as F
+
+    return F.window("ts", "20 seconds")
+
+
+def _held_write(spark, monkeypatch, release, seconds=120.0):
+    """The second window write (the first closes no window: a stream's first emission writes
+    its sinks once, empty) waits before its job until ``release(state)`` holds, at most
+    ``seconds``; returns the state: the run (set it), the round the write began in, and
+    whether it was released (False: it timed out)."""
+    from xorack.spark import stream_state
+
+    real = stream_state.write_emitted
+    state = {"run": None, "began": None, "released": None, "writes": 0}
+
+    def held(node, out, name, chain=()):
+        state["writes"] += 1
+        if state["writes"] == 2:
+            state["began"] = state["run"].ctx.round
+            deadline = time.time() + seconds
+            while not release(state) and time.time() < deadline:
+                time.sleep(0.05)
+            state["released"] = release(state)
+        return real(node, out, name=name, chain=chain)
+
+    monkeypatch.setattr(stream_state, "write_emitted", held)
+    return state
+
+
+def test_a_window_write_runs_beside_micro_batches_that_close_no_window(
+    spark, tmp_path, monkeypatch
+):
+    """20 s windows over files of 10 s: a micro-batch closes a window every other one. The
+    first window write runs beside the micro-batches after it until one closes a window
+    again: the micro-batch that closes none does not wait for it (the write here waits until
+    the next micro-batch after that one began: a stream that waited for it in every
+    micro-batch would never get there), the one that closes the next window does; the sink
+    equals plain Structured Streaming's. In this in-order stream no staged directory is
+    rewritten (compacted), even at two directories holding rows of closed windows: at most
+    one does at a time, the others are deleted whole once their windows have closed."""
+    from xorack.spark import stream_state
+    from xorack.spark.windows import WindowStaging
+
+    monkeypatch.setattr(stream_state, "COMPACT_AFTER", 2)
+    stagings = {}
+    write = WindowStaging.write
+
+    def noted(self, df, tag):
+        stagings[id(self)] = self
+        return write(self, df, tag)
+
+    monkeypatch.setattr(WindowStaging, "write", noted)
+    directory = tmp_path / "in"
+    _write_input(directory)
+    plain = _plain(spark, directory, _twenty, "plain_twenty", drop_poison=False)
+    want = _closed(spark, directory, _twenty, drop_poison=False)
+    state = _held_write(spark, monkeypatch, lambda st: st["run"].ctx.round >= st["began"] + 2)
+    out = str(tmp_path / "twenty.parquet")
+    p = _tracked(spark, directory, _twenty, ParquetSink(out), fn=_split_clean)
+    run = state["run"] = p.start_stream(timeout=60.0, available_now=True)
+    report = run.wait(timeout=WAIT)
+    assert state["released"] is True  # two micro-batches began while it ran
+    got = sorted(_key(r) for r in spark.read.parquet(out).collect())
+    _check_against_spark(got, plain, want)
+    assert len({r[:2] for r in want}) >= 2  # a second window closed after the held write
+    assert run.windows.skipped_emits > 0
+    assert run.windows.compactions == 0
+    (staging,) = stagings.values()
+    assert staging.dropped > 0
+    assert report.lost == 0
+
+
+def test_a_restart_after_a_crash_while_a_window_write_ran_beside_two_micro_batches(
+    spark, tmp_path, monkeypatch
+):
+    """The first window write (20 s windows) still runs when the micro-batch after it moves
+    the watermark past no window's end, and when the driver dies in the next one: the
+    watermark that micro-batch reached is not noted before the write is (a restart would
+    otherwise resume past the windows it takes back). The restart writes those windows
+    again: the sink equals plain Structured Streaming's, each window once."""
+    from xorack.spark import stream_state, streaming
+
+    directory = tmp_path / "in"
+    _write_input(directory)
+    plain = _plain(spark, directory, _twenty, "plain_twenty_restart", drop_poison=False)
+    want = _closed(spark, directory, _twenty, drop_poison=False)
+    out = str(tmp_path / "twenty_restart.parquet")
+    checkpoint = str(tmp_path / "checkpoint")
+
+    def start():
+        p = _tracked(spark, directory, _twenty, ParquetSink(out), fn=_split_clean)
+        run = p.start_stream(timeout=60.0, available_now=True, checkpoint_location=checkpoint)
+        return run
+
+    dead: list[int] = []
+    state = _held_write(spark, monkeypatch, lambda st: bool(dead))
+    real_before, real_note = stream_state.StreamState.before_batch, stream_state.StreamState._note
+    real_remove = ParquetSink.remove_named
+
+    def before_batch(self):
+        began = state["began"]
+        if began is not None and self.ctx.round == began + 2:  # two micro-batches after it
+            dead.append(self.ctx.round)
+            raise RuntimeError("simulated driver crash")
+        return real_before(self)
+
+    def dead_too(real):
+        def call(*args, **kwargs):
+            if dead:  # a dead driver notes nothing, takes nothing back
+                raise RuntimeError("simulated driver crash (dead)")
+            return real(*args, **kwargs)
+
+        return call
+
+    def finish(self, drain):
+        raise RuntimeError("simulated driver crash (dead: no drain)")
+
+    monkeypatch.setattr(stream_state.StreamState, "before_batch", before_batch)
+    monkeypatch.setattr(stream_state.StreamState, "_note", dead_too(real_note))
+    monkeypatch.setattr(ParquetSink, "remove_named", dead_too(real_remove))
+    monkeypatch.setattr(streaming.StreamingRun, "_finish", finish)
+    run = state["run"] = start()
+    with pytest.raises(Exception, match="simulated"):
+        run.wait(timeout=WAIT)
+    monkeypatch.undo()
+    assert dead
+    assert state["released"] is True
+    assert run.windows.skipped_emits > 0  # the micro-batch between closed no window
+    first = [_key(r) for r in spark.read.parquet(out).collect()]
+    assert first  # the held write's windows reached the sink before the driver died
+    assert len(first) < len(want)
+    report = start().wait(timeout=WAIT)
+    got = sorted(_key(r) for r in spark.read.parquet(out).collect())
+    _check_against_spark(got, plain, want)
     assert report.lost == 0
 
 

@@ -50,11 +50,15 @@ class _Emission:
     def join(self) -> None:
         self._thread.join()
 
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
 
 class BesideWrites:
-    """At most one emission's writes running beside the next micro-batch, from :meth:`start`
-    to :meth:`settle`. ``enabled`` says whether a stream may start one (off for the drain at
-    ``stop()``: its writes are waited for)."""
+    """At most one emission's writes running beside the next micro-batches, from :meth:`start`
+    to :meth:`settle` (which the stream calls when it needs the state they commit: before the
+    next emission, or once they have finished). ``enabled`` says whether a stream may start
+    one (off for the drain at ``stop()``: its writes are waited for)."""
 
     def __init__(self, spark: Any, enabled: bool) -> None:
         self.spark = spark
@@ -74,10 +78,18 @@ class BesideWrites:
         self._running = _Emission(self.spark, work)
         self.started += 1
 
-    def settle(self) -> None:
-        """Wait for the running emission, if any; its error raises here, once undone."""
+    def busy(self) -> bool:
+        """Whether an emission's writes are still running."""
+        return self._running is not None and self._running.running()
+
+    def settle(self, wait: bool = True) -> None:
+        """Wait for the running emission, if any; its error raises here, once undone. Without
+        ``wait``, only an emission that has finished is settled (a running one is left to run
+        beside the next micro-batch too)."""
         running, done, undo = self._running, self._done, self._undo
         if running is None or done is None or undo is None:
+            return
+        if not wait and running.running():
             return
         running.join()
         self._running = self._done = self._undo = None

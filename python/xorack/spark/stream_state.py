@@ -38,13 +38,27 @@ MARK_JOIN = "stream:joining:"
 MARK_PUBLISH = "stream:publishing:"
 MARK_COMPACTED = "stream:compacted:"
 MARK_BEFORE_BATCH = "stream:before_batch"  # plain Spark's watermark state before a micro-batch
-#: Staged directories of a windowed aggregation that make it rewrite them as one.
+#: Staged directories that make a stateful operation rewrite them as one: for a windowed
+#: aggregation, directories holding rows of closed windows (what a rewrite removes; a
+#: directory whose windows have all closed is deleted whole, so an in-order stream's are
+#: rewritten only at ``COMPACT_FILES``).
 COMPACT_AFTER = 16
+#: Staged directories of a windowed aggregation that make it rewrite them as one whatever
+#: they hold (what an emission lists and reads). An in-order stream keeps about
+#: (window + watermark delay) / trigger of them: 15 for 10 s windows, a 5 s delay and a
+#: micro-batch per second, which a threshold of 16 rewrote (~1.5 M rows at 100 K rows/s)
+#: shortly before they were deleted whole.
+COMPACT_FILES = 64
 #: An emission of closed windows into native sinks runs its Spark job in a thread of its own,
-#: beside the next micro-batch (which settles it before it closes windows again; see
+#: beside the next micro-batches (the first that closes windows again settles it; see
 #: :mod:`xorack.spark.stream_emission`): the A/B switch of ``bench_streaming``. False: each
 #: micro-batch waits for its windows' write.
 OVERLAP = True
+#: A window write still running when a micro-batch ends is left running beside the next ones
+#: until one closes windows again, which waits for it first (deleting closed directories and
+#: a due compaction wait until it has finished): the A/B switch of
+#: ``bench_streaming --settle``. False: each micro-batch waits for it at its end.
+DEFER = True
 
 log = logging.getLogger(__name__)
 
@@ -469,7 +483,11 @@ class StreamState:
         closes the windows by the latest watermark."""
         if not self.timed and not self.native and not self.complete and not self.updated:
             return
-        self.beside.settle()
+        # a window write beside the stream that is still running is waited for only by the
+        # next emission (see emit; closed directories and compactions wait): waiting here held
+        # a micro-batch of the rate source 3.9 s, and the rows that came meanwhile made the
+        # next three micro-batches 2-6x larger
+        self.beside.settle(wait=not DEFER)
         if not data and self.evict_us != self.spark_us:
             self.evict_us = self.spark_us
             self._note({MARK_EVICT: str(self.evict_us)})
@@ -537,10 +555,13 @@ class StreamState:
         evicted: dict[str, Any] = {}  # the sessions written, whose rows leave the staging
         if not closing:
             self.watermark_us = new
-            self._note({MARK_WATERMARK: str(new)})
             self.skipped_emits += 1
+            if self.beside.busy():  # its settling notes this watermark and drops what closed
+                return
+            self._note({MARK_WATERMARK: str(new)})
             self._compact(ended_df, evicted)
             return
+        self.beside.settle()  # one emission at a time (its settling notes the watermark)
         self._note({MARK_EMIT: str(new)})
         # what each closing aggregation reads: the staged directories that can hold rows of
         # its windows, as they are now (a round adds directories of its own; a compaction
@@ -591,7 +612,9 @@ class StreamState:
 
         def done(written: Written) -> None:
             self._count(written)
-            self._note({MARK_WATERMARK: str(new), MARK_EMIT: None})
+            # the watermark now: later micro-batches may have moved it past windows' ends
+            # while this write ran (no window ends between: the next closing one waited)
+            self._note({MARK_WATERMARK: str(max(new, self.watermark_us)), MARK_EMIT: None})
             if not overlap:
                 self._compact(ended_df, evicted)
                 return
@@ -706,10 +729,11 @@ class StreamState:
                 self.compactions += 1
 
     def _compact(self, ended_df: Any, evicted: dict[str, Any]) -> None:
-        """Keep the state of a long stream bounded: once an aggregation by a time window has
-        staged ``COMPACT_AFTER`` directories, they are rewritten as one without the rows whose
-        windows have all closed (a session window keeps its rows: a session can grow as long
-        as rows come)."""
+        """Keep the state of a long stream bounded: the directories of an aggregation by a
+        time window whose windows have all closed are deleted; once ``COMPACT_AFTER`` of the
+        others hold rows of closed windows, or ``COMPACT_FILES`` are staged, they are
+        rewritten as one without those rows (a session window keeps its rows: a session can
+        grow as long as rows come)."""
         self._drop_closed(self.watermark_us)
         for item in self._compactions(evicted, self.watermark_us):
             self._commit(item, self._rewrite(item, ended_df, evicted, self.watermark_us))
@@ -735,8 +759,12 @@ class StreamState:
             assert isinstance(staging, WindowStaging)
             closed = [p for p in staging.paths if horizon and staging.closed(p, wm_us, horizon)]
             paths = [p for p in staging.paths if p not in closed]
-            if agg.name not in evicted and (horizon is None or len(paths) < COMPACT_AFTER):
-                continue
+            if agg.name not in evicted:
+                if horizon is None:
+                    continue
+                spent = [p for p in paths if staging.spent(p, wm_us, horizon)]
+                if len(spent) < COMPACT_AFTER and len(paths) < COMPACT_FILES:
+                    continue
             out.append((agg, staging, self._name("", "-compacted"), paths))
         return out
 
@@ -761,6 +789,7 @@ class StreamState:
 
 __all__ = [
     "COMPACT_AFTER",
+    "COMPACT_FILES",
     "StreamState",
     "check_event_time_path",
     "watermark_of",

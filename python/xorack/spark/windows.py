@@ -302,15 +302,29 @@ class WindowStaging(Staging):
         bounds = self.bounds[path]
         return bounds is None or bounds[1] + horizon_us <= watermark_us
 
+    def spent(self, path: str, watermark_us: int, horizon_us: int) -> bool:
+        """Whether the directory ``path`` may hold rows whose windows have all closed (its
+        earliest event time + ``horizon_us`` at or below the watermark: rows a
+        :meth:`compact` removes). Unknown directories may."""
+        if path not in self.bounds:
+            return True
+        bounds = self.bounds[path]
+        return bounds is not None and bounds[0] + horizon_us <= watermark_us
+
     def drop_closed(self, watermark_us: int, horizon_us: int) -> None:
         """Delete the directories whose windows have all closed (no rewrite: nothing of them
         is read again; an in-order stream's old directories all are)."""
-        gone = [p for p in self.paths if self.closed(p, watermark_us, horizon_us)]
+        self.dropped += self._delete(
+            [p for p in self.paths if self.closed(p, watermark_us, horizon_us)]
+        )
+
+    def _delete(self, gone: list[str]) -> int:
+        """Delete the staged directories ``gone`` (and what is known of them); their count."""
         self.paths = [p for p in self.paths if p not in gone]
         for p in gone:
             self.bounds.pop(p, None)
             remove_local(p)
-        self.dropped += len(gone)
+        return len(gone)
 
     def compact(
         self,
@@ -364,11 +378,7 @@ class WindowStaging(Staging):
     def drop_before(self, path: str) -> None:
         """Delete the directories staged before ``path`` (a compaction holding their rows)."""
         name = os.path.basename(path)
-        old = [p for p in self.paths if os.path.basename(p) < name]
-        self.paths = [p for p in self.paths if p not in old]
-        for p in old:
-            self.bounds.pop(p, None)
-            remove_local(p)
+        self._delete([p for p in self.paths if os.path.basename(p) < name])
         if path not in self.paths:
             self.paths.append(path)
 
