@@ -78,9 +78,10 @@ class BesideWrites:
         self._running = _Emission(self.spark, work)
         self.started += 1
 
-    def busy(self) -> bool:
-        """Whether an emission's writes are still running."""
-        return self._running is not None and self._running.running()
+    def unsettled(self) -> bool:
+        """Whether an emission was started and not settled yet (running, or finished: its
+        ``done`` not called, so what it commits is not yet the stream's)."""
+        return self._running is not None
 
     def settle(self, wait: bool = True) -> None:
         """Wait for the running emission, if any; its error raises here, once undone. Without

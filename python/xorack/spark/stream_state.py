@@ -556,7 +556,7 @@ class StreamState:
         if not closing:
             self.watermark_us = new
             self.skipped_emits += 1
-            if self.beside.busy():  # its settling notes this watermark and drops what closed
+            if self.beside.unsettled():  # its settling notes this watermark, drops what closed
                 return
             self._note({MARK_WATERMARK: str(new)})
             self._compact(ended_df, evicted)
