@@ -611,15 +611,23 @@ def _held_write(spark, monkeypatch, release, seconds=120.0):
     its sinks once, empty) waits before its job until ``release(state)`` holds, at most
     ``seconds``; returns the state: the run (set it), the round the write began in, and
     whether it was released (False: it timed out)."""
-    from xorack.spark import stream_state
+    from xorack.spark import stream_emission, stream_state
 
+    monkeypatch.setattr(stream_state, "DEFER", True)
     real = stream_state.write_emitted
-    state = {"run": None, "began": None, "released": None, "writes": 0}
+    state = {"run": None, "began": None, "released": None, "writes": 0, "starts": []}
+    start = stream_emission.BesideWrites.start
+
+    def noted_start(self, work, done, undo):  # the round, read in the stream's own thread
+        state["starts"].append(state["run"].ctx.round)
+        start(self, work, done, undo)
+
+    monkeypatch.setattr(stream_emission.BesideWrites, "start", noted_start)
 
     def held(node, out, name, chain=()):
         state["writes"] += 1
         if state["writes"] == 2:
-            state["began"] = state["run"].ctx.round
+            state["began"] = state["starts"][-1]
             deadline = time.time() + seconds
             while not release(state) and time.time() < deadline:
                 time.sleep(0.05)
