@@ -547,30 +547,18 @@ def test_a_failed_last_window_write_is_raised_and_written_again_by_the_drain(
         assert set(got) <= set(want)
 
 
-def test_a_restart_after_a_crash_beside_a_window_write_drops_late_rows_as_spark(
-    spark, tmp_path, monkeypatch
-):
-    """The driver dies early in micro-batch 3, while the window write of micro-batch 2 may
-    still run beside it and before its watermark is noted (Spark committed micro-batch 2). The
-    restart runs micro-batch 3 again and judges its late rows by the watermark its first run
-    used, not by the older one noted: the windows equal plain Structured Streaming's (its late
-    rows dropped, none counted twice)."""
+def _crash_in(monkeypatch, when, dead: list) -> None:
+    """The driver dies at the start of the micro-batch ``when(round)`` names (``dead`` gets
+    the round); from then on it notes nothing, takes nothing back and drains nothing."""
     from xorack.spark import stream_state, streaming
 
-    directory = tmp_path / "in"
-    _write_input(directory, late=True)
-    plain = _plain(spark, directory, _tumbling, "plain_late_restart", drop_poison=False)
-    out = str(tmp_path / "late_restart.parquet")
-    start = _restartable(spark, directory, out, str(tmp_path / "checkpoint"), _split_clean)
-
-    dead = []
     real_before, real_note = stream_state.StreamState.before_batch, stream_state.StreamState._note
     real_remove = ParquetSink.remove_named
 
     def before_batch(self):
-        if self.ctx.round == 3:  # the driver dies before micro-batch 3 persisted anything
-            dead.append(True)
-            raise RuntimeError("simulated driver crash in micro-batch 3")
+        if when(self.ctx.round):
+            dead.append(self.ctx.round)
+            raise RuntimeError(f"simulated driver crash in micro-batch {self.ctx.round}")
         return real_before(self)
 
     def dead_too(real):
@@ -588,6 +576,25 @@ def test_a_restart_after_a_crash_beside_a_window_write_drops_late_rows_as_spark(
     monkeypatch.setattr(stream_state.StreamState, "_note", dead_too(real_note))
     monkeypatch.setattr(ParquetSink, "remove_named", dead_too(real_remove))
     monkeypatch.setattr(streaming.StreamingRun, "_finish", finish)
+
+
+def test_a_restart_after_a_crash_beside_a_window_write_drops_late_rows_as_spark(
+    spark, tmp_path, monkeypatch
+):
+    """The driver dies early in micro-batch 3, while the window write of micro-batch 2 may
+    still run beside it and before its watermark is noted (Spark committed micro-batch 2). The
+    restart runs micro-batch 3 again and judges its late rows by the watermark its first run
+    used, not by the older one noted: the windows equal plain Structured Streaming's (its late
+    rows dropped, none counted twice)."""
+
+    directory = tmp_path / "in"
+    _write_input(directory, late=True)
+    plain = _plain(spark, directory, _tumbling, "plain_late_restart", drop_poison=False)
+    out = str(tmp_path / "late_restart.parquet")
+    start = _restartable(spark, directory, out, str(tmp_path / "checkpoint"), _split_clean)
+
+    dead: list[int] = []  # the driver dies before micro-batch 3 persisted anything
+    _crash_in(monkeypatch, lambda r: r == 3, dead)
     with pytest.raises(Exception, match="simulated"):
         start()
     monkeypatch.undo()
@@ -689,7 +696,6 @@ def test_a_restart_after_a_crash_while_a_window_write_ran_beside_two_micro_batch
     watermark that micro-batch reached is not noted before the write is (a restart would
     otherwise resume past the windows it takes back). The restart writes those windows
     again: the sink equals plain Structured Streaming's, each window once."""
-    from xorack.spark import stream_state, streaming
 
     directory = tmp_path / "in"
     _write_input(directory)
@@ -705,31 +711,8 @@ def test_a_restart_after_a_crash_while_a_window_write_ran_beside_two_micro_batch
 
     dead: list[int] = []
     state = _held_write(spark, monkeypatch, lambda st: bool(dead))
-    real_before, real_note = stream_state.StreamState.before_batch, stream_state.StreamState._note
-    real_remove = ParquetSink.remove_named
-
-    def before_batch(self):
-        began = state["began"]
-        if began is not None and self.ctx.round == began + 2:  # two micro-batches after it
-            dead.append(self.ctx.round)
-            raise RuntimeError("simulated driver crash")
-        return real_before(self)
-
-    def dead_too(real):
-        def call(*args, **kwargs):
-            if dead:  # a dead driver notes nothing, takes nothing back
-                raise RuntimeError("simulated driver crash (dead)")
-            return real(*args, **kwargs)
-
-        return call
-
-    def finish(self, drain):
-        raise RuntimeError("simulated driver crash (dead: no drain)")
-
-    monkeypatch.setattr(stream_state.StreamState, "before_batch", before_batch)
-    monkeypatch.setattr(stream_state.StreamState, "_note", dead_too(real_note))
-    monkeypatch.setattr(ParquetSink, "remove_named", dead_too(real_remove))
-    monkeypatch.setattr(streaming.StreamingRun, "_finish", finish)
+    # the driver dies two micro-batches after the held write began
+    _crash_in(monkeypatch, lambda r: state["began"] is not None and r == state["began"] + 2, dead)
     run = state["run"] = start()
     with pytest.raises(Exception, match="simulated"):
         run.wait(timeout=WAIT)
