@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     from xorack.spark import stream_state
     from xorack.spark.session import get_or_create_session
 
-    stream_state.DEFER = DEFAULT_DEFER  # off by default in xorack: the figures measured it on
+    stream_state.DEFER = DEFAULT_DEFER
     spark = get_or_create_session(app_name="xorack-bench-streaming", shuffle_partitions=4)
     spark.sparkContext.setLogLevel("ERROR")
     work = tempfile.mkdtemp(prefix="xorack-bench-stream-")

@@ -9,6 +9,7 @@ plain Spark has no equivalent, with the batch result over the input minus dead l
 from __future__ import annotations
 
 import datetime as dt
+import glob
 import json
 import os
 import sys
@@ -270,8 +271,11 @@ def test_a_crash_after_a_compaction_is_written_but_not_marked_counts_rows_twice(
     with pytest.raises(Exception, match="simulated"):
         start()
     monkeypatch.setattr(stream_state.StreamState, "_note", real)
+    hidden = os.path.join(checkpoint, "xorack", "work", "staging", "*", "*", "_*-compacted")
+    assert glob.glob(hidden)  # the rewrite the crash left unmarked
     write(range(3, 6))
     start()
+    assert not glob.glob(hidden)  # deleted by the restart (never committed), none left since
     got = {(r[0]["start"], r[1]): int(r[2]) for r in spark.read.parquet(out).collect()}
     rows = [r for b in batches for r in b]
     top = T0 + dt.timedelta(seconds=58 - 5)

@@ -45,9 +45,10 @@ def _is_poison(i: int) -> bool:
     return i % 23 == 7
 
 
-def _write_input(directory, late: bool = False) -> None:
+def _write_input(directory, late: bool = False, behind: int = 22) -> None:
     """File f holds event times in [10 f, 10 f + 10) seconds (in order within the 5 s delay);
-    with ``late``, two lines per file 12 s behind, in a window plain Spark has closed."""
+    with ``late``, two lines per file from the third on ``behind`` seconds behind, in a 10 s
+    window plain Spark has closed."""
     directory.mkdir(parents=True)
     for f in range(FILES):
         with open(directory / f"part-{f:02d}.json", "w") as out:
@@ -55,7 +56,7 @@ def _write_input(directory, late: bool = False) -> None:
                 i = f * LINES + k
                 ts = T0 + dt.timedelta(seconds=10 * f + k * 10 / LINES)
                 if late and k in (3, 11) and f >= 2:
-                    ts -= dt.timedelta(seconds=22)
+                    ts -= dt.timedelta(seconds=behind)
                 words = " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(1 + i % 3))
                 row = {"id": i, "ts": ts.isoformat(), "line": words}
                 out.write(json.dumps(row) + "\n")
@@ -547,19 +548,21 @@ def test_a_failed_last_window_write_is_raised_and_written_again_by_the_drain(
         assert set(got) <= set(want)
 
 
-def _crash_in(monkeypatch, when, dead: list) -> None:
+def _crash_in(monkeypatch, when, dead: list, at: str = "before_batch") -> None:
     """The driver dies at the start of the micro-batch ``when(round)`` names (``dead`` gets
-    the round); from then on it notes nothing, takes nothing back and drains nothing."""
+    the round), in ``StreamState.at``: ``before_batch`` (after the micro-batch's watermark
+    state was noted) or ``begin_batch`` (before: as a crash between two micro-batches leaves
+    it); from then on it notes nothing, takes nothing back and drains nothing."""
     from xorack.spark import stream_state, streaming
 
-    real_before, real_note = stream_state.StreamState.before_batch, stream_state.StreamState._note
+    real_at, real_note = getattr(stream_state.StreamState, at), stream_state.StreamState._note
     real_remove = ParquetSink.remove_named
 
-    def before_batch(self):
+    def crash(self, *args):
         if when(self.ctx.round):
             dead.append(self.ctx.round)
             raise RuntimeError(f"simulated driver crash in micro-batch {self.ctx.round}")
-        return real_before(self)
+        return real_at(self, *args)
 
     def dead_too(real):
         def call(*args, **kwargs):
@@ -572,7 +575,7 @@ def _crash_in(monkeypatch, when, dead: list) -> None:
     def finish(self, drain):
         raise RuntimeError("simulated driver crash (dead: no drain)")
 
-    monkeypatch.setattr(stream_state.StreamState, "before_batch", before_batch)
+    monkeypatch.setattr(stream_state.StreamState, at, crash)
     monkeypatch.setattr(stream_state.StreamState, "_note", dead_too(real_note))
     monkeypatch.setattr(ParquetSink, "remove_named", dead_too(real_remove))
     monkeypatch.setattr(streaming.StreamingRun, "_finish", finish)
@@ -695,7 +698,10 @@ def test_a_restart_after_a_crash_while_a_window_write_ran_beside_two_micro_batch
     the watermark past no window's end, and when the driver dies in the next one: the
     watermark that micro-batch reached is not noted before the write is (a restart would
     otherwise resume past the windows it takes back). The restart writes those windows
-    again: the sink equals plain Structured Streaming's, each window once."""
+    again: the sink equals plain Structured Streaming's, each window once. The directories
+    it adopts keep their event-time bounds: those whose windows have all closed are deleted
+    whole, as the first run's would be."""
+    from xorack.spark.windows import WindowStaging
 
     directory = tmp_path / "in"
     _write_input(directory)
@@ -723,10 +729,77 @@ def test_a_restart_after_a_crash_while_a_window_write_ran_beside_two_micro_batch
     first = [_key(r) for r in spark.read.parquet(out).collect()]
     assert first  # the held write's windows reached the sink before the driver died
     assert len(first) < len(want)
+    adopted = {}  # the directories the restart adopts: their staging, and bounds known
+    adopt = WindowStaging.adopt
+
+    def noted(self, path):
+        adopt(self, path)
+        adopted[path] = (self, path in self.bounds)
+
+    monkeypatch.setattr(WindowStaging, "adopt", noted)
     report = start().wait(timeout=WAIT)
     got = sorted(_key(r) for r in spark.read.parquet(out).collect())
     _check_against_spark(got, plain, want)
     assert report.lost == 0
+    # each kept its event-time bounds: the restart deleted those whose windows closed whole
+    assert adopted
+    assert all(known for _, known in adopted.values())
+    (staging,) = {id(st): st for st, _ in adopted.values()}.values()
+    assert staging.dropped > 0
+    assert set(adopted) - set(staging.paths)
+
+
+def test_a_restart_between_two_micro_batches_judges_late_rows_as_before_the_crash(
+    spark, tmp_path, monkeypatch
+):
+    """As above, with lines 22 s behind, and the driver dying between two micro-batches (before
+    the next one noted anything): the micro-batch that closed no window while the write ran
+    judged late rows by the watermark it reached, which is not noted as the watermark (the
+    restart takes the write back and writes its windows again). The restart judges the late
+    rows of the micro-batch it runs again by that one too (``MARK_LATE``), not by the
+    watermark noted before the write: it drops the late rows plain Spark drops (lines 32 s
+    behind: the last file's fall into the window [0, 20), which the noted watermark has not
+    passed)."""
+    from xorack.spark import stream_state
+
+    directory = tmp_path / "in"
+    _write_input(directory, late=True, behind=32)
+    plain = _plain(spark, directory, _twenty, "plain_twenty_late", drop_poison=False)
+    every = _closed(spark, directory, _twenty, drop_poison=False)  # late rows counted
+    out = str(tmp_path / "twenty_late.parquet")
+    checkpoint = str(tmp_path / "checkpoint")
+    floors = []
+    restore = stream_state.StreamState._restore
+
+    def noted(self):
+        restore(self)
+        floors.append((self.watermark_us, self._late_floor))
+
+    def start():
+        p = _tracked(spark, directory, _twenty, ParquetSink(out), fn=_split_clean)
+        return p.start_stream(timeout=60.0, available_now=True, checkpoint_location=checkpoint)
+
+    dead: list[int] = []
+    state = _held_write(spark, monkeypatch, lambda st: bool(dead))
+    after = lambda r: state["began"] is not None and r == state["began"] + 2  # noqa: E731
+    _crash_in(monkeypatch, after, dead, at="begin_batch")
+    run = state["run"] = start()
+    with pytest.raises(Exception, match="simulated"):
+        run.wait(timeout=WAIT)
+    monkeypatch.undo()
+    assert dead
+    assert state["released"] is True
+    assert run.windows.skipped_emits > 0
+    monkeypatch.setattr(stream_state.StreamState, "_restore", noted)
+    report = start().wait(timeout=WAIT)
+    got = sorted(_key(r) for r in spark.read.parquet(out).collect())
+    last = max(r[1] for r in plain)
+    assert len(got) == len(set(got))
+    assert [r for r in got if r[1] <= last] == plain
+    assert [r for r in got if r[1] <= last] != [r for r in every if r[1] <= last]  # some late
+    assert report.lost == 0
+    ((watermark, floor),) = floors
+    assert floor > watermark  # the watermark the late rows were judged by was ahead
 
 
 def test_late_rows_are_dropped_as_plain_spark_drops_them(spark, tmp_path):

@@ -277,6 +277,10 @@ class Staging:
         self.paths.append(path)
         return path
 
+    def adopt(self, path: str) -> None:
+        """A directory an earlier run of a resumed job staged (complete) joins this run's."""
+        self.paths.append(path)
+
     def rows(self, spark: Any, ended: Any) -> Any:
         """The staged payload rows of the attempts not in ``ended`` (a DataFrame of ``_ft_src``
         or None), ghosts left out."""

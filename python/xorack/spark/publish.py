@@ -70,7 +70,7 @@ def adopt_staged(ctx: RunContext, ended: np.ndarray) -> None:
             if not os.path.exists(os.path.join(path, "_SUCCESS")):
                 shutil.rmtree(path, ignore_errors=True)
                 continue
-            st.paths.append(path)
+            st.adopt(path)
             if isinstance(st, PartialStaging):
                 if chunks is None:
                     chunks = ids_frame(ctx.spark, ended >> np.uint64(bits), column=CHUNK)

@@ -38,6 +38,9 @@ MARK_JOIN = "stream:joining:"
 MARK_PUBLISH = "stream:publishing:"
 MARK_COMPACTED = "stream:compacted:"
 MARK_BEFORE_BATCH = "stream:before_batch"  # plain Spark's watermark state before a micro-batch
+#: the watermark late rows were judged by, where it is ahead of the one noted (a micro-batch
+#: that closed no window while a window write ran beside it: see DEFER)
+MARK_LATE = "stream:late"
 #: Staged directories that make a stateful operation rewrite them as one: for a windowed
 #: aggregation, directories holding rows of closed windows (what a rewrite removes; a
 #: directory whose windows have all closed is deleted whole, so an in-order stream's are
@@ -57,10 +60,11 @@ OVERLAP = True
 #: A window write still running when a micro-batch ends is left running beside the next ones
 #: until one closes windows again, which waits for it first (deleting closed directories and
 #: a due compaction wait until it has finished): the A/B switch of
-#: ``bench_streaming --settle``. False (the default): each micro-batch waits for it at its
-#: end. Off until a restart between two micro-batches that closed no window restores the
-#: watermark late rows were judged by (it restores the one noted before the write).
-DEFER = False
+#: ``bench_streaming --settle``. False: each micro-batch waits for it at its end. Such a
+#: micro-batch notes the watermark it reached as ``MARK_LATE`` only: a restart resumes the
+#: windows from the one noted before the write (it takes the write back), and judges late rows
+#: by the one that micro-batch reached.
+DEFER = True
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +232,7 @@ class StreamState:
         # deduplications keep event-time state too)
         self.beside = BesideWrites(ctx.spark, OVERLAP and not self.joins and not self.dedups)
         self._stamp: int | None = None  # a re-run micro-batch's late-row watermark
+        self._late_floor = 0  # MARK_LATE as a restart found it
 
     @property
     def watermark(self) -> Any:
@@ -267,6 +272,7 @@ class StreamState:
         self.watermark_us = int(marks.get(MARK_WATERMARK) or 0)
         self.spark_us = int(marks.get(MARK_SPARK) or 0)
         self.evict_us = int(marks.get(MARK_EVICT) or 0)
+        self._late_floor = int(marks.get(MARK_LATE) or 0)
         self.max_event = {
             k[len(MARK_MAX) + 1 :]: int(v) for k, v in marks.items() if k.startswith(MARK_MAX + ":")
         }
@@ -274,14 +280,8 @@ class StreamState:
         self._before_batch = json.loads(before) if before else None
         self.updates.restore(marks)
         adopt_staged(ctx, np.empty(0, np.uint64))
-        for key, staging in self._compacted():  # a compaction holds the rows of those before
-            last = marks.get(MARK_COMPACTED + key)
-            if last and os.path.isdir(os.path.join(staging.root, "_" + last)):
-                path = staging.commit(os.path.join(staging.root, "_" + last))  # cut short
-                staging.paths = sorted([*staging.paths, path], key=os.path.basename)
-            kept = [p for p in staging.paths if os.path.basename(p) == last]
-            if last and kept:
-                staging.drop_before(kept[0])
+        for key, staging in self._compacted():
+            staging.recover(marks.get(MARK_COMPACTED + key))
         undone: dict[str, str | None] = {}
         cut = marks.get(MARK_EMIT)
         if cut:  # an emission cut short: its files go, the windows are written again
@@ -378,10 +378,11 @@ class StreamState:
         self._note({MARK_BEFORE_BATCH: json.dumps(state)})
 
     def _late_stamp(self) -> int:
-        """The watermark the next round's staged rows are late against."""
+        """The watermark the next round's staged rows are late against (after a restart, never
+        behind the one the micro-batches before the crash judged by: ``MARK_LATE``)."""
         if self._stamp is not None:
             return self._stamp
-        return min(self.watermark_us, self.evict_us)
+        return min(max(self.watermark_us, self._late_floor), self.evict_us)
 
     def before_round(self) -> None:
         """The rows staged by the next round are late against the watermark now: the held-back
@@ -559,6 +560,7 @@ class StreamState:
             self.watermark_us = new
             self.skipped_emits += 1
             if self.beside.unsettled():  # its settling notes this watermark, drops what closed
+                self._note({MARK_LATE: str(new)})  # what the next rows are late against
                 return
             self._note({MARK_WATERMARK: str(new)})
             self._compact(ended_df, evicted)
@@ -759,15 +761,11 @@ class StreamState:
             horizon = horizon_of(agg.spec)
             (staging,) = self.ctx.of(agg).staging
             assert isinstance(staging, WindowStaging)
-            closed = [p for p in staging.paths if horizon and staging.closed(p, wm_us, horizon)]
-            paths = [p for p in staging.paths if p not in closed]
-            if agg.name not in evicted:
-                if horizon is None:
-                    continue
-                spent = [p for p in paths if staging.spent(p, wm_us, horizon)]
-                if len(spent) < COMPACT_AFTER and len(paths) < COMPACT_FILES:
-                    continue
-            out.append((agg, staging, self._name("", "-compacted"), paths))
+            paths = staging.open_paths(wm_us, horizon)
+            if agg.name in evicted or staging.due(
+                paths, wm_us, horizon, COMPACT_AFTER, COMPACT_FILES
+            ):
+                out.append((agg, staging, self._name("", "-compacted"), paths))
         return out
 
     def _rewrite(self, item: tuple, ended_df: Any, evicted: dict[str, Any], wm_us: int) -> str:

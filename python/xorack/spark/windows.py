@@ -37,6 +37,7 @@ watermark waited for it. Without failures the windows and the late rows are plai
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -50,6 +51,9 @@ import pandas as pd
 from .barrier import Staging, remove_local
 from .lineage import KEEP, SRC, q
 
+#: A staged directory's event-time bounds (JSON: [min, max] microseconds, or null), beside
+#: its Parquet files (a name Spark's readers skip).
+BOUNDS_FILE = "_ft_bounds.json"
 #: The staged column of the watermark in force when a row was staged (timestamp).
 WM = "_ft_wm"
 #: A row's own window while late rows are left out.
@@ -240,11 +244,11 @@ class WindowStaging(Staging):
     #: the schema of the staged files, once this run wrote one: they are read with it, so
     #: Spark lists them without a job reading their footers (None: inferred, as after a restart)
     files: Any = None
-    #: the event times (microseconds, min and max) of the rows each directory this run wrote
-    #: staged, or None where it staged none that can fall into a window: an emission reads
-    #: only the directories that can hold rows of the windows it writes (a directory not in
-    #: here, e.g. one a restart found, is always read; a compaction's are those of the
-    #: directories it rewrote, where known)
+    #: the event times (microseconds, min and max) of the rows each directory staged, or None
+    #: where it staged none that can fall into a window: an emission reads only the
+    #: directories that can hold rows of the windows it writes (a directory not in here is
+    #: always read; a compaction's are those of the directories it rewrote, where known). Kept
+    #: in the directory too (``BOUNDS_FILE``): a restart adopts them with it
     bounds: dict[str, tuple[int, int] | None] = field(default_factory=dict)
     #: directories an emission left unread, so far (their rows could not fall into its windows)
     pruned: int = 0
@@ -278,11 +282,31 @@ class WindowStaging(Staging):
         if seen is not None:
             got = seen.get
             lo, hi = got.get("lo"), got.get("hi")
-            self.bounds[path] = None if lo is None or hi is None else (int(lo), int(hi))
+            self._keep_bounds(path, None if lo is None or hi is None else (int(lo), int(hi)))
         if self.files is None:
             self.files = out.schema
         self.paths.append(path)
         return path
+
+    def _keep_bounds(self, path: str, bounds: tuple[int, int] | None) -> None:
+        """Know ``bounds`` of the directory ``path``, and keep them in it (written once its
+        rows are: a directory without the file is always read)."""
+        self.bounds[path] = bounds
+        with open(os.path.join(path, BOUNDS_FILE), "w") as out:
+            json.dump(None if bounds is None else list(bounds), out)
+
+    def adopt(self, path: str) -> None:
+        """A directory a run before a restart staged, with its bounds where it kept them."""
+        super().adopt(path)
+        try:
+            with open(os.path.join(path, BOUNDS_FILE)) as f:
+                got = json.load(f)
+        except (OSError, ValueError):  # none (or cut short): always read
+            return
+        if got is None:
+            self.bounds[path] = None
+        elif isinstance(got, list) and len(got) == 2 and all(isinstance(v, int) for v in got):
+            self.bounds[path] = (got[0], got[1])
 
     def may_hold(self, path: str, lo_us: int, hi_us: int, horizon_us: int) -> bool:
         """Whether the directory ``path`` can hold a row of a window ending in ``(lo_us,
@@ -310,6 +334,23 @@ class WindowStaging(Staging):
             return True
         bounds = self.bounds[path]
         return bounds is not None and bounds[0] + horizon_us <= watermark_us
+
+    def open_paths(self, watermark_us: int, horizon_us: int | None) -> list[str]:
+        """The directories not :meth:`closed` (all of them for windows without a horizon)."""
+        if not horizon_us:
+            return list(self.paths)
+        return [p for p in self.paths if not self.closed(p, watermark_us, horizon_us)]
+
+    def due(
+        self, paths: list[str], watermark_us: int, horizon_us: int | None, spent: int, files: int
+    ) -> bool:
+        """Whether a rewrite of ``paths`` is due: ``spent`` of them hold rows of closed windows
+        (:meth:`spent`: what the rewrite removes), or there are ``files`` of them (what an
+        emission lists and reads). Never for windows without a horizon (sessions)."""
+        if horizon_us is None:
+            return False
+        held = sum(self.spent(p, watermark_us, horizon_us) for p in paths)
+        return held >= spent or len(paths) >= files
 
     def drop_closed(self, watermark_us: int, horizon_us: int) -> None:
         """Delete the directories whose windows have all closed (no rewrite: nothing of them
@@ -370,10 +411,28 @@ class WindowStaging(Staging):
         if os.path.isdir(hidden):
             os.replace(hidden, path)
         self.bounds.pop(path, None)
-        if read is not None and all(p in self.bounds for p in read):
+        if read is not None and all(p in self.bounds for p in read) and os.path.isdir(path):
             live = [b for p in read if (b := self.bounds[p]) is not None]
-            self.bounds[path] = (min(b[0] for b in live), max(b[1] for b in live)) if live else None
+            self._keep_bounds(
+                path, (min(b[0] for b in live), max(b[1] for b in live)) if live else None
+            )
         return path
+
+    def recover(self, last: str | None) -> None:
+        """A restart: the rewrite named ``last`` (the latest one marked) holds the rows of the
+        directories before it, which go (it is committed here if a crash cut its commit
+        short); a rewrite never marked is deleted (its directories stay)."""
+        hidden = os.path.join(self.root, "_" + last) if last else None
+        if hidden and os.path.isdir(hidden):
+            path = self.commit(hidden)
+            self.paths = sorted([*self.paths, path], key=os.path.basename)
+        kept = [p for p in self.paths if os.path.basename(p) == last]
+        if kept:
+            self.drop_before(kept[0])
+        if os.path.isdir(self.root):
+            for name in os.listdir(self.root):
+                if name.startswith("_") and os.path.isdir(os.path.join(self.root, name)):
+                    remove_local(os.path.join(self.root, name))
 
     def drop_before(self, path: str) -> None:
         """Delete the directories staged before ``path`` (a compaction holding their rows)."""
