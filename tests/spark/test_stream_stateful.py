@@ -749,17 +749,19 @@ def test_a_restart_after_a_crash_while_a_window_write_ran_beside_two_micro_batch
     assert set(adopted) - set(staging.paths)
 
 
+@pytest.mark.parametrize("after", [1, 2], ids=["after-the-closing-one", "after-one-closing-none"])
 def test_a_restart_between_two_micro_batches_judges_late_rows_as_before_the_crash(
-    spark, tmp_path, monkeypatch
+    spark, tmp_path, monkeypatch, after
 ):
-    """As above, with lines 22 s behind, and the driver dying between two micro-batches (before
-    the next one noted anything): the micro-batch that closed no window while the write ran
-    judged late rows by the watermark it reached, which is not noted as the watermark (the
-    restart takes the write back and writes its windows again). The restart judges the late
-    rows of the micro-batch it runs again by that one too (``MARK_LATE``), not by the
-    watermark noted before the write: it drops the late rows plain Spark drops (lines 32 s
-    behind: the last file's fall into the window [0, 20), which the noted watermark has not
-    passed)."""
+    """As above, with lines 32 s behind, and the driver dying between two micro-batches (before
+    the next one noted anything), ``after`` micro-batches after the one whose window write is
+    held: the micro-batches since judged late rows by the watermark they reached (the closing
+    one's, or that of one that closed no window while the write ran), which is not noted as
+    the watermark (the restart takes the write back and writes its windows again). The
+    restart judges the late rows of the micro-batch it runs again by that one too (the cut
+    write's ``MARK_EMIT``, ``MARK_LATE``), not by the watermark noted before the write: it
+    drops the late rows plain Spark drops (lines 32 s behind: the rerun file's fall into the
+    window [0, 20), which the noted watermark has not passed)."""
     from xorack.spark import stream_state
 
     directory = tmp_path / "in"
@@ -781,8 +783,8 @@ def test_a_restart_between_two_micro_batches_judges_late_rows_as_before_the_cras
 
     dead: list[int] = []
     state = _held_write(spark, monkeypatch, lambda st: bool(dead))
-    after = lambda r: state["began"] is not None and r == state["began"] + 2  # noqa: E731
-    _crash_in(monkeypatch, after, dead, at="begin_batch")
+    then = lambda r: state["began"] is not None and r == state["began"] + after  # noqa: E731
+    _crash_in(monkeypatch, then, dead, at="begin_batch")
     run = state["run"] = start()
     with pytest.raises(Exception, match="simulated"):
         run.wait(timeout=WAIT)
@@ -800,6 +802,33 @@ def test_a_restart_between_two_micro_batches_judges_late_rows_as_before_the_cras
     assert report.lost == 0
     ((watermark, floor),) = floors
     assert floor > watermark  # the watermark the late rows were judged by was ahead
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("[5, 9]", (5, 9)),
+        ("null", None),
+        ("[5, 9", "unknown"),
+        ('["a", 9]', "unknown"),
+        ("", "unknown"),
+    ],
+    ids=["bounds", "no-row-in-a-window", "cut-short", "not-ints", "empty"],
+)
+def test_an_adopted_directory_keeps_its_bounds_file_or_is_always_read(tmp_path, text, want):
+    """A restart adopts a staged directory with the bounds its file gives; a file cut short or
+    not of the form (and no file) leaves the directory's bounds unknown: always read, never
+    deleted whole."""
+    from xorack.spark.windows import BOUNDS_FILE, WindowStaging
+
+    path = tmp_path / "root" / "0000001-b0000000"
+    path.mkdir(parents=True)
+    (path / BOUNDS_FILE).write_text(text)
+    staging = WindowStaging(str(tmp_path / "root"), None, time="ts")
+    staging.adopt(str(path))
+    assert staging.paths == [str(path)]
+    assert staging.bounds.get(str(path), "unknown") == want
+    assert staging.closed(str(path), 10**12, 1) is (want != "unknown")
 
 
 def test_late_rows_are_dropped_as_plain_spark_drops_them(spark, tmp_path):

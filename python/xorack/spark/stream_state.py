@@ -287,6 +287,9 @@ class StreamState:
         if cut:  # an emission cut short: its files go, the windows are written again
             self._take_back(f"w{cut}")
             undone[MARK_EMIT] = None
+            # the micro-batches after it judged late rows by its watermark (not noted before
+            # its write settles: a restart resumes the windows from the one before)
+            self._late_floor = max(self._late_floor, int(cut))
         states: list[JoinState | DedupState] = [*self.join_states, *self.dedup_states]
         for js in states:
             cut = marks.get(MARK_JOIN + js.node.name)
