@@ -648,6 +648,28 @@ def _held_write(spark, monkeypatch, release, seconds=120.0):
     return state
 
 
+def _die_beside_held_write(spark, monkeypatch, start, after: int, at: str = "before_batch"):
+    """``start()`` the query with its second window write held until the driver dies (in
+    ``StreamState.at``, see :func:`_crash_in`) ``after`` micro-batches after the write began;
+    returns the dead run (the patches undone)."""
+    dead: list[int] = []
+    state = _held_write(spark, monkeypatch, lambda st: bool(dead))
+    _crash_in(
+        monkeypatch,
+        lambda r: state["began"] is not None and r == state["began"] + after,
+        dead,
+        at=at,
+    )
+    run = state["run"] = start()
+    with pytest.raises(Exception, match="simulated"):
+        run.wait(timeout=WAIT)
+    monkeypatch.undo()
+    assert dead
+    assert state["released"] is True
+    assert run.windows.skipped_emits > 0  # a micro-batch before closed no window
+    return run
+
+
 def test_a_window_write_runs_beside_micro_batches_that_close_no_window(
     spark, tmp_path, monkeypatch
 ):
@@ -715,17 +737,8 @@ def test_a_restart_after_a_crash_while_a_window_write_ran_beside_two_micro_batch
         run = p.start_stream(timeout=60.0, available_now=True, checkpoint_location=checkpoint)
         return run
 
-    dead: list[int] = []
-    state = _held_write(spark, monkeypatch, lambda st: bool(dead))
     # the driver dies two micro-batches after the held write began
-    _crash_in(monkeypatch, lambda r: state["began"] is not None and r == state["began"] + 2, dead)
-    run = state["run"] = start()
-    with pytest.raises(Exception, match="simulated"):
-        run.wait(timeout=WAIT)
-    monkeypatch.undo()
-    assert dead
-    assert state["released"] is True
-    assert run.windows.skipped_emits > 0  # the micro-batch between closed no window
+    _die_beside_held_write(spark, monkeypatch, start, after=2)
     first = [_key(r) for r in spark.read.parquet(out).collect()]
     assert first  # the held write's windows reached the sink before the driver died
     assert len(first) < len(want)
@@ -781,17 +794,7 @@ def test_a_restart_between_two_micro_batches_judges_late_rows_as_before_the_cras
         p = _tracked(spark, directory, _twenty, ParquetSink(out), fn=_split_clean)
         return p.start_stream(timeout=60.0, available_now=True, checkpoint_location=checkpoint)
 
-    dead: list[int] = []
-    state = _held_write(spark, monkeypatch, lambda st: bool(dead))
-    then = lambda r: state["began"] is not None and r == state["began"] + after  # noqa: E731
-    _crash_in(monkeypatch, then, dead, at="begin_batch")
-    run = state["run"] = start()
-    with pytest.raises(Exception, match="simulated"):
-        run.wait(timeout=WAIT)
-    monkeypatch.undo()
-    assert dead
-    assert state["released"] is True
-    assert run.windows.skipped_emits > 0
+    _die_beside_held_write(spark, monkeypatch, start, after=after, at="begin_batch")
     monkeypatch.setattr(stream_state.StreamState, "_restore", noted)
     report = start().wait(timeout=WAIT)
     got = sorted(_key(r) for r in spark.read.parquet(out).collect())
