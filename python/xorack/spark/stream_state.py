@@ -38,8 +38,8 @@ MARK_JOIN = "stream:joining:"
 MARK_PUBLISH = "stream:publishing:"
 MARK_COMPACTED = "stream:compacted:"
 MARK_BEFORE_BATCH = "stream:before_batch"  # plain Spark's watermark state before a micro-batch
-#: the watermark late rows were judged by, where it is ahead of the one noted (a micro-batch
-#: that closed no window while a window write ran beside it: see DEFER)
+#: the watermark late rows were judged by, where it may be ahead of the one noted (that of a
+#: window write not settled yet, and of the micro-batches that closed no window beside it)
 MARK_LATE = "stream:late"
 #: Staged directories that make a stateful operation rewrite them as one: for a windowed
 #: aggregation, directories holding rows of closed windows (what a rewrite removes; a
@@ -169,6 +169,34 @@ def check_event_time_path(agg: Any, wm: Any, spark: Any, via: Any = None) -> Non
             )
 
 
+def _take_back(ctx: RunContext, windowed: list[Any], name: str) -> None:
+    """Delete the files a window write named ``name`` moved into the native sinks."""
+    for agg in windowed:
+        for node, _ in sinks_after(ctx.plan, agg):
+            if node.caps.native:
+                node.sink.remove_named(ctx.spark, name)
+
+
+def _recover_publications(
+    ctx: RunContext, native: list[Any], marks: dict[str, Any]
+) -> dict[str, str | None]:
+    """A restart: each native sink's publication a crash left marked is finished (published:
+    its staged rows go) or taken back (cut short: its files go, the staged rows are published
+    again); returns the marks to clear."""
+    undone: dict[str, str | None] = {}
+    for node in native:
+        pub = marks.get(MARK_PUBLISH + node.name)
+        if not pub:
+            continue
+        name, state = pub.rsplit(":", 1)
+        if state == "done":
+            ctx.of(node).staging[0].remove()
+        else:
+            node.sink.remove_named(ctx.spark, name)
+        undone[MARK_PUBLISH + node.name] = None
+    return undone
+
+
 def _frontier(stats: dict[str, Any]) -> tuple[bool, int | None]:
     """Whether the acker can tell which records have settled, and the event time at or above
     which records are pending (None: nothing is pending)."""
@@ -285,11 +313,8 @@ class StreamState:
         undone: dict[str, str | None] = {}
         cut = marks.get(MARK_EMIT)
         if cut:  # an emission cut short: its files go, the windows are written again
-            self._take_back(f"w{cut}")
+            _take_back(self.ctx, self.windowed, f"w{cut}")
             undone[MARK_EMIT] = None
-            # the micro-batches after it judged late rows by its watermark (not noted before
-            # its write settles: a restart resumes the windows from the one before)
-            self._late_floor = max(self._late_floor, int(cut))
         states: list[JoinState | DedupState] = [*self.join_states, *self.dedup_states]
         for js in states:
             cut = marks.get(MARK_JOIN + js.node.name)
@@ -299,16 +324,7 @@ class StreamState:
                     if isinstance(node, Sink) and node.caps.native:
                         node.sink.remove_named(ctx.spark, cut)
                 undone[MARK_JOIN + js.node.name] = None
-        for node in self.native:
-            pub = marks.get(MARK_PUBLISH + node.name)
-            if not pub:
-                continue
-            name, state = pub.rsplit(":", 1)
-            if state == "done":  # published: its staged rows go
-                ctx.of(node).staging[0].remove()
-            else:  # cut short: its files go, the staged rows are published again
-                node.sink.remove_named(ctx.spark, name)
-            undone[MARK_PUBLISH + node.name] = None
+        undone.update(_recover_publications(ctx, self.native, marks))
         if undone:
             ctx.client.job_state(marks=undone)
 
@@ -323,13 +339,6 @@ class StreamState:
             out += [(f"{js.node.name}:0", js.left), (f"{js.node.name}:1", js.right)]
         out += [(ds.node.name, ds.staging) for ds in self.dedup_states]
         return out
-
-    def _take_back(self, name: str) -> None:
-        """Delete the files a window write named ``name`` moved into the native sinks."""
-        for agg in self.windowed:
-            for node, _ in sinks_after(self.ctx.plan, agg):
-                if node.caps.native:
-                    node.sink.remove_named(self.ctx.spark, name)
 
     def _note(self, marks: dict[str, str | None]) -> None:
         """A resumable query's stream state, durable with its FT state."""
@@ -569,7 +578,9 @@ class StreamState:
             self._compact(ended_df, evicted)
             return
         self.beside.settle()  # one emission at a time (its settling notes the watermark)
-        self._note({MARK_EMIT: str(new)})
+        # the next rows are late against it, noted apart: a restart that takes this write back
+        # resumes the windows from the watermark noted before it
+        self._note({MARK_EMIT: str(new), MARK_LATE: str(new)})
         # what each closing aggregation reads: the staged directories that can hold rows of
         # its windows, as they are now (a round adds directories of its own; a compaction
         # waits for the writes)
@@ -634,7 +645,7 @@ class StreamState:
             for path in hidden:
                 remove_local(path)
             try:
-                self._take_back(f"w{new}")
+                _take_back(self.ctx, self.windowed, f"w{new}")
             except Exception:  # a restart takes them back (its mark stays)
                 log.exception("could not take back a failed emission's files")
 
