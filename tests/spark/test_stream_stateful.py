@@ -834,6 +834,57 @@ def test_an_adopted_directory_keeps_its_bounds_file_or_is_always_read(tmp_path, 
     assert staging.closed(str(path), 10**12, 1) is (want != "unknown")
 
 
+@pytest.mark.parametrize(
+    ("files", "want"),
+    [(["[5, 9]", "[7, 20]"], (5, 20)), (["[5, 9]", "null"], (5, 9)), (["[5, 9]", None], "unknown")],
+    ids=["union", "one-without-rows", "one-unknown"],
+)
+def test_a_compaction_a_restart_commits_gets_the_bounds_of_the_directories_it_replaces(
+    tmp_path, monkeypatch, files, want
+):
+    """A crash after a compaction's mark, before its rename: the restart commits it with the
+    union of the bounds of the directories before it (its rows are some of theirs; one of
+    them unknown, it is always read), then deletes them. Its bounds file is in it before the
+    rename, so no crash leaves it named without one."""
+    import os
+
+    from xorack.spark.windows import BOUNDS_FILE, WindowStaging
+
+    root = tmp_path / "root"
+    before = []
+    for i, text in enumerate(files):
+        path = root / f"000000{i}-b"
+        path.mkdir(parents=True)
+        if text is not None:
+            (path / BOUNDS_FILE).write_text(text)
+        before.append(str(path))
+    (root / "0000009-b").mkdir()  # staged after it: stays, always read
+    hidden = root / "_0000005-compacted"
+    hidden.mkdir()
+    staging = WindowStaging(str(root), None, time="ts")
+    for path in sorted(os.listdir(root)):
+        if not path.startswith("_"):
+            staging.adopt(str(root / path))
+    renamed = []
+    rename = os.replace
+
+    def seen(src, dst):
+        renamed.append(os.path.exists(os.path.join(src, BOUNDS_FILE)))
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "replace", seen)
+    staging.recover("0000005-compacted")
+    path = str(root / "0000005-compacted")
+    assert staging.paths == [path, str(root / "0000009-b")]
+    assert not any(os.path.exists(p) for p in before)
+    assert not hidden.exists()
+    assert staging.bounds.get(path, "unknown") == want
+    assert renamed == [want != "unknown"]  # the file first, then the name
+    fresh = WindowStaging(str(root), None, time="ts")  # a second restart reads the same
+    fresh.adopt(path)
+    assert fresh.bounds.get(path, "unknown") == want
+
+
 def test_late_rows_are_dropped_as_plain_spark_drops_them(spark, tmp_path):
     """Lines 22 s behind, in windows the watermark has passed: plain Spark drops them, and so
     does xorack (no failure: its watermark is plain Spark's)."""

@@ -406,25 +406,28 @@ class WindowStaging(Staging):
         """Give a compaction written by :meth:`compact` its name (once its mark is noted):
         from then on a restart adopts it; returns its path. Its rows are some of those of the
         directories it ``read``: their bounds are its own where all are known (else it is
-        always read)."""
+        always read), written into it before the rename (which gives it both at once)."""
         path = os.path.join(os.path.dirname(hidden), os.path.basename(hidden)[1:])
-        if os.path.isdir(hidden):
-            os.replace(hidden, path)
         self.bounds.pop(path, None)
-        if read is not None and all(p in self.bounds for p in read) and os.path.isdir(path):
+        if not os.path.isdir(hidden):
+            return path
+        if read is not None and all(p in self.bounds for p in read):
             live = [b for p in read if (b := self.bounds[p]) is not None]
             self._keep_bounds(
-                path, (min(b[0] for b in live), max(b[1] for b in live)) if live else None
+                hidden, (min(b[0] for b in live), max(b[1] for b in live)) if live else None
             )
+            self.bounds[path] = self.bounds.pop(hidden)
+        os.replace(hidden, path)
         return path
 
     def recover(self, last: str | None) -> None:
         """A restart: the rewrite named ``last`` (the latest one marked) holds the rows of the
         directories before it, which go (it is committed here if a crash cut its commit
-        short); a rewrite never marked is deleted (its directories stay)."""
-        hidden = os.path.join(self.root, "_" + last) if last else None
-        if hidden and os.path.isdir(hidden):
-            path = self.commit(hidden)
+        short, with the bounds of the directories before it, where all are known: its rows
+        are some of theirs); a rewrite never marked is deleted (its directories stay)."""
+        if last and os.path.isdir(hidden := os.path.join(self.root, "_" + last)):
+            # its commit never began: the directories before it are all still here
+            path = self.commit(hidden, [p for p in self.paths if os.path.basename(p) < last])
             self.paths = sorted([*self.paths, path], key=os.path.basename)
         kept = [p for p in self.paths if os.path.basename(p) == last]
         if kept:
