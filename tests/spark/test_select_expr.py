@@ -42,3 +42,44 @@ def test_select_expr_raises_spark_s_own_error(spark):
     df = _frame(spark)
     with pytest.raises(AnalysisException, match="UNRESOLVED_COLUMN"):
         select_expr(df, ["id", "v", "w", "nope"])
+
+
+def test_select_kept_equals_select_on_every_frame_it_is_reused_for(spark):
+    """The column list built for the first frame selects the same as ``df.select`` from later
+    frames of the same columns and other rows (each select resolves the Columns anew)."""
+    from pyspark.sql import functions as F
+
+    from xorack.spark.lineage import select_kept
+
+    built = []
+
+    def columns():
+        built.append(1)
+        return ["id", F.upper(F.col("`s.t`")).alias("u"), (F.col("v") * 2).alias("v2"), "w"]
+
+    cache: dict = {}
+    first = _frame(spark)
+    later = spark.createDataFrame(
+        [(7, "z", 0.5, "y"), (8, None, None, None)], "id long, `s.t` string, v double, w string"
+    )
+    for df in (first, later, later.where("id = 8")):
+        got, want = select_kept(df, cache, "k", columns), df.select(*columns())
+        assert got.schema == want.schema
+        assert got.collect() == want.collect()
+    assert len(built) == 4  # once for the cache, and once per frame for the oracle above
+
+
+def test_with_pending_adds_the_pending_columns_as_with_columns_did(spark):
+    """``with_pending`` (one kept select) against ``withColumns``, the call it replaces: the
+    same names, order, types, nullability and values, on two frames in turn."""
+    from pyspark.sql import functions as F
+
+    from xorack.spark.lineage import EV, KEEP, REC, SRC
+    from xorack.spark.rows import with_pending
+
+    for rows in ([(1, "a", 5, 6)], [(2, None, 7, 8), (3, "c", 9, 10)]):
+        df = spark.createDataFrame(rows, f"id long, `s.t` string, {SRC} long, {REC} long")
+        got = with_pending(df)
+        want = df.withColumns({EV: F.lit(0).cast("long"), KEEP: F.lit(True)})
+        assert got.schema == want.schema
+        assert got.collect() == want.collect()

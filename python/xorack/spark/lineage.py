@@ -41,7 +41,7 @@ undetectable; it is not worth a branch).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -92,6 +92,27 @@ def select_expr(df: Any, exprs: Iterable[str]) -> Any:
     _, splitter, seq = known
     array = splitter.split(_SEP.join(exprs), -1)
     return DataFrame(jdf.selectExpr(seq.unsafeWrapArray(array)), session)
+
+
+def select_kept(df: Any, cache: dict[Any, Any], key: Any, columns: Callable[[], list[Any]]) -> Any:
+    """``df.select(*columns())`` in one py4j round trip once ``key`` is in ``cache``: the JVM
+    ``Seq`` of the columns (names or Columns) is built once, by the first call for ``key``, and
+    given to every later select over another frame (a Column is an unresolved expression,
+    resolved against each plan it is selected from). ``key`` must name everything ``columns``
+    depends on. PySpark builds the ``Seq`` anew on every call, a round trip per column and
+    several per Column built (``F.when(F.col(KEEP), c).alias(n)``): a streaming micro-batch
+    rebuilt the same lists every round, 60 to 80 of its ~300 round trips."""
+    jdf = getattr(df, "_jdf", None)
+    if jdf is None:  # pragma: no cover - Spark Connect (no py4j)
+        return df.select(*columns())
+    from pyspark.sql.classic.dataframe import DataFrame
+
+    session = df.sparkSession
+    jvm = session._jvm
+    known = cache.get(key)
+    if known is None or known[0] is not jvm:  # (a JVM started again: build it there)
+        known = cache[key] = (jvm, df._jcols(*columns()))
+    return DataFrame(jdf.select(known[1]), session)
 
 
 # The rules below are Spark SQL text, parsed once per expression by the JVM (``selectExpr``):

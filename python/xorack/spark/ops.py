@@ -24,7 +24,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .lineage import KEEP, LINEAGE, POS, drop_where, fan_out, ghost_payload, q, select_expr
+from .lineage import (
+    KEEP,
+    LINEAGE,
+    POS,
+    drop_where,
+    fan_out,
+    ghost_payload,
+    q,
+    select_expr,
+    select_kept,
+)
 
 GENERATORS = {
     # name: (outer, with position, inline)
@@ -332,13 +342,26 @@ class Select:
     _names: dict[tuple[str, ...], list[str]] = field(
         default_factory=dict, compare=False, repr=False, hash=False
     )
+    # the select list and its generator, by input columns (each column is inspected in the JVM)
+    _lists: dict[tuple[str, ...], Any] = field(
+        default_factory=dict, compare=False, repr=False, hash=False
+    )
+    # the tracked translation's JVM column lists, by (step, input columns): select_kept
+    _kept: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def describe(self) -> str:
         return f"select({', '.join(map(str, self.cols))})"
 
     def _columns(self, payload: list[str]) -> tuple[list[Any], tuple[int, _Generator] | None]:
         """The select list ("*" is the payload, never the lineage) and its generator (its
-        position), if any."""
+        position), if any; worked out once per input payload."""
+        key = tuple(payload)
+        got = self._lists.get(key)
+        if got is None:
+            got = self._lists[key] = self._list_of(payload)
+        return got
+
+    def _list_of(self, payload: list[str]) -> tuple[list[Any], tuple[int, _Generator] | None]:
         cols: list[Any] = []
         for c in self.cols:
             cols.extend(payload if _is_star(c) else [c])
@@ -371,14 +394,19 @@ class Select:
     def apply(self, df: Any, ft: bool) -> Any:
         if not ft:
             return df.select(*self.cols)
-        cols, gen = self._columns(payload_of(df))
+        payload = payload_of(df)
+        cols, gen = self._columns(payload)
         if gen is None:
             names = self._output_names(df, cols)
-            guarded = [
-                c if isinstance(c, str) else live_only(c).alias(n)
-                for c, n in zip(cols, names, strict=True)
-            ]
-            return df.select(*guarded, *LINEAGE)
+
+            def guarded() -> list[Any]:
+                live = [
+                    c if isinstance(c, str) else live_only(c).alias(n)
+                    for c, n in zip(cols, names, strict=True)
+                ]
+                return [*live, *LINEAGE]
+
+            return select_kept(df, self._kept, ("apply", tuple(payload)), guarded)
         return self._generate(df, cols, *gen)
 
     def guarded(self, df: Any, guard: Any) -> Any:
@@ -429,8 +457,6 @@ class Select:
     ) -> Any:
         from pyspark.sql.types import ArrayType, MapType, StructType
 
-        before = [as_column(c) for c in cols[:at]]
-        after = [as_column(c) for c in cols[at + 1 :]]
         t, names_before, names_after = self._probe(df, cols, at, gen)
         is_map = isinstance(t, MapType)
         if gen.inline and not (isinstance(t, ArrayType) and isinstance(t.elementType, StructType)):
@@ -456,28 +482,41 @@ class Select:
         # count must be taken beside the generator: a count projected after it would be
         # computed once per child; and evaluating the argument twice, for the count and in the
         # generator, measured slower than this in a word count: 1.17 s against 0.98 s)
-        b = [f"_ft_b{i}" for i in range(len(before))]
-        a = [f"_ft_a{i}" for i in range(len(after))]
+        b = [f"_ft_b{i}" for i in range(at)]
+        a = [f"_ft_a{i}" for i in range(len(cols) - at - 1)]
+
+        def sides() -> tuple[list[Any], list[Any]]:
+            return [as_column(c) for c in cols[:at]], [as_column(c) for c in cols[at + 1 :]]
+
         if guard is None:
-            step = df.select(
-                *[live_only(c).alias(n) for c, n in zip(before, b, strict=True)],
-                live_only(gen.argument).alias("_ft_arg"),
-                *[live_only(c).alias(n) for c, n in zip(after, a, strict=True)],
-                *LINEAGE,
-            )
+
+            def step_columns() -> list[Any]:
+                before, after = sides()
+                return [
+                    *[live_only(c).alias(n) for c, n in zip(before, b, strict=True)],
+                    live_only(gen.argument).alias("_ft_arg"),
+                    *[live_only(c).alias(n) for c, n in zip(after, a, strict=True)],
+                    *LINEAGE,
+                ]
+
+            step = select_kept(df, self._kept, ("step", tuple(payload_of(df))), step_columns)
         else:  # the same columns, a raising row turned into a ghost (its record failed)
+            before, after = sides()
             exprs = [
                 *zip(b, before, strict=True),
                 ("_ft_arg", gen.argument),
                 *zip(a, after, strict=True),
             ]
             step = guard.columns(df, exprs).select(*b, "_ft_arg", *a, *LINEAGE)
-        step = step.selectExpr(
-            *b,
-            f"posexplode_outer(_ft_arg) AS ({POS}, {', '.join(elements)})",
-            *a,
-            "size(_ft_arg) AS _ft_n",  # the parent's children
-            *LINEAGE,
+        step = select_expr(
+            step,
+            [
+                *b,
+                f"posexplode_outer(_ft_arg) AS ({POS}, {', '.join(elements)})",
+                *a,
+                "size(_ft_arg) AS _ft_n",  # the parent's children
+                *LINEAGE,
+            ],
         )
         generated = [f"{POS} AS {q(names[0])}"] if gen.with_position else []
         rest = names[1:] if gen.with_position else names
@@ -494,11 +533,14 @@ class Select:
         # a parent that generated nothing leaves a ghost: its other columns are nulled, as every
         # ghost's are (ghost_payload), so that no later expression fails on a row Spark drops
         kept = f"CASE WHEN {is_child} THEN {{}} END" if not gen.outer else "{}"
-        return step.selectExpr(
-            *[f"{kept.format(x)} AS {q(n)}" for x, n in zip(b, names_before, strict=True)],
-            *generated,
-            *[f"{kept.format(x)} AS {q(n)}" for x, n in zip(a, names_after, strict=True)],
-            *lineage,
+        return select_expr(
+            step,
+            [
+                *[f"{kept.format(x)} AS {q(n)}" for x, n in zip(b, names_before, strict=True)],
+                *generated,
+                *[f"{kept.format(x)} AS {q(n)}" for x, n in zip(a, names_after, strict=True)],
+                *lineage,
+            ],
         )
 
 
@@ -514,12 +556,25 @@ class WithColumns:
 
     mapping: tuple[tuple[str, Any], ...]
     name: str
+    # the select a generator amounts to, by input columns (one object per payload: it keeps
+    # what its translation asked of Spark, see Select); None without a generator
+    _selects: dict[tuple[str, ...], Any] = field(
+        default_factory=dict, compare=False, repr=False, hash=False
+    )
+    # the tracked translation's JVM lists (select_kept)
+    _kept: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def describe(self) -> str:
         return f"withColumns({[n for n, _ in self.mapping]})"
 
     def _select(self, payload: list[str]) -> Select | None:
         """The select a generator column amounts to (as in Spark), or None without one."""
+        key = tuple(payload)
+        if key not in self._selects:
+            self._selects[key] = self._select_of(payload)
+        return self._selects[key]
+
+    def _select_of(self, payload: list[str]) -> Select | None:
         check_output_names("withColumn", [n for n, _ in self.mapping])
         gens = [n for n, c in self.mapping if _generator_of(c) is not None]
         if not gens:
@@ -553,7 +608,20 @@ class WithColumns:
             return select.apply(df, ft)
         if not ft:
             return df.withColumns(dict(self.mapping))
-        out = df.withColumns({n: live_only(c) for n, c in self.mapping})
+        jdf = getattr(df, "_jdf", None)
+        if jdf is None:  # pragma: no cover - Spark Connect
+            out = df.withColumns({n: live_only(c) for n, c in self.mapping})
+        else:  # the names and the guarded columns sent once (select_kept)
+            from pyspark.sql.classic.column import _to_seq
+            from pyspark.sql.classic.dataframe import DataFrame
+
+            session = df.sparkSession
+            known = self._kept.get("with")
+            if known is None or known[0] is not session._jvm:
+                names = _to_seq(session.sparkContext, [n for n, _ in self.mapping])
+                cols = df._jcols(*[live_only(c) for _, c in self.mapping])
+                known = self._kept["with"] = (session._jvm, names, cols)
+            out = DataFrame(jdf.withColumns(known[1], known[2]), session)
         payload = payload_of(df)
         new = [n for n, _ in self.mapping if n not in payload]
         return with_lineage_last(out, [*payload, *new])
@@ -632,6 +700,8 @@ class Filter:
     lineage: ClassVar[str] = "1 → 0..1 (a removed row is acked as dropped)"
 
     cond: Any
+    # the tracked translation's JVM lists (select_kept)
+    _kept: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def describe(self) -> str:
         return f"filter({self.cond})"
@@ -650,8 +720,12 @@ class Filter:
         if isinstance(self.cond, str):  # SQL text: evaluated once, into a column of its own
             cond = f"CASE WHEN {KEEP} THEN ({self.cond}) END AS _ft_cond"
             step = select_expr(df, [*map(q, payload), *LINEAGE, cond])
-        else:
-            step = df.withColumn("_ft_cond", live_only(_condition(self.cond)))
+        else:  # (the column sent once: select_kept)
+
+            def columns() -> list[Any]:
+                return ["*", live_only(_condition(self.cond)).alias("_ft_cond")]
+
+            step = select_kept(df, self._kept, "cond", columns)
         lineage = drop_where("_ft_cond")
         keep = f"({KEEP} AND coalesce(_ft_cond, false))"
         return select_expr(step, [*ghost_payload(payload, keep), *lineage])

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from . import ops, optimistic
 from .arrow_stage import ArrowStageRunner, declared_arrow_schema
 from .join_ops import LookupJoin
-from .lineage import EV, KEEP, LINEAGE, q, select_expr
+from .lineage import EV, KEEP, LINEAGE, q, select_expr, select_kept
 from .node import Node, Scope, event_time_of
 from .report import Reason
 from .reproducible import context_expression
@@ -54,11 +54,19 @@ def _plain_name(c: Any, names: set[str]) -> bool:
     return isinstance(c, str) and c in names and "." not in c and "`" not in c
 
 
-def with_pending(df: Any) -> Any:
-    """A frame that came out of Python (settled) with the pending-event columns added."""
-    from pyspark.sql import functions as F
+_PENDING: dict[Any, Any] = {}  # with_pending's columns, built once (select_kept)
 
-    return df.withColumns({EV: F.lit(0).cast("long"), KEEP: F.lit(True)})
+
+def with_pending(df: Any) -> Any:
+    """A frame that came out of Python (settled: its payload and ``SRC``, ``REC``, never the
+    pending-event columns) with the pending-event columns added after its own."""
+
+    def columns() -> list[Any]:
+        from pyspark.sql import functions as F
+
+        return [F.col("*"), F.lit(0).cast("long").alias(EV), F.lit(True).alias(KEEP)]
+
+    return select_kept(df, _PENDING, "pending", columns)
 
 
 def union_of(inputs: list[Any]) -> Any:
