@@ -83,3 +83,55 @@ def test_with_pending_adds_the_pending_columns_as_with_columns_did(spark):
         want = df.withColumns({EV: F.lit(0).cast("long"), KEEP: F.lit(True)})
         assert got.schema == want.schema
         assert got.collect() == want.collect()
+
+
+class _RoundTrips:
+    """Counts the py4j round trips made inside the ``with`` block (every command sent)."""
+
+    def __enter__(self):
+        from py4j import clientserver, java_gateway
+
+        self.n = 0
+        self._patched = []
+        for cls in (clientserver.ClientServerConnection, java_gateway.GatewayConnection):
+            orig = cls.send_command
+
+            def counted(conn, command, *a, _orig=orig, **k):
+                self.n += 1
+                return _orig(conn, command, *a, **k)
+
+            cls.send_command = counted
+            self._patched.append((cls, orig))
+        return self
+
+    def __exit__(self, *exc):
+        for cls, orig in self._patched:
+            cls.send_command = orig
+
+
+def test_a_tracked_select_with_a_generator_sends_its_columns_once(spark):
+    """A stream builds each operation's tracked translation every micro-batch: after the
+    first, a select with ``explode`` costs a handful of py4j round trips (its kept column
+    list, two SQL projections, the frame's schema), not one per column and expression (127
+    before they were kept; 9 after), and selects the same rows."""
+    from pyspark.sql import functions as F
+
+    from xorack.spark.lineage import EV, KEEP, REC, SRC
+    from xorack.spark.ops import Select
+
+    op = Select((F.col("id"), F.explode(F.split("line", " ")).alias("word")), "split")
+    schema = f"id long, line string, {SRC} long, {REC} long, {EV} long, {KEEP} boolean"
+    first = spark.createDataFrame([(1, "a b", 11, 12, 0, True)], schema)
+    later = spark.createDataFrame(
+        [(2, "c d e", 21, 22, 0, True), (3, "f", 31, 32, 0, False)], schema
+    )
+    want = {r.word for r in op.apply(first, True).collect() if r[KEEP]}
+    assert want == {"a", "b"}
+    assert later.columns[:2] == ["id", "line"]  # its schema asked first, as a round has it
+    with _RoundTrips() as trips:
+        out = op.apply(later, True)
+    assert trips.n <= 12, trips.n
+    # the ghost's (record 3) row stays a ghost; the live record's three words are children
+    rows = out.collect()
+    assert sorted(r.word for r in rows if r[KEEP]) == ["c", "d", "e"]
+    assert [r[KEEP] for r in rows if r.id == 3 or r.word is None] == [False]
