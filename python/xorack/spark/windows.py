@@ -49,7 +49,8 @@ import numpy as np
 import pandas as pd
 
 from .barrier import Staging, remove_local
-from .lineage import KEEP, SRC, q
+from .lineage import KEEP, SRC, q, select_kept
+from .ops import is_column
 
 #: A staged directory's event-time bounds (JSON: [min, max] microseconds, or null), beside
 #: its Parquet files (a name Spark's readers skip).
@@ -165,6 +166,11 @@ class WindowSpec:
     time: str
     exprs: tuple[Any, ...]
     names: tuple[str, ...] = ()
+    # the emission's JVM lists, built by the first (select_kept, _grouped); a spec made
+    # anew (dataclasses.replace) starts without them
+    _kept: dict[Any, Any] = field(
+        default_factory=dict, init=False, compare=False, repr=False, hash=False
+    )
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -189,28 +195,26 @@ class WindowSpec:
         f = _f()
         w = self.groups[self.at]
         horizon = horizon_of(self)
+        # the conditions are SQL text and the column lists are kept (select_kept, _grouped):
+        # built as Column trees every emission they cost ~60 py4j round trips, on a thread
+        # beside the next micro-batch
         if horizon is not None:  # only rows that can fall into a window ending in (lo, hi]
-            t = f.unix_micros(f.col(q(self.time)).cast("timestamp"))
-            rows = rows.where(
-                (t < f.lit(int(hi_us))) & (t + f.lit(int(horizon)) > f.lit(int(lo_us)))
-            )
-        own = rows.select("*", w.alias(WIN))  # a sliding window copies the row per window
-        mine = f.col(f"{WIN}.end")
+            t = f"unix_micros(CAST({q(self.time)} AS TIMESTAMP))"
+            rows = rows.where(f"{t} < {int(hi_us)}L AND {t} + {int(horizon)}L > {int(lo_us)}L")
+        # a sliding window copies the row per window
+        own = select_kept(rows, self._kept, "own", lambda: ["*", w.alias(WIN)])
+        mine = f"{q(WIN)}.`end`"
         if self.kind == "window":
             # a row's own window is its group's: the windows outside (lo, hi] are left out
             # before they are aggregated (one filter, one plan analysis less)
             live = own.where(
-                (mine > f.col(WM))
-                & (mine > micros_literal(lo_us))
-                & (mine <= micros_literal(hi_us))
+                f"{mine} > {q(WM)} AND {mine} > timestamp_micros({int(lo_us)}L) "
+                f"AND {mine} <= timestamp_micros({int(hi_us)}L)"
             )
-            groups = [
-                f.col(WIN).alias(self.window_name) if i == self.at else f.col(q(g))
-                for i, g in enumerate(self.groups)
-            ]
-            return live.groupBy(*groups).agg(*self.exprs).toDF(*self.names)
+            return self._grouped(live)
+        mine_col = f.col(f"{WIN}.end")
         # sessions merge the rows that are not late
-        live = own.where(mine > f.col(WM))
+        live = own.where(mine_col > f.col(WM))
         out = live.drop(WIN).groupBy(*self.groups).agg(*self.exprs)
         # Spark's optimizer pushes a filter on the session's end below the merging of the
         # sessions (onto each row's own [ts, ts + gap)), which would cut the sessions short:
@@ -218,6 +222,39 @@ class WindowSpec:
         out = out.localCheckpoint(eager=True).toDF(*self.names)
         end = f.col(q(self.window_name)).getField("end")
         return out.where((end > micros_literal(lo_us)) & (end <= micros_literal(hi_us)))
+
+    def _grouped(self, live: Any) -> Any:
+        """``live`` aggregated per its own window (``WIN``) and the keys, under plain Spark's
+        names: ``groupBy(...).agg(*exprs).toDF(*names)`` in three py4j round trips once the
+        lists are kept (the expressions are the declaration's Columns)."""
+        f = _f()
+
+        def groups() -> list[Any]:
+            return [
+                f.col(WIN).alias(self.window_name) if i == self.at else f.col(q(g))
+                for i, g in enumerate(self.groups)
+            ]
+
+        jdf = getattr(live, "_jdf", None)
+        if jdf is None or not self.exprs or not all(is_column(e) for e in self.exprs):
+            return live.groupBy(*groups()).agg(*self.exprs).toDF(*self.names)
+        from pyspark.sql.classic.column import _to_seq
+        from pyspark.sql.classic.dataframe import DataFrame
+
+        session = live.sparkSession
+        known = self._kept.get("grouped")
+        if known is None or known[0] is not session._jvm:
+            sc = session.sparkContext
+            first, *rest = self.exprs
+            known = self._kept["grouped"] = (
+                session._jvm,
+                live._jcols(*groups()),
+                first._jc,
+                _to_seq(sc, [e._jc for e in rest]),
+                _to_seq(sc, list(self.names)),
+            )
+        _, by, first_jc, rest_jc, names = known
+        return DataFrame(jdf.groupBy(by).agg(first_jc, rest_jc).toDF(names), session)
 
     def session_rows(self, emitted: Any) -> Any:
         """The keys and bounds of the sessions in ``emitted`` (an :meth:`emit` of session
