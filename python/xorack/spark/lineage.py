@@ -42,7 +42,7 @@ undetectable; it is not worth a branch).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -64,8 +64,28 @@ def q(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+_T = TypeVar("_T")
+
 _SEP = "\u0001"  # between the expressions sent as one string (never in SQL text)
-_SELECT_JVM: dict[int, tuple[Any, Any, Any]] = {}  # by JVM view: (view, splitter, Seq maker)
+_SELECT_JVM: dict[Any, tuple[Any, Any]] = {}  # (splitter, Seq maker), by JVM view
+
+
+def kept_in_jvm(cache: dict[Any, Any], key: Any, jvm: Any, build: Callable[[], _T]) -> _T:
+    """``build()``, made once per ``key`` and JVM: the JVM objects in ``cache[key]`` are
+    reused by every later call on the same JVM view and built anew when the JVM started again
+    (a new SparkContext: the old objects point into a gateway that is gone). ``key`` must
+    name everything ``build`` depends on.
+
+    >>> cache = {}
+    >>> kept_in_jvm(cache, "k", "jvm 1", lambda: [1]) is kept_in_jvm(cache, "k", "jvm 1", list)
+    True
+    >>> kept_in_jvm(cache, "k", "jvm 2", lambda: [2])
+    [2]
+    """
+    known = cache.get(key)
+    if known is None or known[0] is not jvm:
+        known = cache[key] = (jvm, build())
+    return known[1]
 
 
 def select_expr(df: Any, exprs: Iterable[str]) -> Any:
@@ -85,11 +105,15 @@ def select_expr(df: Any, exprs: Iterable[str]) -> Any:
         return df.selectExpr(*exprs)
     session = df.sparkSession
     jvm = session._jvm
-    known = _SELECT_JVM.get(id(jvm))
-    if known is None or known[0] is not jvm:
-        splitter = jvm.java.util.regex.Pattern.compile(_SEP)
-        known = _SELECT_JVM[id(jvm)] = (jvm, splitter, jvm.scala.collection.immutable.ArraySeq)
-    _, splitter, seq = known
+    splitter, seq = kept_in_jvm(
+        _SELECT_JVM,
+        id(jvm),
+        jvm,
+        lambda: (
+            jvm.java.util.regex.Pattern.compile(_SEP),
+            jvm.scala.collection.immutable.ArraySeq,
+        ),
+    )
     array = splitter.split(_SEP.join(exprs), -1)
     return DataFrame(jdf.selectExpr(seq.unsafeWrapArray(array)), session)
 
@@ -108,11 +132,8 @@ def select_kept(df: Any, cache: dict[Any, Any], key: Any, columns: Callable[[], 
     from pyspark.sql.classic.dataframe import DataFrame
 
     session = df.sparkSession
-    jvm = session._jvm
-    known = cache.get(key)
-    if known is None or known[0] is not jvm:  # (a JVM started again: build it there)
-        known = cache[key] = (jvm, df._jcols(*columns()))
-    return DataFrame(jdf.select(known[1]), session)
+    cols = kept_in_jvm(cache, key, session._jvm, lambda: df._jcols(*columns()))
+    return DataFrame(jdf.select(cols), session)
 
 
 # The rules below are Spark SQL text, parsed once per expression by the JVM (``selectExpr``):

@@ -31,6 +31,7 @@ from .lineage import (
     drop_where,
     fan_out,
     ghost_payload,
+    kept_in_jvm,
     q,
     select_expr,
     select_kept,
@@ -336,18 +337,20 @@ class Select:
     # the other columns' names), by input columns: asked once for the declaration's empty frame
     # and reused for every round's real one (each question is an analysis in the JVM)
     _probes: dict[tuple[str, ...], Any] = field(
-        default_factory=dict, compare=False, repr=False, hash=False
+        default_factory=dict, init=False, compare=False, repr=False, hash=False
     )
     # the output's names, by input columns (a guarded expression is aliased to its own name)
     _names: dict[tuple[str, ...], list[str]] = field(
-        default_factory=dict, compare=False, repr=False, hash=False
+        default_factory=dict, init=False, compare=False, repr=False, hash=False
     )
     # the select list and its generator, by input columns (each column is inspected in the JVM)
     _lists: dict[tuple[str, ...], Any] = field(
-        default_factory=dict, compare=False, repr=False, hash=False
+        default_factory=dict, init=False, compare=False, repr=False, hash=False
     )
     # the tracked translation's JVM column lists, by (step, input columns): select_kept
-    _kept: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False, hash=False)
+    _kept: dict[Any, Any] = field(
+        default_factory=dict, init=False, compare=False, repr=False, hash=False
+    )
 
     def describe(self) -> str:
         return f"select({', '.join(map(str, self.cols))})"
@@ -559,10 +562,12 @@ class WithColumns:
     # the select a generator amounts to, by input columns (one object per payload: it keeps
     # what its translation asked of Spark, see Select); None without a generator
     _selects: dict[tuple[str, ...], Any] = field(
-        default_factory=dict, compare=False, repr=False, hash=False
+        default_factory=dict, init=False, compare=False, repr=False, hash=False
     )
     # the tracked translation's JVM lists (select_kept)
-    _kept: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False, hash=False)
+    _kept: dict[Any, Any] = field(
+        default_factory=dict, init=False, compare=False, repr=False, hash=False
+    )
 
     def describe(self) -> str:
         return f"withColumns({[n for n, _ in self.mapping]})"
@@ -616,12 +621,16 @@ class WithColumns:
             from pyspark.sql.classic.dataframe import DataFrame
 
             session = df.sparkSession
-            known = self._kept.get("with")
-            if known is None or known[0] is not session._jvm:
-                names = _to_seq(session.sparkContext, [n for n, _ in self.mapping])
-                cols = df._jcols(*[live_only(c) for _, c in self.mapping])
-                known = self._kept["with"] = (session._jvm, names, cols)
-            out = DataFrame(jdf.withColumns(known[1], known[2]), session)
+            names, cols = kept_in_jvm(
+                self._kept,
+                "with",
+                session._jvm,
+                lambda: (
+                    _to_seq(session.sparkContext, [n for n, _ in self.mapping]),
+                    df._jcols(*[live_only(c) for _, c in self.mapping]),
+                ),
+            )
+            out = DataFrame(jdf.withColumns(names, cols), session)
         payload = payload_of(df)
         new = [n for n, _ in self.mapping if n not in payload]
         return with_lineage_last(out, [*payload, *new])
@@ -701,7 +710,9 @@ class Filter:
 
     cond: Any
     # the tracked translation's JVM lists (select_kept)
-    _kept: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False, hash=False)
+    _kept: dict[Any, Any] = field(
+        default_factory=dict, init=False, compare=False, repr=False, hash=False
+    )
 
     def describe(self) -> str:
         return f"filter({self.cond})"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .lineage import kept_in_jvm
 from .ops import TrackedOperationError
 
 #: Where to compute what a replay cannot reproduce (the last words of every error here).
@@ -81,11 +82,12 @@ _CURRENT_LIKE: dict[int, Any] = {}  # by JVM view: the lookup is 8 py4j calls
 
 def _current_like(spark: Any) -> Any:
     jvm = spark._jvm
-    got = _CURRENT_LIKE.get(id(jvm))
-    if got is None or got[0] is not jvm:
-        pattern = jvm.org.apache.spark.sql.catalyst.trees.TreePattern.CURRENT_LIKE()
-        got = _CURRENT_LIKE[id(jvm)] = (jvm, pattern)
-    return got[1]
+    return kept_in_jvm(
+        _CURRENT_LIKE,
+        id(jvm),
+        jvm,
+        lambda: jvm.org.apache.spark.sql.catalyst.trees.TreePattern.CURRENT_LIKE(),
+    )
 
 
 def context_expression(df: Any) -> tuple[str, str] | None:

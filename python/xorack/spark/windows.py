@@ -49,7 +49,7 @@ import numpy as np
 import pandas as pd
 
 from .barrier import Staging, remove_local
-from .lineage import KEEP, SRC, q, select_kept
+from .lineage import KEEP, SRC, kept_in_jvm, q, select_kept
 from .ops import is_column
 
 #: A staged directory's event-time bounds (JSON: [min, max] microseconds, or null), beside
@@ -242,18 +242,19 @@ class WindowSpec:
         from pyspark.sql.classic.dataframe import DataFrame
 
         session = live.sparkSession
-        known = self._kept.get("grouped")
-        if known is None or known[0] is not session._jvm:
-            sc = session.sparkContext
-            first, *rest = self.exprs
-            known = self._kept["grouped"] = (
-                session._jvm,
+        sc = session.sparkContext
+        first, *rest = self.exprs
+        by, rest_jc, names = kept_in_jvm(
+            self._kept,
+            "grouped",
+            session._jvm,
+            lambda: (
                 live._jcols(*groups()),
-                first._jc,
                 _to_seq(sc, [e._jc for e in rest]),
                 _to_seq(sc, list(self.names)),
-            )
-        _, by, first_jc, rest_jc, names = known
+            ),
+        )
+        first_jc = first._jc
         return DataFrame(jdf.groupBy(by).agg(first_jc, rest_jc).toDF(names), session)
 
     def session_rows(self, emitted: Any) -> Any:
