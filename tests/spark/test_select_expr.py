@@ -185,3 +185,50 @@ def test_a_window_emission_keeps_its_lists_and_equals_plain_spark(spark):
         again = spec.emit(df, lo, hi)
     assert trips.n <= 10, trips.n
     assert sorted(again.collect()) == sorted(plain.collect())
+
+
+def test_map_in_arrow_kept_equals_map_in_arrow_on_every_frame_and_builds_once(spark):
+    """A kept ``mapInArrow`` (the source tagger's, every round) gives plain ``mapInArrow``'s
+    rows on each frame it is reused for; after the first it costs a few py4j round trips
+    (PySpark's own call made 20 and more)."""
+    from xorack.spark.lineage import map_in_arrow_kept
+
+    class _Doubler:
+        """A ``mapInArrow`` function equal to every other instance (a kept UDF is found by
+        it); local, so that cloudpickle sends it by value to the Python workers."""
+
+        def __eq__(self, other):
+            return isinstance(other, _Doubler)
+
+        def __hash__(self):
+            return 7
+
+        def __call__(self, batches):
+            import pyarrow as pa
+            import pyarrow.compute as pc
+
+            for b in batches:
+                yield pa.RecordBatch.from_arrays(
+                    [pc.multiply(b.column("id"), 2), b.column("w")], names=["id", "w"]
+                )
+
+    schema = "id long, w string"
+    cache: dict = {}
+    first = _frame(spark).select("id", "w")
+    later = spark.createDataFrame([(5, "e"), (6, None), (7, "g")], schema)
+    for df in (first, later):
+        want = df.mapInArrow(_Doubler(), schema).collect()
+        assert sorted(want, key=str) == sorted(((r.id * 2, r.w) for r in df.collect()), key=str)
+        if df is later:
+            assert df.columns == ["id", "w"]  # its schema asked first, as a round has it
+            with _RoundTrips() as trips:
+                out = map_in_arrow_kept(df, cache, _Doubler(), schema)
+            assert trips.n <= 4, trips.n
+        else:
+            out = map_in_arrow_kept(df, cache, _Doubler(), schema)
+        assert out.columns == ["id", "w"]
+        assert sorted(out.collect(), key=str) == sorted(want, key=str)
+    assert len(cache) == 1
+    with _RoundTrips() as trips:  # what PySpark's own call costs
+        later.mapInArrow(_Doubler(), schema)
+    assert trips.n >= 20, trips.n

@@ -224,6 +224,10 @@ def test_windows_equal_plain_structured_streaming_under_failures(
     # a time window's write into a native sink runs beside the next micro-batch (a session
     # window's is waited for: the sessions it writes leave the staged rows)
     assert (run.windows.beside.started > 0) == (window is not _session)
+    # the source's tagger is the same every round (its round read from the rows, its event
+    # time accumulator the query's): its mapInArrow was built once, in the first round
+    (source,) = [s for s in p.plan().sources if s.name == "lines"]
+    assert len(source._taggers) == 1
 
 
 @pytest.mark.parametrize("window", [_tumbling, _sliding], ids=["tumbling", "sliding"])

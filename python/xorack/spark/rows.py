@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from . import ops, optimistic
 from .arrow_stage import ArrowStageRunner, declared_arrow_schema
 from .join_ops import LookupJoin
-from .lineage import EV, KEEP, LINEAGE, q, select_expr, select_kept
+from .lineage import EV, KEEP, LINEAGE, map_in_arrow_kept, q, select_expr, select_kept
 from .node import Node, Scope, event_time_of
 from .report import Reason
 from .reproducible import context_expression
@@ -23,6 +23,7 @@ from .schema import num_partitions
 from .stages import (
     PART,
     REC,
+    ROUND,
     SRC,
     GroupStageRunner,
     StageRunner,
@@ -87,20 +88,22 @@ def tagged_schema(node: Node, ft: bool, without_src: bool = False) -> Any:
     return StructType(fields)
 
 
-def with_partition_ids(df: Any) -> Any:
-    """``df`` with ``spark_partition_id()`` as the column the tagger reads its partition from.
+def with_partition_ids(df: Any, round_no: int | None = None) -> Any:
+    """``df`` with ``spark_partition_id()`` as the column the tagger reads its partition from,
+    and with ``round_no`` (if given) as the column it reads its round from.
 
     Spark's optimizer folds a projection over a local relation (``createDataFrame`` of an Arrow
     table or a pandas frame, ``VALUES``) into the relation on the driver, where every row gets
     partition 0; the scan then splits the rows over several tasks, whose position-derived ids
     would collide. Such a frame is coalesced to its own partition count first (no shuffle, the
     same partitions), which keeps the projection in the tasks."""
-    from pyspark.sql import functions as F
-
-    tagged = df.withColumn(PART, F.spark_partition_id())
+    added = [f"spark_partition_id() AS {PART}"]
+    if round_no is not None:
+        added.append(f"CAST({int(round_no)} AS BIGINT) AS {ROUND}")
+    tagged = select_expr(df, ["*", *added])
     if not folded_on_driver(tagged, PART):
         return tagged
-    return df.coalesce(num_partitions(df)).withColumn(PART, F.spark_partition_id())
+    return select_expr(df.coalesce(num_partitions(df)), ["*", *added])
 
 
 _LOCAL_LEAVES = ("LocalRelation", "OneRowRelation")  # plans Spark may fold on the driver
@@ -113,8 +116,9 @@ def folded_on_driver(df: Any, column: str) -> bool:
     if jdf is None:  # pragma: no cover - Spark Connect (no JVM plan to look at)
         return False
     execution = jdf.queryExecution()
-    # one call first: a plan read from no local data (most) needs no optimizing here
-    if not any(leaf in execution.analyzed().toString() for leaf in _LOCAL_LEAVES):
+    # the plan's text first: a plan read from no local data (most) needs no optimizing here
+    analyzed = execution.analyzed().toString()
+    if not any(leaf in analyzed for leaf in _LOCAL_LEAVES):
         return False
     stack = [execution.optimizedPlan()]
     while stack:
@@ -160,6 +164,9 @@ class Source(Node):
     #: plain Spark reads them), so a replay's partition is always one a round has
     narrow: bool = False
     derived: Any = None  # the barrier whose output this is (a Barrier), or None
+    # the taggers' mapInArrow, built by a run's first round and reused by the others
+    # (map_in_arrow_kept)
+    _taggers: dict[Any, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     lineage: ClassVar[str] = "a new record per row: ids drawn, persisted, born in the acker"
     label: ClassVar[str] = "source"
@@ -201,13 +208,14 @@ class Source(Node):
             return df
 
         cfg = ctx.config
+        # the round goes in the rows (ROUND), so that the tagger is the same every round of a
+        # run and its mapInArrow is built once (map_in_arrow_kept)
         tagger = SourceTagger(
             name=self.name,
             source=self.index,
             keys=self.keys,
             deterministic=cfg.deterministic_ids,
             id_salt=cfg.id_salt,
-            batch=ctx.round,
             chunk_bits=ctx.chunk_bits,
             progress=cfg.resume,
             skip=tuple(sorted(ctx.resume_skip.get(self.index, {}).items())),
@@ -215,15 +223,16 @@ class Source(Node):
             event_max=ctx.event_max.get(self.name) if self.event_time(ctx) else None,
             **ctx.runner_args(),
         )
-        df = with_partition_ids(df)
+        df = with_partition_ids(df, ctx.round)
         schema = tagged_schema(self, True)
         # PySpark's mapInArrow reads its input by column name, a name with a dot as a struct
         # field: such columns cross the tagger under names of their own
         odd = {c: f"_ft_c{i}" for i, c in enumerate(self.columns) if "." in c or "`" in c}
-        if not odd:
-            return df.mapInArrow(tagger, schema)
-        tagger = dataclasses.replace(tagger, names=tuple(c for c in df.columns if c != PART))
-        return df.withColumnsRenamed(odd).mapInArrow(tagger, schema)
+        if odd:
+            names = tuple(c for c in df.columns if c not in (PART, ROUND))
+            tagger = dataclasses.replace(tagger, names=names)
+            df = df.withColumnsRenamed(odd)
+        return map_in_arrow_kept(df, self._taggers, tagger, schema)
 
     def first_filter(self, plan: Any) -> tuple[RowOperation, Any, str | None] | None:
         """The filter that alone reads this source's rows, directly or through selects of its

@@ -41,6 +41,7 @@ from .optimistic import keep_rows
 
 LINEAGE_COLUMNS = (SRC, REC)  # what a stage's function sees (the pending columns are settled)
 PART = "_ft_part"  # spark_partition_id() of the source's own partitioning, read by the tagger
+ROUND = "_ft_round"  # the round (micro-batch) a source tagger's rows are read in, if given
 BRANCH = "_ft_branch"  # which consumer of a branch point a tee'd copy belongs to
 ROUND_PROPERTY = "xorack.round"  # Spark local property: the batch round (0 = first attempt)
 # Spark local property set in streaming: "s:" + the replays of the running micro-batch (their

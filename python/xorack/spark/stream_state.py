@@ -245,6 +245,7 @@ class StreamState:
         # what plain Spark closes windows by now: the watermark of the micro-batch before
         # (Spark computes a watermark at the end of a micro-batch and uses it in the next)
         self.evict_us = 0
+        self._event_accs: dict[str, Any] = {}  # the sources' largest event times (before_batch)
         self.watermark_us = 0  # the watermark the windows close by (held back)
         self.emits = 0  # writes of closed windows
         self.skipped_emits = 0  # watermark moves that passed no window's end (no write)
@@ -424,15 +425,22 @@ class StreamState:
 
     def before_batch(self) -> None:
         """A micro-batch's sources count the largest event time they read (an accumulator:
-        no second pass over the micro-batch)."""
+        no second pass over the micro-batch). The accumulators are the query's, set back to
+        "none" before each micro-batch: the taggers holding them stay the same objects, and
+        their ``mapInArrow`` is built once (a late update of an earlier micro-batch's task is
+        harmless: the watermark follows the largest event time ever read)."""
         if self.timed:
             from .tagging import NO_EVENT_TIME, max_param
 
-            sc = self.ctx.spark.sparkContext
-            self.ctx.event_max = {
-                wm.source: sc.accumulator(NO_EVENT_TIME, max_param())
-                for wm in self.ctx.plan.watermarks
-            }
+            if not self._event_accs:
+                sc = self.ctx.spark.sparkContext
+                self._event_accs = {
+                    wm.source: sc.accumulator(NO_EVENT_TIME, max_param())
+                    for wm in self.ctx.plan.watermarks
+                }
+            for acc in self._event_accs.values():
+                acc.value = NO_EVENT_TIME
+            self.ctx.event_max = dict(self._event_accs)
 
     def saw(self) -> None:
         """Plain Spark's watermark after a micro-batch: per watermark, its source's largest

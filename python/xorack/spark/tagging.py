@@ -27,17 +27,22 @@ from .ids import (
     u64,
 )
 from .lineage import KEEP, REC, SRC
-from .stages import PART, StageSchemaError
+from .stages import PART, ROUND, StageSchemaError
 
 
 @dataclass(frozen=True)
 class SourceTagger:
     """``mapInArrow`` function of a tracked source: tag, hash keys, persist, then emit.
 
-    Yields the input columns followed by ``_ft_src`` and ``_ft_rec``. A resumed job
-    (``progress``) notes with every persist where the batch ends in its partition, and skips
-    the first ``skip[partition]`` rows of a partition: an earlier run persisted them (their ids
-    are still drawn, so that the ids of the rows after them are those of the earlier run).
+    Yields the input columns followed by ``_ft_src`` and ``_ft_rec``. The input's ``_ft_part``
+    column is the partition, its ``_ft_round`` column (if any) the micro-batch id (else
+    ``batch``): a tagger reading its round from the rows is the same object every round, and
+    its ``mapInArrow`` is built once (:func:`~xorack.spark.lineage.map_in_arrow_kept`).
+
+    A resumed job (``progress``) notes with every persist where the batch ends in its
+    partition, and skips the first ``skip[partition]`` rows of a partition: an earlier run
+    persisted them (their ids are still drawn, so that the ids of the rows after them are
+    those of the earlier run).
     """
 
     name: str
@@ -80,6 +85,11 @@ class SourceTagger:
             i = batch.schema.get_field_index(PART)
             partition = int(batch.column(i)[0].as_py())
             batch = batch.remove_column(i)
+            epoch = self.batch
+            i = batch.schema.get_field_index(ROUND)
+            if i >= 0:
+                epoch = int(batch.column(i)[0].as_py())
+                batch = batch.remove_column(i)
             if self.names:
                 batch = pa.RecordBatch.from_arrays(batch.columns, names=list(self.names))
             missing = [k for k in self.keys if k not in batch.schema.names]
@@ -89,20 +99,20 @@ class SourceTagger:
                     f"{batch.schema.names}"
                 )
             if self.deterministic and self.chunk_bits:  # a stable order (content-sorted)
-                rec = position_record_ids(offset, n, self.batch, self.source, partition, salt)
+                rec = position_record_ids(offset, n, epoch, self.source, partition, salt)
             elif self.deterministic:
                 # a keyed source's identical rows share a partition (hash partitioning by the
                 # keys, coalesced or not by adaptive execution: never split), so its ids leave
                 # the partition out: they do not depend on how many partitions the source
                 # goes on in (a barrier's output is coalesced when small)
                 where = -1 if self.keys else partition
-                rec = content_ids(batch, ranks, self.batch, self.source, where, salt)
+                rec = content_ids(batch, ranks, epoch, self.source, where, salt)
             else:
                 rec = acker.new_ids(n)
             offset += n
             # a resumed job's progress is kept per (micro-batch, partition): batch runs read
             # their input in micro-batch 0
-            key = (self.batch << 16) | partition
+            key = (epoch << 16) | partition
             if self.progress and partition >= 1 << 16:
                 raise StageSchemaError(
                     f"source {self.name!r}: a resumable job (resume=True) reads at most 65536 "
@@ -129,7 +139,7 @@ class SourceTagger:
             src_ids = None
             if self.deterministic and self.chunk_bits:
                 src_ids = position_chunk_ids(
-                    offset - n, n, self.chunk_bits, self.batch, self.source, partition, salt
+                    offset - n, n, self.chunk_bits, epoch, self.source, partition, salt
                 )
             elif self.chunk_bits:
                 src_ids = chunked_ids(n, self.chunk_bits)
@@ -145,7 +155,7 @@ class SourceTagger:
                 births=rec,
                 src_ids=src_ids,
                 **({"progress": (key, offset)} if self.progress else {}),
-                **({"idempotent": True, "epoch": self.batch} if self.deterministic else {}),
+                **({"idempotent": True, "epoch": epoch} if self.deterministic else {}),
                 **({"event_time": times} if times is not None else {}),
             )
             src = np.asarray(src, dtype=np.uint64)
