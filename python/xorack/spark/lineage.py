@@ -138,7 +138,7 @@ def select_kept(df: Any, cache: dict[Any, Any], key: Any, columns: Callable[[], 
 
 
 def map_in_arrow_kept(df: Any, cache: dict[Any, Any], fn: Any, schema: Any) -> Any:
-    """``df.mapInArrow(fn, schema)`` in one py4j round trip (and one to read ``df``'s columns)
+    """``df.mapInArrow(fn, schema)`` in three py4j round trips (two read ``df``'s columns)
     once ``fn`` (hashable: it must be equal only to a function that does the same) has been
     used over the same columns: the JVM's Python UDF over the columns by name is built once,
     by the first call, and given to every later ``mapInArrow`` (PySpark builds it anew on

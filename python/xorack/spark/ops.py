@@ -621,15 +621,12 @@ class WithColumns:
             from pyspark.sql.classic.dataframe import DataFrame
 
             session = df.sparkSession
-            names, cols = kept_in_jvm(
-                self._kept,
-                "with",
-                session._jvm,
-                lambda: (
-                    _to_seq(session.sparkContext, [n for n, _ in self.mapping]),
-                    df._jcols(*[live_only(c) for _, c in self.mapping]),
-                ),
-            )
+
+            def lists() -> tuple[Any, Any]:
+                names = _to_seq(session.sparkContext, [n for n, _ in self.mapping])
+                return names, df._jcols(*[live_only(c) for _, c in self.mapping])
+
+            names, cols = kept_in_jvm(self._kept, "with", session._jvm, lists)
             out = DataFrame(jdf.withColumns(names, cols), session)
         payload = payload_of(df)
         new = [n for n, _ in self.mapping if n not in payload]

@@ -424,11 +424,10 @@ class StreamState:
         )
 
     def before_batch(self) -> None:
-        """A micro-batch's sources count the largest event time they read (an accumulator:
-        no second pass over the micro-batch). The accumulators are the query's, set back to
-        "none" before each micro-batch: the taggers holding them stay the same objects, and
-        their ``mapInArrow`` is built once (a late update of an earlier micro-batch's task is
-        harmless: the watermark follows the largest event time ever read)."""
+        """The sources' largest event times, in accumulators (no second pass) that are the
+        query's, set back to "none" before each micro-batch: the taggers holding them stay
+        equal and their ``mapInArrow`` is built once (a late update from an earlier
+        micro-batch cannot harm: the watermark follows the largest event time ever read)."""
         if self.timed:
             from .tagging import NO_EVENT_TIME, max_param
 
