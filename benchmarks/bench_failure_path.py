@@ -11,11 +11,13 @@ optimistic round sees the failures and falls back), ``ft on tracked fails``
 (a variant's word ``c32`` sets ``chunk_records=32`` for it alone; ``unchunked``: its first
 tracked round after a fall back keeps the configured chunks, as before issue 27 item 4;
 ``always32``: it draws 32-record chunks whatever the failure rate, item 4's first cut;
-``unkept``: a failed row loses the optimistic round, as before kept rounds; ``dies``: instead
+``unkept``: a failed row loses the optimistic round, as before kept rounds; ``unmerged``: the
+keeper merges a replay round's aggregate in a Spark job of its own, as before; ``dies``: instead
 of failing rows, the stage's Python worker dies once, in the first attempt of the task of
 partition 0: a single retried Spark task (``strict``: a retried task makes the round fall
 back, as before issue 27's retried tasks); ``plain dies`` is plain PySpark with the same
-``mapInArrow`` stage dying the same way, ``plain stage`` with it not dying). The
+``mapInArrow`` stage dying the same way, ``plain stage`` with it not dying; ``plain hash`` with
+a stage hashing every line as the failing stage's first round does, failing none). The
 failing lines are chosen by a hash of their text (twins fail together), the same in every run.
 Prints medians and the ratios to plain, the load average, and checks that every variant's
 counts equal plain Spark's.
@@ -42,20 +44,49 @@ class FailsOnceByHash:
     rate: float
 
     def __call__(self, batch: Any) -> Any:
-        import zlib
-
         import pyarrow as pa
 
         from xorack import FailRecord
         from xorack.spark import current_round
 
         if current_round() == 0:
-            texts = batch.column("text").to_pylist()
-            cut = int(self.rate * (1 << 32))
-            mask = [zlib.crc32(t.encode()) < cut for t in texts]
+            mask = self.mask(batch)
             if any(mask):
                 raise FailRecord("injected: fails once", rows=pa.array(mask))
         return batch
+
+    def mask(self, batch: Any) -> list[bool]:
+        """Whether each line of ``batch`` fails (a CRC-32 of its text under ``rate``)."""
+        import zlib
+
+        cut = int(self.rate * (1 << 32))
+        return [zlib.crc32(t.encode()) < cut for t in batch.column("text").to_pylist()]
+
+
+@dataclass(frozen=True)
+class HashesOnly:
+    """The per-line work of :class:`FailsOnceByHash`'s first round (the hash of every line),
+    failing none: plain Spark's stage for ``plain hash``, the same user code without the
+    failures plain Spark cannot survive."""
+
+    rate: float
+
+    def __call__(self, batch: Any) -> Any:
+        FailsOnceByHash(self.rate).mask(batch)
+        return batch
+
+
+def wordcount_plain_hash(spark: Any, inp: str, out: str, rate: float) -> None:
+    """Plain PySpark's wordcount with a ``mapInArrow`` stage hashing every line
+    (:class:`HashesOnly`)."""
+    from pyspark.sql import functions as F
+
+    fn = HashesOnly(rate)
+    df = spark.read.parquet(inp)
+    lines = df.mapInArrow(lambda batches: (fn(b) for b in batches), df.schema)
+    words = lines.select(F.explode(F.split("text", " ")).alias("word"))
+    counts = words.where(F.col("word") != "").groupBy("word").agg(F.count("*").alias("n"))
+    counts.write.mode("overwrite").parquet(out)
 
 
 def wordcount_ft(
@@ -112,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                 marker = f"{work}/died-{i}-{v.replace(' ', '-')}" if "dies" in v else ""
                 if v == "plain":
                     wordcount_plain(spark, inp, out)
+                elif v == "plain hash":
+                    wordcount_plain_hash(spark, inp, out, args.rate)
                 elif v.startswith("plain "):  # "plain stage", "plain dies"
                     wordcount_plain_stage(spark, inp, out, marker)
                 else:
@@ -124,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
                     rate = 0.0 if "clean" in v else args.rate
                     # "unkept": a failed row loses the optimistic round (before kept rounds)
                     kept.KEEP = "unkept" not in v
+                    # "unmerged": the keeper merges a replay round's aggregate in a job of its
+                    # own (before replay rounds wrote it merged)
+                    kept.PREMERGE = "unmerged" not in v
                     tasks.TRUST_RETRIES = "strict" not in v
                     # "unchunked": the first tracked round after a fall back keeps the
                     # configured chunks (what ran before issue 27 item 4), for an A/B run
@@ -149,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             f"wordcount, {args.lines:,} lines, {args.rate:.2%} failing once, median of "
             f"{args.repeat}; load average {load0[0]:.2f} -> {load1[0]:.2f}"
         )
-        bases = [b for b in ("plain stage", "plain dies") if b in times]
+        bases = [b for b in ("plain stage", "plain hash", "plain dies") if b in times]
         others = {b: statistics.median(times[b]) for b in bases}
         for v, ts in times.items():
             med = statistics.median(ts)

@@ -175,6 +175,49 @@ def test_rows_written_straight_to_a_sink_are_added(spark, tmp_path):
     assert _rows(sink.read(spark)) == _rows(plain)
 
 
+@pytest.mark.parametrize("premerge", [True, False])
+def test_replay_rounds_write_the_aggregate_merged_in_their_own_job(
+    spark, tmp_path, monkeypatch, premerge
+):
+    """Each replay round writes the aggregate merged with the rows before it (the first
+    round's, then the previous replay round's), and the keeper only moves the last one in
+    place: no merge job of its own. Two replay rounds (rows failing twice), the sink's row
+    count and rows equal to plain Spark's, either way (``PREMERGE`` off: the keeper's merge
+    job, as before)."""
+    monkeypatch.setattr(kept_mod, "PREMERGE", premerge)
+    merges, premerged = [], []
+    own_merge, chained = kept_mod.Keeper._merge_groups, kept_mod.premerge
+
+    def merge_groups(self, job, extra):
+        merges.append(job.name)
+        return own_merge(self, job, extra)
+
+    def premerge_(spark_, outputs, merge):
+        premerged.append(dict(merge))
+        return chained(spark_, outputs, merge)
+
+    monkeypatch.setattr(kept_mod.Keeper, "_merge_groups", merge_groups)
+    monkeypatch.setattr(kept_mod, "premerge", premerge_)
+    p, sink = _run_wordcount(spark, tmp_path, _failing(2), max_attempts=4)
+    report = p.run()
+    assert report.phase_reasons == {}, report.optimistic_fallbacks
+    assert report.kept_rounds == 2
+    assert report.failed == report.replayed == 2 * len(_failing_ids())
+    assert report.lost == report.dead_lettered == 0
+    plain = _rows(_wordcount(_lines(spark)))
+    assert _rows(sink.read(spark)) == plain
+    assert report.sink_rows["counts"] == len(plain)
+    if premerge:  # the second replay round merges into the first replay round's output
+        assert merges == []
+        assert [list(m) for m in premerged] == [["aggregate"], ["aggregate"]]
+        first, second = (m["aggregate"] for m in premerged)
+        assert first.endswith("optimistic")
+        assert second == first + "-replay1"
+    else:
+        assert merges == ["aggregate"]
+        assert premerged == []
+
+
 def test_a_global_aggregate_merges_its_one_row(spark, tmp_path):
     p = Pipeline(spark)
     lines = p.source(_lines(spark), name="lines")

@@ -134,12 +134,15 @@ def test_content_ranks_count_the_earlier_rows_of_the_same_hash(batches):
         assert ranks(h).tolist() == want
 
 
-@given(st.lists(st.integers(0, 6), max_size=40), st.booleans())
-@settings(max_examples=200, deadline=None)
-def test_output_ordinals_rank_siblings_in_output_order(parents, in_order):
+@given(st.lists(st.integers(0, 6), max_size=40), st.sampled_from(["any", "sorted", "strict"]))
+@settings(max_examples=300, deadline=None)
+def test_output_ordinals_rank_siblings_in_output_order(parents, order):
     """Each output's rank among the outputs of its parent, whether the outputs come in input
-    order (the one-pass path) or not (the sorted path)."""
-    parent = np.array(sorted(parents) if in_order else parents, dtype=np.int64)
+    order (the one-pass path), one per parent at most and in order (a map, a filter: all
+    zero at once) or in any order (the sorted path)."""
+    if order == "strict":
+        parents = sorted(set(parents))
+    parent = np.array(sorted(parents) if order == "sorted" else parents, dtype=np.int64)
     seen: Counter = Counter()
     expected = []
     for p in parent.tolist():
@@ -199,3 +202,41 @@ def test_a_keyed_sources_ids_do_not_depend_on_its_partitions(service):
     assert len(set(keyed[0])) == 3  # the two identical rows are told apart by their rank
     plain = [ids((), part) for part in (0, 3)]
     assert not set(plain[0]) & set(plain[1])
+
+
+@given(
+    ids=st.lists(st.integers(1, 2**64 - 1), unique=True, max_size=50),
+    shape=st.sampled_from(["same", "filter", "take", "renumbered"]),
+    data=st.data(),
+)
+@settings(max_examples=300, deadline=None)
+def test_parents_of_equals_the_parent_index_kernel(ids, shape, data):
+    """The identity fast path (an output carrying the input's ids as they came) gives what the
+    ``parent_index`` kernel gives on every backend, and any other output goes to the kernel:
+    a filter, rows taken in any order and repeated, ids the input does not hold (an error)."""
+    from xorack import acker
+    from xorack.kernels import native_available
+    from xorack.spark.ids import parents_of
+
+    rec = np.array(ids, dtype=np.uint64)
+    n = len(ids)
+    if shape == "same":
+        pos = list(range(n))
+    elif shape == "filter":
+        pos = sorted(data.draw(st.sets(st.integers(0, max(n - 1, 0)), max_size=n)) if n else [])
+    else:
+        pos = data.draw(st.lists(st.integers(0, n - 1), max_size=2 * n)) if n else []
+    out = rec[np.array(pos, dtype=np.int64)] if pos else np.empty(0, np.uint64)
+    if shape == "renumbered":  # an id no input holds (0 is never an id)
+        out = np.append(out, np.uint64(0))
+    backends = ["native", "python"] if native_available() else ["python"]
+    for backend in backends:
+        try:
+            want = acker.parent_index(rec, out, backend=backend)
+        except xorack.LineageError as exc:
+            with pytest.raises(xorack.LineageError, match=str(exc)[:20]):
+                parents_of(rec, out)
+            continue
+        got = parents_of(rec, out)
+        assert got.dtype == np.int64
+        assert got.tolist() == want.tolist() == pos

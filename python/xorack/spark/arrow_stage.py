@@ -37,6 +37,7 @@ from .stages import (
     call_bisecting,
     deferred_events,
     i64,
+    parents_of,
     u64,
 )
 
@@ -239,8 +240,6 @@ class ArrowStageRunner:
     def process(self, batch: pa.RecordBatch, client: Any) -> list[pa.RecordBatch]:
         """Run the function on one input batch; send the failures and events; return the
         output batches (none when every row was dropped or failed)."""
-        from .. import acker
-
         for c in LINEAGE_COLUMNS:
             if c not in batch.schema.names:
                 raise LineageError(
@@ -279,7 +278,7 @@ class ArrowStageRunner:
         selected = [self._select(o, lineage=True) for o in outs]
         out = pa.Table.from_batches(selected).combine_chunks()
         try:
-            parent = np.asarray(acker.parent_index(in_rec, u64(out.column(REC))), dtype=np.int64)
+            parent = parents_of(in_rec, u64(out.column(REC)))
         except (TypeError, ValueError) as exc:  # LineageError included; TypeError: bad dtype
             raise LineageError(f"stage {self.name!r}: {exc}") from exc
         kept, out_src, out_rec = anchor_outputs(

@@ -59,11 +59,16 @@ def ordinals(parent: np.ndarray) -> np.ndarray:
 
     >>> ordinals(np.array([0, 0, 2, 2, 2])).tolist(), ordinals(np.array([1, 0, 1])).tolist()
     ([0, 1, 0, 1, 2], [0, 0, 1])
+    >>> ordinals(np.array([0, 3, 4])).tolist()  # strictly increasing: each the first
+    [0, 0, 0]
     """
     n = len(parent)
     if n == 0:
         return np.empty(0, dtype=np.uint64)
-    in_order = bool((parent[1:] >= parent[:-1]).all())
+    step = np.subtract(parent[1:], parent[:-1])
+    if bool((step > 0).all()):  # one output per parent at most (a map, a filter): all first
+        return np.zeros(n, dtype=np.uint64)
+    in_order = bool((step >= 0).all())
     order = None if in_order else np.argsort(parent, kind="stable")
     sp = parent if order is None else parent[order]
     starts = np.empty(n, dtype=bool)
@@ -77,6 +82,24 @@ def ordinals(parent: np.ndarray) -> np.ndarray:
     out = np.empty(n, dtype=np.uint64)
     out[order] = ranks
     return out
+
+
+def parents_of(in_rec: np.ndarray, out_rec: np.ndarray) -> np.ndarray:
+    """The input position (int64) of each output row from its ``_ft_rec`` (uint64 ids): at once
+    when the output carries the input's ids as they came (a stage that returns its batch, or
+    maps it row for row, in order), else :func:`xorack.acker.parent_index`, which checks the
+    ids (0, unknown, or an input repeating one: errors).
+
+    >>> parents_of(np.array([7, 9], np.uint64), np.array([7, 9], np.uint64)).tolist()
+    [0, 1]
+    >>> parents_of(np.array([7, 9], np.uint64), np.array([9, 9], np.uint64)).tolist()
+    [1, 1]
+    """
+    from .. import acker
+
+    if len(out_rec) == len(in_rec) and np.array_equal(in_rec, out_rec) and in_rec.all():
+        return np.arange(len(in_rec), dtype=np.int64)
+    return np.asarray(acker.parent_index(in_rec, out_rec), dtype=np.int64)
 
 
 def with_lineage(

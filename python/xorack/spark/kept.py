@@ -72,6 +72,9 @@ log = logging.getLogger(__name__)
 #: Whether an optimistic round of a keepable shape keeps its work when rows fail (see the
 #: module's doc); False: a failed row loses the round, as before.
 KEEP = True
+#: Whether a replay round writes an aggregate merged with the rows before it, in its own job
+#: (see :func:`premerge`); False: the keeper merges them in a job of its own, as before.
+PREMERGE = True
 #: The share of a task's source rows its stage may fail and keep; beyond it (and beyond
 #: :data:`SLACK` rows) the round is lost at once, as before.
 SHARE = 0.1
@@ -286,6 +289,10 @@ class Keeper:
                 "again by the plan): they cannot be replayed alone"
             )
         payload = [n for n in kept.schema.names if n != SRC]
+        # an aggregate written into its sink's staging: each replay round writes it merged
+        # with the rows before it (the first round's, then the last replay round's), in its
+        # own job; the keeper then only moves the last one in place
+        merge = {job.name: job.path for job in first.outputs if PREMERGE and _premergeable(job)}
         attempts = max(1, int(ctx.config.max_attempts))
         failures = expected  # every failed attempt of a kept row, the first round's included
         replays = 0
@@ -305,7 +312,7 @@ class Keeper:
                 ctx, first.phase, fuse=first.fuse, replace={id(source): df}, attempt=attempt
             )
             self.rounds.append(rnd)
-            why = rnd.replay()
+            why = rnd.replay(merge)
             report.rounds += 1
             report.kept_rounds += 1
             replays += pending.num_rows
@@ -313,6 +320,7 @@ class Keeper:
                 return why[0], f"rows failed, and their replay round fell back: {why[1]}"
             if sorted(o.name for o in rnd.outputs) != sorted(o.name for o in first.outputs):
                 return Reason.ROW_FAILED, "rows failed, and their replay round wrote elsewhere"
+            merge.update((o.name, o.path) for o in rnd.outputs if o.name in merge)
             assert rnd.kept is not None
             again = int(rnd.kept.count.value)
             if not again:
@@ -371,10 +379,18 @@ class Keeper:
 
         if not extra:
             return
+        spark = self.ctx.spark
+        if extra[-1].premerged:  # the last replay round wrote every round's rows, merged
+            from .optimistic import move_dir, remove_dir
+
+            move_dir(spark, extra[-1].path, job.path, replace=True)
+            for out in extra[:-1]:
+                remove_dir(spark, out.path)
+            job.merged_rows = int((observed(extra[-1].rows) or {}).get("rows", 0))
+            return
         if type(job.barrier) is Aggregate:
             self._merge_groups(job, extra)
             return
-        spark = self.ctx.spark
         for out in extra:
             _move_parts(spark, out.path, job.path)
             got = observed(out.rows) if out.rows is not None else None
@@ -387,25 +403,13 @@ class Keeper:
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
-        from .barrier import combining_plan
         from .optimistic import move_dir, observed, remove_dir
 
         spark = self.ctx.spark
-        node = job.barrier
-        assert node is not None
-        plan = combining_plan(node.spec, node.parents[0].schema, node.schema, global_ok=True)
-        assert plan is not None
+        assert job.barrier is not None
         schema = job.frame.schema
-        keys = list(node.spec.keys)
         df = spark.read.schema(schema).parquet(job.path, *[o.path for o in extra])
-        parts = df.select(
-            *[F.col(q(k)) for k in keys],
-            *[F.col(q(p.name)).alias(f"_ft_p{i}") for i, p in enumerate(plan)],
-        )
-        merged = parts.groupBy(*[F.col(q(k)) for k in keys]).agg(
-            *[p.merge(i) for i, p in enumerate(plan)]
-        )
-        merged = select_expr(merged, map(q, schema.fieldNames()))
+        merged = merged_groups(job.barrier, df)
         if job.sink is None:  # read by the next phase: merged in its job, not written here
             job.merged_frame = merged
             return
@@ -431,6 +435,57 @@ class Keeper:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def merged_groups(node: Any, df: Any) -> Any:
+    """An aggregate's rows from several rounds (``df``: in the columns its sink writes, the
+    keys and the aggregates among them) merged by key: a sum of counts and sums, a min of
+    minimums, a max of maximums."""
+    from pyspark.sql import functions as F
+
+    from .barrier import combining_plan
+
+    plan = combining_plan(node.spec, node.parents[0].schema, node.schema, global_ok=True)
+    assert plan is not None
+    keys = list(node.spec.keys)
+    parts = df.select(
+        *[F.col(q(k)) for k in keys],
+        *[F.col(q(p.name)).alias(f"_ft_p{i}") for i, p in enumerate(plan)],
+    )
+    merged = parts.groupBy(*[F.col(q(k)) for k in keys]).agg(
+        *[p.merge(i) for i, p in enumerate(plan)]
+    )
+    return select_expr(merged, map(q, df.schema.fieldNames()))
+
+
+def _premergeable(job: FastOutput) -> bool:
+    """Whether a replay round writes this output of the first round merged with it: an
+    aggregate written into its native sink's staging (not read by a later phase)."""
+    from .outputs import Aggregate
+
+    return type(job.barrier) is Aggregate and job.sink is not None and not job.src
+
+
+def premerge(spark: Any, outputs: list[FastOutput], merge: dict[str, str]) -> None:
+    """A replay round's aggregates named in ``merge`` written merged, by key, with the rows
+    already written at its path (the rounds before), in the replay round's own job: one Spark
+    job fewer per replay round. The merged rows are counted as they are written (``rows``);
+    the round's events are observed before the merge, as in any round."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    for job in outputs:
+        base = merge.get(job.name)
+        if base is None or not _premergeable(job):
+            continue
+        schema = job.frame.schema
+        both = spark.read.schema(schema).parquet(base).union(job.frame)
+        counted = Observation()
+        job.frame = merged_groups(job.barrier, both).observe(
+            counted, F.count(F.lit(1)).alias("rows")
+        )
+        job.rows = counted
+        job.premerged = True
+
+
 def _move_parts(spark: Any, src: str, dst: str) -> None:
     """Move the data files of the Parquet directory ``src`` into ``dst`` (Spark names them
     with its write job's id: no two writes share a name) and delete ``src``."""
@@ -452,4 +507,13 @@ def _move_parts(spark: Any, src: str, dst: str) -> None:
     fs.delete(s, True)
 
 
-__all__ = ["KEEP", "SHARE", "SLACK", "Keeper", "candidate", "kept_rows"]
+__all__ = [
+    "KEEP",
+    "SHARE",
+    "SLACK",
+    "Keeper",
+    "candidate",
+    "kept_rows",
+    "merged_groups",
+    "premerge",
+]

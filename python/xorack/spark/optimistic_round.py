@@ -70,6 +70,8 @@ class FastOutput:
     extra_rows: int = 0
     merged_rows: int | None = None
     merged_frame: Any = None  # an aggregate's merged rows the next phase reads (not written)
+    # a replay round's aggregate written merged with the rows it adds to (xorack.spark.kept)
+    premerged: bool = False
 
 
 class Observations:
@@ -585,16 +587,19 @@ class OptimisticRound:
         report.fused_phases += len(self.builders) - 1
         return True
 
-    def replay(self) -> tuple[Reason, str] | None:
+    def replay(self, merge: dict[str, str] | None = None) -> tuple[Reason, str] | None:
         """Run as a keeping round's replay round (:class:`~xorack.spark.kept.Keeper`): built,
         fused as the first round was, executed and accounted; why it fell back, or None. Its
-        outputs stay where they are for the keeper to merge (or delete)."""
+        outputs stay where they are for the keeper to merge (or delete); an aggregate named in
+        ``merge`` is written merged with the rows at that path, in the round's own job."""
         try:
             self.builders = [self._build()]
         except NotOptimistic as e:
             return e.reason, e.detail
         if self.fuse:
             self._fuse()
+        if merge:
+            kept_mod.premerge(self.ctx.spark, self.outputs, merge)
         return self._verdict()
 
     def _verdict(self) -> tuple[Reason, str] | None:

@@ -35,7 +35,7 @@ from numpy.typing import ArrayLike
 
 from .._checks import count_distinct
 from ..errors import FailRecord, LineageError, XorackError
-from .ids import client_of, i64, name_salt, ordinals, u64, with_lineage
+from .ids import client_of, i64, name_salt, ordinals, parents_of, u64, with_lineage
 from .lineage import EV, KEEP, REC, SRC, settle
 from .optimistic import keep_rows
 
@@ -668,13 +668,12 @@ def output_parents(stage: str, out: pd.DataFrame, in_rec: np.ndarray) -> np.ndar
     ...     print(str(e)[:73], "...", "its index was renumbered (0, 1, 2, ...)" in str(e))
     stage 'demo': the function's output has no '_ft_rec' column and its index ... True
     """
-    from .. import acker
 
     if not len(out):  # nothing to match (an empty frame's index may have any dtype)
         return np.empty(0, np.int64)
     if REC in out.columns:
         try:
-            return np.asarray(acker.parent_index(in_rec, u64(out[REC])), dtype=np.int64)
+            return parents_of(in_rec, u64(out[REC]))
         except (TypeError, ValueError) as exc:  # LineageError included; TypeError: bad dtype
             raise LineageError(f"stage {stage!r}: {exc}") from exc
     index = out.index
@@ -682,7 +681,7 @@ def output_parents(stage: str, out: pd.DataFrame, in_rec: np.ndarray) -> np.ndar
     parent = None
     if labels is not None:
         try:
-            parent = np.asarray(acker.parent_index(in_rec, u64(labels)), dtype=np.int64)
+            parent = parents_of(in_rec, u64(labels))
         except LineageError:
             pass  # described below
         except ValueError as exc:  # the input's record ids repeat (a bad upstream)
