@@ -470,6 +470,32 @@ def test_a_join_that_computes_the_stage_twice_runs_tracked_rounds(spark, tmp_pat
     assert _rows(sink.read(spark)) == _rows(plain)
 
 
+def test_a_stage_that_saw_other_than_the_sources_rows_sends_the_phase_back(
+    spark, tmp_path, monkeypatch
+):
+    """The keeper counts the source in a job of its own: when the count differs from the rows
+    the stage saw (a plan that computed the stage's input twice), nothing is replayed alone
+    and the phase runs tracked rounds, exactly."""
+    own = kept_mod.Keeper._replay
+
+    def replay(self, report, expected):
+        counted = self.ctx.source_input
+        self.ctx.source_input = lambda s: counted(s).union(counted(s).limit(1))
+        try:
+            return own(self, report, expected)
+        finally:
+            del self.ctx.source_input
+
+    monkeypatch.setattr(kept_mod.Keeper, "_replay", replay)
+    p, sink = _run_wordcount(spark, tmp_path, _failing(1))
+    report = p.run()
+    assert report.phase_reasons == {0: Reason.ROW_FAILED}
+    assert f"the stage saw {N} rows of {N + 1} records" in report.optimistic_fallbacks[0]
+    assert report.lost == report.dead_lettered == 0
+    assert report.source_records == report.completed == N
+    assert _rows(sink.read(spark)) == _rows(_wordcount(_lines(spark)))
+
+
 def test_a_small_input_failing_whole_is_not_kept_and_the_runaway_guard_stops_it(spark, tmp_path):
     """Every row of a task failing is a bug's sign, not a few bad records: the round is lost
     and the tracked rounds' runaway guard stops the run (as without keeping)."""
