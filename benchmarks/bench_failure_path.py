@@ -12,7 +12,9 @@ optimistic round sees the failures and falls back), ``ft on tracked fails``
 tracked round after a fall back keeps the configured chunks, as before issue 27 item 4;
 ``always32``: it draws 32-record chunks whatever the failure rate, item 4's first cut;
 ``unkept``: a failed row loses the optimistic round, as before kept rounds; ``unmerged``: the
-keeper merges a replay round's aggregate in a Spark job of its own, as before; ``dies``: instead
+keeper merges a replay round's aggregate in a Spark job of its own, as before; ``handed``: the
+failing stage hands its batch over with the failure (``FailRecord(output=...)``: one call per
+batch instead of a second call on the other rows); ``dies``: instead
 of failing rows, the stage's Python worker dies once, in the first attempt of the task of
 partition 0: a single retried Spark task (``strict``: a retried task makes the round fall
 back, as before issue 27's retried tasks); ``plain dies`` is plain PySpark with the same
@@ -42,6 +44,7 @@ class FailsOnceByHash:
     text falls below ``rate`` (``FailRecord`` on those rows); every other line passes."""
 
     rate: float
+    handed: bool = False  # the batch handed over with the failure (FailRecord(output=...))
 
     def __call__(self, batch: Any) -> Any:
         import pyarrow as pa
@@ -52,7 +55,8 @@ class FailsOnceByHash:
         if current_round() == 0:
             mask = self.mask(batch)
             if any(mask):
-                raise FailRecord("injected: fails once", rows=pa.array(mask))
+                output = batch if self.handed else None
+                raise FailRecord("injected: fails once", rows=pa.array(mask), output=output)
         return batch
 
     def mask(self, batch: Any) -> list[bool]:
@@ -91,7 +95,7 @@ def wordcount_plain_hash(spark: Any, inp: str, out: str, rate: float) -> None:
 
 def wordcount_ft(
     spark: Any, inp: str, out: str, rate: float, optimistic: bool, marker: str = "",
-    **options: Any,
+    handed: bool = False, **options: Any,
 ) -> dict:  # fmt: skip
     from pyspark.sql import functions as F
 
@@ -100,7 +104,7 @@ def wordcount_ft(
 
     p = Pipeline(spark, ft=True, optimistic=optimistic, **options)
     lines = p.source(spark.read.parquet(inp), name="lines")
-    stage = DiesOnce(marker) if marker else FailsOnceByHash(rate)
+    stage = DiesOnce(marker) if marker else FailsOnceByHash(rate, handed)
     lines = lines.map_in_arrow(stage, lines.schema, name="fails-once")
     words = lines.select(F.explode(F.split("text", " ")).alias("word"))
     counts = words.where(F.col("word") != "").groupBy("word").agg(F.count("*").alias("n"))
@@ -169,8 +173,9 @@ def main(argv: list[str] | None = None) -> int:
                         (lambda b, rate: min(b, bits)) if "always32" in v else chooser
                     )
                     reports[v] = wordcount_ft(
-                        spark, inp, out, rate, "tracked" not in v, marker, **options
-                    )
+                        spark, inp, out, rate, "tracked" not in v, marker, "handed" in v,
+                        **options,
+                    )  # fmt: skip
                 if i >= args.warmup:
                     times[v].append(time.perf_counter() - t0)
         load1 = os.getloadavg()

@@ -22,26 +22,33 @@ class FailRecord(XorackError):  # the seed's name for explicit failing (FailExce
     stages (``apply_in_pandas``) the group is one unit: ``rows`` is ignored and the whole group
     fails.
 
+    With ``output`` beside ``rows``, the function hands over what it computed for the other rows
+    of that frame, as it would return it (a frame or batch, or a list of them, their lineage as
+    any output's), and is not called again: a function that costs as much per call as per row
+    (a model's batch inference) pays once for a batch with a bad row. Rows of ``output`` that
+    come from the failing rows are dropped. ``output`` without ``rows`` is refused.
+
     >>> import xorack
     >>> try:
     ...     raise xorack.FailRecord("bad row")
     ... except xorack.FailRecord as e:
-    ...     print(e, e.rows)
-    bad row None
+    ...     print(e, e.rows, e.output)
+    bad row None None
     >>> xorack.FailRecord("bad rows", rows=[False, True]).rows
     [False, True]
     """
 
-    def __init__(self, *args: object, rows: object = None) -> None:
+    def __init__(self, *args: object, rows: object = None, output: object = None) -> None:
         super().__init__(*args)
         self.rows = rows
+        self.output = output
 
     def __reduce__(self):  # keep ``rows`` when pickled (keyword arguments are not in ``args``)
-        return (_make_fail_record, (self.args, self.rows))
+        return (_make_fail_record, (self.args, self.rows, self.output))
 
 
-def _make_fail_record(args: tuple, rows: object) -> FailRecord:
-    return FailRecord(*args, rows=rows)
+def _make_fail_record(args: tuple, rows: object, output: object = None) -> FailRecord:
+    return FailRecord(*args, rows=rows, output=output)
 
 
 class StorageError(XorackError):

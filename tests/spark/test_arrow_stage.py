@@ -205,6 +205,60 @@ def test_fail_record_rows_as_arrow_mask_or_positions_fail_those_rows_and_rerun_t
     assert c.failed == [(sorted(set(src[1::2].tolist())), "stage split: odd")]
 
 
+def test_fail_record_output_hands_over_the_other_rows_in_one_call():
+    """``FailRecord(rows=..., output=...)``: one call per batch; the output given (here the
+    whole batch's, the failing rows' words included) is taken for the other rows and the
+    failing rows' outputs are dropped: the same rows, failures and events as the second call
+    gives without ``output``. Its ``_ft_row`` positions are the call's, as a return's."""
+    batch = _tracked_batch(pending=False)
+    calls: list[int] = []
+
+    def odd(b):
+        return pc.equal(pc.bit_wise_and(b.column("id"), 1), 1)
+
+    def rerun(b):
+        calls.append(b.num_rows)
+        if pc.any(odd(b)).as_py():
+            raise xorack.FailRecord("odd", rows=odd(b))
+        return _split_arrow(b)
+
+    def handed(b):
+        calls.append(b.num_rows)
+        words = pc.split_pattern(b.column("line"), " ")
+        rows = pc.list_parent_indices(words)
+        out = b.select(["id"]).take(rows).append_column("word", pc.list_flatten(words))
+        raise xorack.FailRecord("odd", rows=odd(b), output=out.append_column("_ft_row", rows))
+
+    want, c1 = _arrow_runner(rerun).process(batch, c1 := _Client()), c1
+    assert calls == [12, 6]
+    calls.clear()
+    got, c2 = _arrow_runner(handed).process(batch, c2 := _Client()), c2
+    assert calls == [12]  # one call
+    assert pa.Table.from_batches(got).equals(pa.Table.from_batches(want))
+    assert (c2.failed, c2.events) == (c1.failed, c1.events)
+
+
+def test_fail_record_output_needs_rows_and_a_group_fails_whole():
+    pdf = pd.DataFrame({"x": [1, 2, 3]})
+
+    def no_rows(df):
+        raise xorack.FailRecord("which?", output=df)
+
+    with pytest.raises(StageSchemaError, match=r"FailRecord\(output=\.\.\.\) without rows"):
+        call_bisecting(no_rows, pdf, "s")
+
+    def one_bad(df):
+        raise xorack.FailRecord("two", rows=(df.x == 2).to_numpy(), output=df[df.x != 2])
+
+    outs, failed = call_bisecting(one_bad, pdf, "s", bisect=False)  # a group: one unit
+    assert outs == []
+    assert [(p.tolist(), r) for p, r in failed] == [([0, 1, 2], "two")]
+    import pickle
+
+    e = pickle.loads(pickle.dumps(xorack.FailRecord("why", rows=[1], output=[5])))
+    assert (str(e), e.rows, e.output) == ("why", [1], [5])
+
+
 def _no_rec(b):
     return _split_arrow(b).drop_columns([REC])
 

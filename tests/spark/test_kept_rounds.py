@@ -218,6 +218,53 @@ def test_replay_rounds_write_the_aggregate_merged_in_their_own_job(
         assert premerged == []
 
 
+@pytest.mark.parametrize(
+    ("api", "optimistic"), [("arrow", True), ("arrow", False), ("pandas", True)]
+)
+def test_a_fail_record_handing_over_its_output_is_called_once_per_batch(
+    spark, tmp_path, api, optimistic
+):
+    """``FailRecord(rows=..., output=...)`` with the whole batch as its output (the failing
+    rows' included): the function is called once per batch, the failing rows' outputs are
+    dropped (in a kept round they are not failed there, only kept: nothing else would drop
+    them), their records replayed, and the counts equal plain Spark's."""
+    sc = spark.sparkContext
+    rows_seen = sc.accumulator(0)
+
+    def fn(batch):
+        if current_round() == 0:
+            rows_seen.add(batch.num_rows)
+            mask = _bad(batch.column("id"))
+            if pc.any(mask).as_py():
+                raise xorack.FailRecord("injected", rows=mask, output=batch)
+        return batch
+
+    def fn_pandas(pdf):
+        if current_round() == 0:
+            rows_seen.add(len(pdf))
+            mask = (pdf["id"] % BAD == 5).to_numpy()
+            if mask.any():
+                raise xorack.FailRecord("injected", rows=mask, output=pdf)
+        return pdf
+
+    if api == "arrow":
+        p, sink = _run_wordcount(spark, tmp_path, fn, optimistic=optimistic)
+    else:
+        p = Pipeline(spark, optimistic=optimistic)
+        lines = p.source(_lines(spark), name="lines")
+        staged = lines.map_in_pandas(fn_pandas, lines.schema, name="flaky")
+        sink = ParquetSink(str(tmp_path / "out"))
+        _wordcount(staged).sink(sink, name="counts")
+    report = p.run()
+    assert rows_seen.value == N  # each row once in round 0: no second call on the rest
+    assert report.kept_rounds == (1 if optimistic else 0), report.optimistic_fallbacks
+    assert report.failed == len(_failing_ids())
+    if optimistic:  # tracked rounds replay the failed records' chunks (collateral replays)
+        assert report.replayed == len(_failing_ids())
+    assert report.lost == report.dead_lettered == 0
+    assert _rows(sink.read(spark)) == _rows(_wordcount(_lines(spark)))
+
+
 def test_a_global_aggregate_merges_its_one_row(spark, tmp_path):
     p = Pipeline(spark)
     lines = p.source(_lines(spark), name="lines")

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..errors import LineageError
+from ..errors import FailRecord, LineageError
 from .lineage import EV, KEEP, REC, SRC, settle
 from .optimistic import keep_rows
 from .stages import (
@@ -39,6 +39,7 @@ from .stages import (
     i64,
     parents_of,
     u64,
+    without_failed,
 )
 
 ArrowFunction = Callable[[pa.RecordBatch], "pa.RecordBatch | Iterable[pa.RecordBatch]"]
@@ -254,11 +255,19 @@ class ArrowStageRunner:
 
         def traced(part: pa.RecordBatch) -> list[pa.RecordBatch]:
             # _ft_row is a position in the part this call got (bisection calls parts)
-            outs = _as_batches(self.fn(part), self.name)
+            try:
+                outs = _as_batches(self.fn(part), self.name)
+            except FailRecord as exc:  # its output's _ft_row too
+                if exc.output is not None:
+                    given = _as_batches(exc.output, self.name)
+                    exc.output = [rows_to_records(self.name, o, part) for o in given]
+                raise
             return [rows_to_records(self.name, o, part) for o in outs]
 
         # an optimistic round bisects too (see StageRunner.process)
         outs, failures = call_bisecting(traced, batch, self.name, True, ARROW_ROWS)
+        # a FailRecord's output may hold rows of the failing inputs: dropped below
+        failed_rows = np.concatenate([p for p, _ in failures]) if failures else None
         if failures and self.born is not None and keep_rows(client, self.name, batch, failures):
             failures = []  # kept for a replay round (see StageRunner.process)
         _count(self.tally, f"stage {self.name!r}", in_src, failures)
@@ -281,6 +290,10 @@ class ArrowStageRunner:
             parent = parents_of(in_rec, u64(out.column(REC)))
         except (TypeError, ValueError) as exc:  # LineageError included; TypeError: bad dtype
             raise LineageError(f"stage {self.name!r}: {exc}") from exc
+        if failed_rows is not None:
+            keep = without_failed(parent, [(failed_rows, "")])
+            if keep is not None:
+                out, parent = out.take(pa.array(keep, pa.int64())), parent[keep]
         kept, out_src, out_rec = anchor_outputs(
             self.name, in_src, in_rec, parent, failures, client, self.deterministic
         )

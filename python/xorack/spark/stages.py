@@ -335,7 +335,9 @@ def call_bisecting(
     only the rows whose own processing raises are failed.
 
     When it raises ``FailRecord(reason, rows=...)`` the named rows fail at once and ``fn`` is
-    called once more on the remaining rows (no bisection).
+    called once more on the remaining rows (no bisection), unless the exception carries the
+    function's ``output`` for them (then that output is taken, and may still hold rows of the
+    failing ones: the caller drops them, see :func:`without_failed`).
 
     Returns (output batches of the rows that succeeded, [(failing row positions, reason)]).
     With ``bisect=False`` (grouped stages: a group is one unit) the whole batch fails.
@@ -357,6 +359,12 @@ def call_bisecting(
     ...         raise FailRecord("even", rows=bad)
     ...     return df
     >>> outs, failed = call_bisecting(g, pd.DataFrame({"x": [1, 2, 3, 4]}), "demo")
+    >>> sorted(pd.concat(outs).x), [(p.tolist(), r) for p, r in failed]
+    ([1, 3], [([1, 3], 'even')])
+    >>> def h(df):  # one call: the output of the other rows handed over with the failure
+    ...     bad = (df.x % 2 == 0).to_numpy()
+    ...     raise FailRecord("even", rows=bad, output=df[~bad])
+    >>> outs, failed = call_bisecting(h, pd.DataFrame({"x": [1, 2, 3, 4]}), "demo")
     >>> sorted(pd.concat(outs).x), [(p.tolist(), r) for p, r in failed]
     ([1, 3], [([1, 3], 'even')])
     """
@@ -386,9 +394,18 @@ def call_bisecting(
             except Exception as exc:  # any user exception fails its rows
                 absolute = np.arange(lo, hi, dtype=np.int64) if pos is None else pos
                 named = getattr(exc, "rows", None) if isinstance(exc, FailRecord) else None
+                given = getattr(exc, "output", None) if isinstance(exc, FailRecord) else None
+                if given is not None and named is None:
+                    raise StageSchemaError(
+                        f"stage {stage!r}: FailRecord(output=...) without rows=...: name the "
+                        "failing rows the output leaves out (a mask or positions)"
+                    ) from exc
                 if named is not None and bisect:
                     bad = _failing_positions(named, size, stage)
                     failed.append((absolute[bad], reason_of(exc)))
+                    if given is not None:  # the function's output for the other rows
+                        outs.extend(rows.outputs(given, stage))
+                        return True
                     rest = np.delete(absolute, bad)
                     if not len(rest):
                         return True
@@ -412,6 +429,24 @@ def call_bisecting(
     if n:
         run(None, 0, n)
     return outs, failed
+
+
+def without_failed(
+    parent: np.ndarray, failures: Sequence[tuple[np.ndarray, str]]
+) -> np.ndarray | None:
+    """The positions of the outputs to keep when some come from failing input rows (a
+    ``FailRecord(output=...)`` may hold them), else None (all kept). ``parent[i]`` is the input
+    position of output ``i``; ``failures`` as :func:`call_bisecting` returns them.
+
+    >>> without_failed(np.array([0, 1, 1, 2]), [(np.array([1]), "bad")]).tolist()
+    [0, 3]
+    >>> without_failed(np.array([0, 2]), [(np.array([1]), "bad")]) is None
+    True
+    """
+    if not failures or not len(parent):
+        return None
+    keep = ~np.isin(parent, np.concatenate([pos for pos, _ in failures]))
+    return None if keep.all() else np.flatnonzero(keep)
 
 
 def _count(
@@ -615,9 +650,6 @@ class StageRunner:
         # an optimistic round bisects too: it is lost anyway, but the rows that failed tell
         # the driver how often records fail (the chunks of its first tracked round)
         frames, failures = call_bisecting(self.fn, pdf, self.name, self.bisect)
-        if failures and self.born is not None and keep_rows(client, self.name, pdf, failures):
-            failures = []  # kept for a replay round: dropped here, acked as dropped
-        _count(self.tally, f"stage {self.name!r}", in_src, failures)
         frames = [f for f in frames if len(f.columns)]
         parents = [output_parents(self.name, f, in_rec) for f in frames]
         if len(frames) > 1:
@@ -627,6 +659,12 @@ class StageRunner:
             out, parent = frames[0], parents[0]
         else:
             out, parent = pdf.iloc[0:0], np.empty(0, np.int64)
+        keep = without_failed(parent, failures)  # a FailRecord's output may hold them
+        if keep is not None:
+            out, parent = out.iloc[keep], parent[keep]
+        if failures and self.born is not None and keep_rows(client, self.name, pdf, failures):
+            failures = []  # kept for a replay round: dropped here, acked as dropped
+        _count(self.tally, f"stage {self.name!r}", in_src, failures)
         if len(out):
             self._check_columns(out)
 
