@@ -259,6 +259,53 @@ def test_fail_record_output_needs_rows_and_a_group_fails_whole():
     assert (str(e), e.rows, e.output) == ("why", [1], [5])
 
 
+def test_fail_record_output_from_a_generator_or_as_an_iterator_is_refused():
+    """A generator that yields batches and then raises ``FailRecord(output=...)`` would lose
+    what it yielded; an iterator as ``output`` would run user code whose errors pass for the
+    rows': both are a ``StageSchemaError`` naming the stage, in both runners."""
+    pdf = pd.DataFrame({"x": [1, 2, 3, 4]})
+
+    def yields_then_fails(df):
+        yield df.iloc[:2]
+        raise xorack.FailRecord("three", rows=[1], output=df.iloc[3:])
+
+    def iterator_output(df):
+        raise xorack.FailRecord("two", rows=(df.x == 2).to_numpy(), output=iter([df]))
+
+    with pytest.raises(StageSchemaError, match="raised by a generator"):
+        call_bisecting(yields_then_fails, pdf, "s")
+    with pytest.raises(StageSchemaError, match="got an iterator"):
+        call_bisecting(iterator_output, pdf, "s")
+
+    def yields_then_fails_arrow(b):
+        yield _split_arrow(b.slice(0, 2))
+        raise xorack.FailRecord("odd", rows=[3], output=_split_arrow(b.slice(3)))
+
+    def iterator_output_arrow(b):
+        raise xorack.FailRecord("odd", rows=[1], output=iter([_split_arrow(b)]))
+
+    batch = _tracked_batch(pending=False)
+    with pytest.raises(StageSchemaError, match=r"stage 'split'.*raised by a generator"):
+        _arrow_runner(yields_then_fails_arrow).process(batch, _Client())
+    with pytest.raises(StageSchemaError, match=r"stage 'split'.*got an iterator"):
+        _arrow_runner(iterator_output_arrow).process(batch, _Client())
+
+
+def test_a_generator_raising_fail_record_rows_without_output_is_called_again_on_the_rest():
+    calls = []
+
+    def gen(df):
+        calls.append(df.x.tolist())
+        yield df.iloc[:1]
+        if (df.x == 1).any():
+            raise xorack.FailRecord("x", rows=[0])
+
+    outs, failed = call_bisecting(gen, pd.DataFrame({"x": [1, 2, 3, 4]}), "s")
+    assert calls == [[1, 2, 3, 4], [2, 3, 4]]  # what it yielded before is not kept: called again
+    assert [(p.tolist(), r) for p, r in failed] == [([0], "x")]
+    assert pd.concat(outs).x.tolist() == [2]
+
+
 def _no_rec(b):
     return _split_arrow(b).drop_columns([REC])
 

@@ -291,26 +291,32 @@ def test_an_average_cannot_merge_so_the_round_falls_back_as_before(spark, tmp_pa
     assert _rows(sink.read(spark)) == _rows(plain)
 
 
-def _fails_in_replay(pdf):
-    """A second stage: fails a row while the replay round runs (round 1), never in round 0."""
-    bad = (pdf["id"] == 5) & (current_round() == 1)
-    if bad.any():
-        raise xorack.FailRecord("only on replay", rows=bad.to_numpy())
-    return pdf
+def _fails_in_replay(at: int):
+    """A second stage: fails a row while replay round ``at`` runs, never in round 0."""
+
+    def fn(pdf):
+        bad = (pdf["id"] == 5) & (current_round() == at)
+        if bad.any():
+            raise xorack.FailRecord("only on replay", rows=bad.to_numpy())
+        return pdf
+
+    return fn
 
 
-def test_a_replay_round_that_falls_back_sends_the_phase_to_tracked_rounds(spark, tmp_path):
+@pytest.mark.parametrize("at", [1, 2])
+def test_a_replay_round_that_falls_back_sends_the_phase_to_tracked_rounds(spark, tmp_path, at):
     """The replay round fails a row in a stage that does not keep (it reads no source): the
     keeping is abandoned, the first round's outputs deleted, and the phase runs tracked rounds,
-    exactly."""
-    p = Pipeline(spark)
+    exactly. ``at`` 2: the first replay round kept rows again and wrote its merged aggregate;
+    the second falls back, and that output goes too."""
+    p = Pipeline(spark, max_attempts=4)
     lines = p.source(_lines(spark), name="lines")
-    staged = lines.map_in_arrow(_failing(1), lines.schema, name="flaky")
-    staged = staged.map_in_pandas(_fails_in_replay, staged.schema, name="second")
+    staged = lines.map_in_arrow(_failing(at), lines.schema, name="flaky")
+    staged = staged.map_in_pandas(_fails_in_replay(at), staged.schema, name="second")
     sink = ParquetSink(str(tmp_path / "out"))
     _wordcount(staged).sink(sink, name="counts")
     report = p.run()
-    assert report.kept_rounds == 1
+    assert report.kept_rounds == at
     assert report.phase_reasons == {0: Reason.ROW_FAILED}
     assert "their replay round fell back" in report.optimistic_fallbacks[0]
     assert report.lost == report.dead_lettered == 0

@@ -234,9 +234,27 @@ def test_parents_of_equals_the_parent_index_kernel(ids, shape, data):
         try:
             want = acker.parent_index(rec, out, backend=backend)
         except xorack.LineageError as exc:
-            with pytest.raises(xorack.LineageError, match=str(exc)[:20]):
-                parents_of(rec, out)
+            for fresh in (False, True):
+                with pytest.raises(xorack.LineageError, match=str(exc)[:20]):
+                    parents_of(rec, out, fresh)
             continue
-        got = parents_of(rec, out)
-        assert got.dtype == np.int64
-        assert got.tolist() == want.tolist() == pos
+        for fresh in (False, True):
+            got = parents_of(rec, out, fresh)
+            assert got.dtype == np.int64
+            assert got.tolist() == want.tolist() == pos
+
+
+def test_parents_of_keeps_the_repeated_input_check_unless_the_ids_are_fresh():
+    """Input ids that repeat (an upstream that duplicated rows unseen) are an error even when
+    the output carries them as they came; ids drawn for the batch itself skip the check."""
+    from xorack.spark.ids import parents_of
+
+    rec = np.array([7, 9, 7], dtype=np.uint64)
+    with pytest.raises(ValueError, match="repeats an earlier one"):
+        parents_of(rec, rec)
+    assert parents_of(rec, rec, fresh=True).tolist() == [0, 1, 2]
+
+
+def test_ordinals_of_uint64_positions_rank_as_int64():
+    parent = np.array([3, 1, 3], dtype=np.uint64)
+    assert ordinals(parent).tolist() == [0, 0, 1]

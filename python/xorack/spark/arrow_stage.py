@@ -27,6 +27,7 @@ from ..errors import FailRecord, LineageError
 from .lineage import EV, KEEP, REC, SRC, settle
 from .optimistic import keep_rows
 from .stages import (
+    GENERATOR_OUTPUT,
     LINEAGE_COLUMNS,
     Rows,
     StageSchemaError,
@@ -36,6 +37,7 @@ from .stages import (
     born_ids,
     call_bisecting,
     deferred_events,
+    handed_output,
     i64,
     parents_of,
     u64,
@@ -256,11 +258,17 @@ class ArrowStageRunner:
         def traced(part: pa.RecordBatch) -> list[pa.RecordBatch]:
             # _ft_row is a position in the part this call got (bisection calls parts)
             try:
-                outs = _as_batches(self.fn(part), self.name)
+                result = self.fn(part)
             except FailRecord as exc:  # its output's _ft_row too
                 if exc.output is not None:
-                    given = _as_batches(exc.output, self.name)
+                    given = _as_batches(handed_output(exc.output, self.name), self.name)
                     exc.output = [rows_to_records(self.name, o, part) for o in given]
+                raise
+            try:
+                outs = _as_batches(result, self.name)
+            except FailRecord as exc:  # raised by a generator, after what it yielded
+                if exc.output is not None:
+                    raise StageSchemaError(GENERATOR_OUTPUT.format(stage=self.name)) from exc
                 raise
             return [rows_to_records(self.name, o, part) for o in outs]
 
@@ -287,7 +295,7 @@ class ArrowStageRunner:
         selected = [self._select(o, lineage=True) for o in outs]
         out = pa.Table.from_batches(selected).combine_chunks()
         try:
-            parent = parents_of(in_rec, u64(out.column(REC)))
+            parent = parents_of(in_rec, u64(out.column(REC)), fresh=self.born is not None)
         except (TypeError, ValueError) as exc:  # LineageError included; TypeError: bad dtype
             raise LineageError(f"stage {self.name!r}: {exc}") from exc
         if failed_rows is not None:

@@ -62,6 +62,7 @@ def ordinals(parent: np.ndarray) -> np.ndarray:
     >>> ordinals(np.array([0, 3, 4])).tolist()  # strictly increasing: each the first
     [0, 0, 0]
     """
+    parent = np.asarray(parent, dtype=np.int64)  # positions (a uint64 difference would wrap)
     n = len(parent)
     if n == 0:
         return np.empty(0, dtype=np.uint64)
@@ -84,20 +85,21 @@ def ordinals(parent: np.ndarray) -> np.ndarray:
     return out
 
 
-def parents_of(in_rec: np.ndarray, out_rec: np.ndarray) -> np.ndarray:
-    """The input position (int64) of each output row from its ``_ft_rec`` (uint64 ids): at once
-    when the output carries the input's ids as they came (a stage that returns its batch, or
-    maps it row for row, in order), else :func:`xorack.acker.parent_index`, which checks the
-    ids (0, unknown, or an input repeating one: errors).
+def parents_of(in_rec: np.ndarray, out_rec: np.ndarray, fresh: bool = False) -> np.ndarray:
+    """The input position (int64) of each output row from its ``_ft_rec`` (uint64 ids), by
+    :func:`xorack.acker.parent_index`, which checks the ids (0, unknown, or an input repeating
+    one: errors; a repeated input id is an upstream that duplicated rows unseen). ``fresh``:
+    the input's ids were drawn for this batch (an optimistic round's untagged source rows),
+    distinct by construction, so an output that carries them as they came (a stage that
+    returns its batch, or maps it row for row) takes positions 0..n-1 at once.
 
-    >>> parents_of(np.array([7, 9], np.uint64), np.array([7, 9], np.uint64)).tolist()
-    [0, 1]
-    >>> parents_of(np.array([7, 9], np.uint64), np.array([9, 9], np.uint64)).tolist()
-    [1, 1]
+    >>> rec = np.array([7, 9], np.uint64)
+    >>> parents_of(rec, rec, fresh=True).tolist(), parents_of(rec, rec[[1, 1]]).tolist()
+    ([0, 1], [1, 1])
     """
     from .. import acker
 
-    if len(out_rec) == len(in_rec) and np.array_equal(in_rec, out_rec) and in_rec.all():
+    if fresh and len(out_rec) == len(in_rec) and np.array_equal(in_rec, out_rec) and in_rec.all():
         return np.arange(len(in_rec), dtype=np.int64)
     return np.asarray(acker.parent_index(in_rec, out_rec), dtype=np.int64)
 

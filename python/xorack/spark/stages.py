@@ -387,7 +387,13 @@ def call_bisecting(
                 break
             part = rows.slice(pdf, lo, hi) if pos is None else rows.take(pdf, pos)
             try:
-                outs.extend(rows.outputs(fn(part), stage))
+                result = fn(part)
+                try:
+                    outs.extend(rows.outputs(result, stage))
+                except FailRecord as exc:  # raised by a generator, after what it yielded
+                    if exc.output is not None:
+                        raise StageSchemaError(GENERATOR_OUTPUT.format(stage=stage)) from exc
+                    raise
                 return raised
             except (StageSchemaError, LineageError):
                 raise
@@ -404,7 +410,7 @@ def call_bisecting(
                     bad = _failing_positions(named, size, stage)
                     failed.append((absolute[bad], reason_of(exc)))
                     if given is not None:  # the function's output for the other rows
-                        outs.extend(rows.outputs(given, stage))
+                        outs.extend(rows.outputs(handed_output(given, stage), stage))
                         return True
                     rest = np.delete(absolute, bad)
                     if not len(rest):
@@ -429,6 +435,23 @@ def call_bisecting(
     if n:
         run(None, 0, n)
     return outs, failed
+
+
+GENERATOR_OUTPUT = (
+    "stage {stage!r}: FailRecord(output=...) raised by a generator: the batches it yielded "
+    "before would be lost; return the output (a list of batches) instead of yielding it"
+)
+
+
+def handed_output(given: Any, stage: str) -> Any:
+    """A ``FailRecord``'s ``output``, checked: a frame or batch, or a list or tuple of them (not
+    an iterator, whose errors would pass for the rows' own)."""
+    if isinstance(given, Iterator):
+        raise StageSchemaError(
+            f"stage {stage!r}: FailRecord(output=...) got an iterator "
+            f"({type(given).__name__}); pass a frame or batch, or a list of them"
+        )
+    return given
 
 
 def without_failed(
@@ -651,7 +674,8 @@ class StageRunner:
         # the driver how often records fail (the chunks of its first tracked round)
         frames, failures = call_bisecting(self.fn, pdf, self.name, self.bisect)
         frames = [f for f in frames if len(f.columns)]
-        parents = [output_parents(self.name, f, in_rec) for f in frames]
+        fresh = self.born is not None  # its ids drawn for this batch (see parents_of)
+        parents = [output_parents(self.name, f, in_rec, fresh) for f in frames]
         if len(frames) > 1:
             out = pd.concat(frames, ignore_index=True)
             parent = np.concatenate(parents)
@@ -687,7 +711,9 @@ RENUMBERED = (
 )
 
 
-def output_parents(stage: str, out: pd.DataFrame, in_rec: np.ndarray) -> np.ndarray:
+def output_parents(
+    stage: str, out: pd.DataFrame, in_rec: np.ndarray, fresh: bool = False
+) -> np.ndarray:
     """The input position (int64) of each row of one output frame of a pandas stage.
 
     An output that carries ``_ft_rec`` is matched by it. Otherwise by its index: the input
@@ -711,7 +737,7 @@ def output_parents(stage: str, out: pd.DataFrame, in_rec: np.ndarray) -> np.ndar
         return np.empty(0, np.int64)
     if REC in out.columns:
         try:
-            return parents_of(in_rec, u64(out[REC]))
+            return parents_of(in_rec, u64(out[REC]), fresh)
         except (TypeError, ValueError) as exc:  # LineageError included; TypeError: bad dtype
             raise LineageError(f"stage {stage!r}: {exc}") from exc
     index = out.index
@@ -719,7 +745,7 @@ def output_parents(stage: str, out: pd.DataFrame, in_rec: np.ndarray) -> np.ndar
     parent = None
     if labels is not None:
         try:
-            parent = parents_of(in_rec, u64(labels))
+            parent = parents_of(in_rec, u64(labels), fresh)
         except LineageError:
             pass  # described below
         except ValueError as exc:  # the input's record ids repeat (a bad upstream)
