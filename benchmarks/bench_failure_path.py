@@ -80,19 +80,6 @@ class HashesOnly:
         return batch
 
 
-def wordcount_plain_hash(spark: Any, inp: str, out: str, rate: float) -> None:
-    """Plain PySpark's wordcount with a ``mapInArrow`` stage hashing every line
-    (:class:`HashesOnly`)."""
-    from pyspark.sql import functions as F
-
-    fn = HashesOnly(rate)
-    df = spark.read.parquet(inp)
-    lines = df.mapInArrow(lambda batches: (fn(b) for b in batches), df.schema)
-    words = lines.select(F.explode(F.split("text", " ")).alias("word"))
-    counts = words.where(F.col("word") != "").groupBy("word").agg(F.count("*").alias("n"))
-    counts.write.mode("overwrite").parquet(out)
-
-
 def wordcount_ft(
     spark: Any, inp: str, out: str, rate: float, optimistic: bool, marker: str = "",
     handed: bool = False, **options: Any,
@@ -148,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                 if v == "plain":
                     wordcount_plain(spark, inp, out)
                 elif v == "plain hash":
-                    wordcount_plain_hash(spark, inp, out, args.rate)
+                    wordcount_plain_stage(spark, inp, out, "", HashesOnly(args.rate))
                 elif v.startswith("plain "):  # "plain stage", "plain dies"
                     wordcount_plain_stage(spark, inp, out, marker)
                 else:

@@ -38,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -111,12 +112,14 @@ class DiesOnce:
         return batch
 
 
-def wordcount_plain_stage(spark: Any, inp: str, out: str, marker: str) -> None:
-    """Plain PySpark's wordcount with a ``mapInArrow`` stage over the lines (:class:`DiesOnce`
-    with ``marker``)."""
+def wordcount_plain_stage(
+    spark: Any, inp: str, out: str, marker: str, fn: Callable[[Any], Any] | None = None
+) -> None:
+    """Plain PySpark's wordcount with a ``mapInArrow`` stage over the lines: ``fn`` per batch
+    (default :class:`DiesOnce` with ``marker``)."""
     from pyspark.sql import functions as F
 
-    fn = DiesOnce(marker)
+    fn = DiesOnce(marker) if fn is None else fn
     df = spark.read.parquet(inp)
     lines = df.mapInArrow(lambda batches: (fn(b) for b in batches), df.schema)
     words = lines.select(F.explode(F.split("text", " ")).alias("word"))

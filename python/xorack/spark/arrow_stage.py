@@ -274,8 +274,7 @@ class ArrowStageRunner:
 
         # an optimistic round bisects too (see StageRunner.process)
         outs, failures = call_bisecting(traced, batch, self.name, True, ARROW_ROWS)
-        # a FailRecord's output may hold rows of the failing inputs: dropped below
-        failed_rows = np.concatenate([p for p, _ in failures]) if failures else None
+        raised = failures  # a FailRecord's output may hold their rows: dropped below
         if failures and self.born is not None and keep_rows(client, self.name, batch, failures):
             failures = []  # kept for a replay round (see StageRunner.process)
         _count(self.tally, f"stage {self.name!r}", in_src, failures)
@@ -298,10 +297,9 @@ class ArrowStageRunner:
             parent = parents_of(in_rec, u64(out.column(REC)), fresh=self.born is not None)
         except (TypeError, ValueError) as exc:  # LineageError included; TypeError: bad dtype
             raise LineageError(f"stage {self.name!r}: {exc}") from exc
-        if failed_rows is not None:
-            keep = without_failed(parent, [(failed_rows, "")])
-            if keep is not None:
-                out, parent = out.take(pa.array(keep, pa.int64())), parent[keep]
+        keep = without_failed(parent, raised)
+        if keep is not None:
+            out, parent = out.take(pa.array(keep, pa.int64())), parent[keep]
         kept, out_src, out_rec = anchor_outputs(
             self.name, in_src, in_rec, parent, failures, client, self.deterministic
         )

@@ -400,7 +400,7 @@ def call_bisecting(
             except Exception as exc:  # any user exception fails its rows
                 absolute = np.arange(lo, hi, dtype=np.int64) if pos is None else pos
                 named = getattr(exc, "rows", None) if isinstance(exc, FailRecord) else None
-                given = getattr(exc, "output", None) if isinstance(exc, FailRecord) else None
+                given = exc.output if isinstance(exc, FailRecord) else None
                 if given is not None and named is None:
                     raise StageSchemaError(
                         f"stage {stage!r}: FailRecord(output=...) without rows=...: name the "
